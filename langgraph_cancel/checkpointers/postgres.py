@@ -1,0 +1,155 @@
+"""``PostgresCancelSaver`` and ``AsyncPostgresCancelSaver``: production, many workers.
+
+Checkpoints (the official ``PostgresSaver`` tables) and the ledger live in the
+same database; cancel requests are announced with ``NOTIFY lgc_cancel``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from typing import Any
+
+from langgraph.checkpoint.postgres import PostgresSaver
+from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+from langgraph.checkpoint.serde.base import SerializerProtocol
+from psycopg import AsyncConnection, Connection
+from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool, ConnectionPool
+
+from langgraph_cancel.checkpointers.base import LedgerOwner, ThreadedAsyncMixin
+from langgraph_cancel.ledger import Ledger, PostgresBackend
+
+
+def _conninfo(conn: Any) -> str:
+    if isinstance(conn, ConnectionPool | AsyncConnectionPool):
+        return str(conn.conninfo)
+    info = conn.info
+    dsn: str = info.dsn
+    password = getattr(info, "password", None)
+    if password and "password=" not in dsn:
+        dsn = f"{dsn} password={password}"
+    return dsn
+
+
+class PostgresCancelSaver(ThreadedAsyncMixin, PostgresSaver, LedgerOwner):
+    """LangGraph's ``PostgresSaver`` plus the ledger, in the same database.
+
+    Args:
+        conn: A psycopg ``Connection`` (autocommit, dict rows) or ``ConnectionPool``.
+        pipe: An optional pipeline (single connection only).
+        ledger: The ledger to use; default: one on the same pool, or a small
+            pool of its own on the same database when given one connection.
+        serde: Checkpoint serializer.
+    """
+
+    def __init__(
+        self,
+        conn: Connection[Any] | ConnectionPool[Any],
+        pipe: Any = None,
+        serde: SerializerProtocol | None = None,
+        *,
+        ledger: Ledger | None = None,
+    ) -> None:
+        super().__init__(conn, pipe=pipe, serde=serde)
+        if ledger is None:
+            backend = (
+                PostgresBackend(conn)
+                if isinstance(conn, ConnectionPool)
+                else PostgresBackend(_conninfo(conn), max_size=4)
+            )
+            ledger = Ledger(backend)
+        self.ledger = ledger
+
+    @classmethod
+    @contextmanager
+    def from_conn_string(  # type: ignore[override]
+        cls, conn_string: str, *, pipeline: bool = False
+    ) -> Iterator[PostgresCancelSaver]:
+        """Open a saver on a connection string, closing everything at exit.
+
+        Args:
+            conn_string: ``postgresql://user@host:port/db``.
+            pipeline: Use a psycopg pipeline for checkpoint writes.
+        """
+        with Connection.connect(
+            conn_string, autocommit=True, prepare_threshold=0, row_factory=dict_row
+        ) as conn:
+            ledger = Ledger(PostgresBackend(conn_string, max_size=4))
+            try:
+                if pipeline:
+                    with conn.pipeline() as pipe:
+                        yield cls(conn, pipe, ledger=ledger)
+                else:
+                    yield cls(conn, ledger=ledger)
+            finally:
+                ledger.close()
+
+    def setup(self) -> None:
+        """Run the checkpoint migrations and the ledger migrations (idempotent)."""
+        super().setup()
+        self.setup_ledger()
+
+    def delete_thread(self, thread_id: str) -> None:
+        """Delete a thread's checkpoints and its ledger rows."""
+        super().delete_thread(thread_id)
+        self.ledger.delete_thread(thread_id)
+
+
+class AsyncPostgresCancelSaver(AsyncPostgresSaver, LedgerOwner):
+    """LangGraph's ``AsyncPostgresSaver`` plus the ledger, in the same database.
+
+    The ledger's own calls run on a small sync pool in worker threads.
+
+    Args:
+        conn: A psycopg ``AsyncConnection`` or ``AsyncConnectionPool``.
+        pipe: An optional pipeline (single connection only).
+        serde: Checkpoint serializer.
+        ledger: The ledger to use; default: one on the same database.
+    """
+
+    def __init__(
+        self,
+        conn: AsyncConnection[Any] | AsyncConnectionPool[Any],
+        pipe: Any = None,
+        serde: SerializerProtocol | None = None,
+        *,
+        ledger: Ledger | None = None,
+    ) -> None:
+        super().__init__(conn, pipe=pipe, serde=serde)
+        self.ledger = ledger if ledger is not None else Ledger(
+            PostgresBackend(_conninfo(conn), max_size=4)
+        )
+
+    @classmethod
+    @asynccontextmanager
+    async def from_conn_string(  # type: ignore[override]
+        cls,
+        conn_string: str,
+        *,
+        pipeline: bool = False,
+        serde: SerializerProtocol | None = None,
+    ) -> AsyncIterator[AsyncPostgresCancelSaver]:
+        """Open a saver on a connection string, closing everything at exit."""
+        async with await AsyncConnection.connect(
+            conn_string, autocommit=True, prepare_threshold=0, row_factory=dict_row
+        ) as conn:
+            ledger = Ledger(PostgresBackend(conn_string, max_size=4))
+            try:
+                if pipeline:
+                    async with conn.pipeline() as pipe:
+                        yield cls(conn, pipe, serde, ledger=ledger)
+                else:
+                    yield cls(conn, serde=serde, ledger=ledger)
+            finally:
+                ledger.close()
+
+    async def setup(self) -> None:
+        """Run the checkpoint migrations and the ledger migrations (idempotent)."""
+        await super().setup()
+        await self.ledger.asetup()
+
+    async def adelete_thread(self, thread_id: str) -> None:
+        """Delete a thread's checkpoints and its ledger rows."""
+        await super().adelete_thread(thread_id)
+        await self.ledger.adelete_thread(thread_id)

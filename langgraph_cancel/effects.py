@@ -1,0 +1,330 @@
+"""Effect classification of LangChain tools: ``effect(...)``, ``Outcome``, ``idempotency_key()``.
+
+A tool's author says what the tool does to the world; everything else (the
+order of a batch, the intent record, approval, what cancel does with an
+in-flight call, reconciliation) follows from that declaration.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import warnings
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeVar, overload
+
+from langchain_core.tools import BaseTool
+from langchain_core.tools import tool as as_tool
+
+from langgraph_cancel.errors import EffectDeclarationError
+from langgraph_cancel.types import CancelPolicy, EffectKind, effect_kind
+
+OutcomeStatusLiteral = Literal["committed", "not_applied", "unknown"]
+
+ReconcileHook = Callable[[str, dict[str, Any]], "Outcome | Awaitable[Outcome]"]
+CompensateHook = Callable[[str, dict[str, Any], Any], "None | Awaitable[None]"]
+KeyFunction = Callable[[dict[str, Any]], str]
+ApprovalRule = bool | Callable[[dict[str, Any]], bool]
+
+_SPEC_ATTR = "_langgraph_cancel_spec"
+DEFAULT_RETRYABLE: tuple[type[BaseException], ...] = (ConnectionError, TimeoutError)
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What a reconcile hook found out about a dispatched call.
+
+    Build one with ``Outcome.committed(result)``, ``Outcome.not_applied()`` or
+    ``Outcome.unknown(reason)``.
+    """
+
+    status: OutcomeStatusLiteral
+    result: Any = None
+    reason: str | None = None
+
+    @classmethod
+    def committed(cls, result: Any = None) -> Outcome:
+        """The external system did apply the call; ``result`` is what it returned."""
+        return cls("committed", result=result)
+
+    @classmethod
+    def not_applied(cls, reason: str | None = None) -> Outcome:
+        """The external system has no trace of the call: it did not happen."""
+        return cls("not_applied", reason=reason)
+
+    @classmethod
+    def unknown(cls, reason: str) -> Outcome:
+        """Nobody can tell yet; a person or a later reconciliation must decide."""
+        return cls("unknown", reason=reason)
+
+
+@dataclass(frozen=True, slots=True)
+class EffectSpec:
+    """The declaration ``effect(...)`` attaches to a tool.
+
+    Attributes:
+        kind: What the tool does to the world.
+        idempotency_key: Derives the key from the call's arguments; when absent
+            the key is derived from the thread and the tool-call id.
+        reconcile: Asks the external system what became of a dispatched call.
+        compensate: Undoes a committed call (required for ``reversible``).
+        requires_approval: ``True``/``False`` or a predicate on the arguments;
+            ``None`` means "irreversible tools need approval".
+        cancel_policy: What cancel does with an in-flight call.
+        retry_safe: A retry with the same key cannot double the effect (the
+            provider honours idempotency keys).
+        retryable: Exception types worth retrying (transient faults).
+        max_attempts: Attempts in all, including the first.
+        permanence: Why the effect cannot be undone, shown to approvers.
+        hook_timeout: Seconds a reconcile or compensate hook may take.
+        cancel_timeout: Seconds cancel waits for an in-flight call of this tool.
+        classified: False for the fail-safe spec of a tool nobody classified.
+    """
+
+    kind: EffectKind
+    idempotency_key: KeyFunction | None = None
+    reconcile: ReconcileHook | None = None
+    compensate: CompensateHook | None = None
+    requires_approval: ApprovalRule | None = None
+    cancel_policy: CancelPolicy = CancelPolicy.WAIT
+    retry_safe: bool = False
+    retryable: tuple[type[BaseException], ...] = DEFAULT_RETRYABLE
+    max_attempts: int = 3
+    permanence: str | None = None
+    hook_timeout: float = 30.0
+    cancel_timeout: float | None = None
+    classified: bool = field(default=True)
+
+    @property
+    def side_effecting(self) -> bool:
+        """True for reversible and irreversible tools."""
+        return self.kind is not EffectKind.READ_ONLY
+
+    def needs_approval(self, args: dict[str, Any]) -> bool:
+        """Whether a call with these arguments must be approved before dispatch."""
+        rule = self.requires_approval
+        if rule is None:
+            return self.kind is EffectKind.IRREVERSIBLE
+        if isinstance(rule, bool):
+            return rule
+        return bool(rule(args))
+
+    def why_permanent(self) -> str:
+        """A sentence for approvers on what cancelling can and cannot undo."""
+        if self.permanence:
+            return self.permanence
+        if self.kind is EffectKind.IRREVERSIBLE:
+            return "Irreversible: once dispatched, cancelling the run cannot undo it."
+        if self.kind is EffectKind.REVERSIBLE:
+            return "Reversible: a compensating action can undo it."
+        return "Read-only: no side effect."
+
+
+T = TypeVar("T", bound=BaseTool)
+
+
+@overload
+def effect(
+    kind: EffectKind | str,
+    *,
+    idempotency_key: KeyFunction | None = ...,
+    reconcile: ReconcileHook | None = ...,
+    compensate: CompensateHook | None = ...,
+    requires_approval: ApprovalRule | None = ...,
+    cancel_policy: CancelPolicy | str | None = ...,
+    retry_safe: bool = ...,
+    retryable: tuple[type[BaseException], ...] = ...,
+    max_attempts: int = ...,
+    permanence: str | None = ...,
+    hook_timeout: float = ...,
+    cancel_timeout: float | None = ...,
+) -> Callable[[BaseTool | Callable[..., Any]], BaseTool]: ...
+
+
+@overload
+def effect(kind: EffectKind | str, tool: T, /, **kwargs: Any) -> T: ...
+
+
+def effect(
+    kind: EffectKind | str,
+    tool: BaseTool | None = None,
+    /,
+    *,
+    idempotency_key: KeyFunction | None = None,
+    reconcile: ReconcileHook | None = None,
+    compensate: CompensateHook | None = None,
+    requires_approval: ApprovalRule | None = None,
+    cancel_policy: CancelPolicy | str | None = None,
+    retry_safe: bool = False,
+    retryable: tuple[type[BaseException], ...] = DEFAULT_RETRYABLE,
+    max_attempts: int = 3,
+    permanence: str | None = None,
+    hook_timeout: float = 30.0,
+    cancel_timeout: float | None = None,
+) -> Any:
+    """Classify a LangChain tool by what it does to the world.
+
+    Use it as a decorator above ``@tool`` or call it on any ``BaseTool``::
+
+        @effect(EffectKind.IRREVERSIBLE, idempotency_key=lambda a: f"refund:{a['order_id']}",
+                reconcile=ask_provider)
+        @tool
+        def issue_refund(order_id: str, amount: float) -> str: ...
+
+    The result is still a LangChain tool; LangGraph calls it as before.
+
+    Args:
+        kind: ``read_only``, ``reversible`` or ``irreversible``.
+        tool: The tool, when called directly instead of as a decorator.
+        idempotency_key: ``f(args) -> str``; default: thread id + tool-call id.
+        reconcile: ``f(key, args) -> Outcome`` (sync or async).
+        compensate: ``f(key, args, result) -> None`` (sync or async); raises on failure.
+        requires_approval: bool or ``f(args) -> bool``; default: irreversible only.
+        cancel_policy: ``wait`` (default for side effects), ``reconcile``, or
+            ``abandon`` (default and only choice allowed for read-only tools).
+        retry_safe: A retry with the same key cannot double the effect.
+        retryable: Exception types retried with backoff.
+        max_attempts: Attempts in all for retryable failures.
+        permanence: Text for approvers on why the effect is permanent.
+        hook_timeout: Seconds a reconcile/compensate hook may run.
+        cancel_timeout: Seconds cancel waits for an in-flight call of this tool.
+
+    Returns:
+        A decorator, or the classified tool when ``tool`` is given.
+
+    Raises:
+        EffectDeclarationError: For a reversible tool without ``compensate``,
+            ``abandon`` on a side-effecting tool, or other inconsistent settings.
+    """
+    parsed_kind = effect_kind(kind)
+    if cancel_policy is None:
+        policy = CancelPolicy.ABANDON if parsed_kind is EffectKind.READ_ONLY else CancelPolicy.WAIT
+    else:
+        try:
+            policy = CancelPolicy(cancel_policy)
+        except ValueError:
+            raise EffectDeclarationError(
+                f"unknown cancel_policy {cancel_policy!r}; expected wait, reconcile or abandon"
+            ) from None
+    if parsed_kind is EffectKind.REVERSIBLE and compensate is None:
+        raise EffectDeclarationError(
+            "a reversible tool needs a compensate hook: effect(EffectKind.REVERSIBLE, "
+            "compensate=undo) where undo(key, args, result) reverses the call"
+        )
+    if parsed_kind is not EffectKind.READ_ONLY and policy is CancelPolicy.ABANDON:
+        raise EffectDeclarationError(
+            "cancel_policy='abandon' is only allowed for read_only tools: abandoning the wait "
+            "on a side-effecting call leaves its outcome unknown with no record"
+        )
+    if parsed_kind is EffectKind.READ_ONLY and compensate is not None:
+        raise EffectDeclarationError("a read_only tool has nothing to compensate")
+    if max_attempts < 1:
+        raise EffectDeclarationError("max_attempts must be at least 1")
+    if hook_timeout <= 0:
+        raise EffectDeclarationError("hook_timeout must be positive")
+    if requires_approval is not None and not (
+        isinstance(requires_approval, bool) or callable(requires_approval)
+    ):
+        raise EffectDeclarationError("requires_approval must be a bool or a callable on the args")
+
+    spec = EffectSpec(
+        kind=parsed_kind,
+        idempotency_key=idempotency_key,
+        reconcile=reconcile,
+        compensate=compensate,
+        requires_approval=requires_approval,
+        cancel_policy=policy,
+        retry_safe=retry_safe or parsed_kind is EffectKind.READ_ONLY,
+        retryable=retryable,
+        max_attempts=max_attempts,
+        permanence=permanence,
+        hook_timeout=hook_timeout,
+        cancel_timeout=cancel_timeout,
+    )
+
+    def apply(target: BaseTool | Callable[..., Any]) -> BaseTool:
+        base = target if isinstance(target, BaseTool) else as_tool(target)
+        if not isinstance(base, BaseTool):  # pragma: no cover - as_tool overloads
+            raise EffectDeclarationError(f"cannot make a tool of {target!r}")
+        classified = base.model_copy()
+        classified.metadata = {**(base.metadata or {}), "effect_kind": parsed_kind.value}
+        object.__setattr__(classified, _SPEC_ATTR, spec)
+        return classified
+
+    if tool is not None:
+        return apply(tool)
+    return apply
+
+
+_warned_unclassified: set[str] = set()
+
+
+def spec_of(tool: BaseTool) -> EffectSpec:
+    """The effect declaration of ``tool``; unclassified tools count as irreversible.
+
+    The first time an unclassified tool is seen, one warning names it.
+    """
+    spec = getattr(tool, _SPEC_ATTR, None)
+    if isinstance(spec, EffectSpec):
+        return spec
+    if tool.name not in _warned_unclassified:
+        _warned_unclassified.add(tool.name)
+        warnings.warn(
+            f"tool {tool.name!r} has no effect(...) classification; treating it as "
+            "irreversible (approval required, reported as permanent)",
+            UnclassifiedToolWarning,
+            stacklevel=2,
+        )
+    return _UNCLASSIFIED
+
+
+class UnclassifiedToolWarning(UserWarning):
+    """A tool without ``effect(...)`` was given to an effect-aware node."""
+
+
+_UNCLASSIFIED = EffectSpec(kind=EffectKind.IRREVERSIBLE, classified=False)
+
+_current_key: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "langgraph_cancel_idempotency_key", default=None
+)
+
+
+def idempotency_key() -> str:
+    """This call's idempotency key, inside a tool dispatched by ``EffectToolNode``.
+
+    Forward it to the external system (a header, a request field) so that a
+    retry by anyone can never double the effect.
+
+    Raises:
+        RuntimeError: When called outside a dispatched tool call.
+    """
+    key = _current_key.get()
+    if key is None:
+        raise RuntimeError(
+            "idempotency_key() is only available inside a tool call dispatched by EffectToolNode"
+        )
+    return key
+
+
+@contextmanager
+def bound_idempotency_key(key: str) -> Iterator[None]:
+    """Make ``key`` what ``idempotency_key()`` returns for the duration of the block."""
+    token = _current_key.set(key)
+    try:
+        yield
+    finally:
+        _current_key.reset(token)
+
+
+__all__ = [
+    "DEFAULT_RETRYABLE",
+    "EffectSpec",
+    "Outcome",
+    "OutcomeStatusLiteral",
+    "UnclassifiedToolWarning",
+    "bound_idempotency_key",
+    "effect",
+    "idempotency_key",
+    "spec_of",
+]

@@ -1,0 +1,197 @@
+"""Every exception langgraph-cancel raises, in one place.
+
+Each error carries a ``non_retryable`` flag (after Temporal's
+``ApplicationError``): retry helpers consult it instead of guessing from the
+type name.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class LangGraphCancelError(Exception):
+    """Base class of every error raised by langgraph-cancel."""
+
+    non_retryable: bool = True
+
+
+class ConfigurationError(LangGraphCancelError):
+    """The package is set up in a way that cannot keep its promises."""
+
+
+class EffectDeclarationError(ConfigurationError):
+    """An ``effect(...)`` declaration is inconsistent (raised at declaration time)."""
+
+
+class DurabilityError(ConfigurationError):
+    """The graph was started with a durability mode that loses tool batches."""
+
+
+class InvalidURLError(ConfigurationError):
+    """A database URL is not one of ``sqlite:///...``, ``postgresql://...`` or ``memory://``."""
+
+
+class LedgerError(LangGraphCancelError):
+    """Base class of ledger failures."""
+
+
+class UnknownStatusError(LedgerError, ValueError):
+    """A status string is not a member of the lifecycle it was given for."""
+
+
+class IllegalTransitionError(LedgerError):
+    """A lifecycle transition that the state machine forbids.
+
+    Attributes:
+        record_id: The effect or run whose transition was refused.
+        current: The status the record actually has.
+        requested: The status the caller asked for.
+    """
+
+    def __init__(self, record_id: str, current: str, requested: str, detail: str = "") -> None:
+        self.record_id = record_id
+        self.current = current
+        self.requested = requested
+        msg = f"illegal transition {current!r} -> {requested!r} for {record_id}"
+        super().__init__(f"{msg}: {detail}" if detail else msg)
+
+
+class TransitionConflictError(IllegalTransitionError):
+    """A compare-and-set lost: another writer moved the record first."""
+
+
+class DispatchRefusedError(LedgerError):
+    """The ledger refused to mark an effect dispatched (run cancelled, or not approved)."""
+
+    def __init__(self, effect_id: str, reason: str) -> None:
+        self.effect_id = effect_id
+        self.reason = reason
+        super().__init__(f"dispatch of {effect_id} refused: {reason}")
+
+
+class DuplicateIdempotencyKeyError(LedgerError):
+    """Two different effects claimed the same idempotency key."""
+
+    def __init__(self, key: str, existing_effect_id: str | None = None) -> None:
+        self.key = key
+        self.existing_effect_id = existing_effect_id
+        super().__init__(
+            f"idempotency key {key!r} already belongs to effect {existing_effect_id}"
+            if existing_effect_id
+            else f"idempotency key {key!r} is already used"
+        )
+
+
+class EffectConflictError(LedgerError):
+    """An effect id was reused with a different tool or arguments."""
+
+
+class UnknownEffectError(LedgerError, KeyError):
+    """No effect with that id or key is in the ledger."""
+
+    def __str__(self) -> str:  # KeyError quotes its argument; keep the message readable
+        return str(self.args[0]) if self.args else "unknown effect"
+
+
+class UnknownThreadError(LedgerError, KeyError):
+    """The ledger knows nothing of that thread."""
+
+    def __init__(self, thread_id: str) -> None:
+        self.thread_id = thread_id
+        super().__init__(thread_id)
+
+    def __str__(self) -> str:
+        return f"unknown thread {self.thread_id!r}: the ledger has no run for it"
+
+
+class UnknownRunError(LedgerError, KeyError):
+    """The ledger knows nothing of that run."""
+
+    def __str__(self) -> str:
+        return f"unknown run {self.args[0]!r}" if self.args else "unknown run"
+
+
+class TransientDatabaseError(LedgerError):
+    """A database fault that outlived its retries (connection lost, serialization failure)."""
+
+    non_retryable = False
+
+
+class ThreadBusyError(LangGraphCancelError):
+    """Another live worker holds the lease on this thread.
+
+    Attributes:
+        thread_id: The thread that is busy.
+        owner: The worker that holds the lease.
+        expires_at: When that lease lapses unless it is renewed (ISO-8601).
+    """
+
+    def __init__(self, thread_id: str, owner: str, expires_at: str) -> None:
+        self.thread_id = thread_id
+        self.owner = owner
+        self.expires_at = expires_at
+        super().__init__(
+            f"thread {thread_id!r} is being run by {owner} (lease until {expires_at})"
+        )
+
+
+ThreadBusy = ThreadBusyError
+
+
+class MalformedToolCallError(LangGraphCancelError):
+    """A tool call that cannot be dispatched: unknown tool or arguments off schema."""
+
+    def __init__(self, tool: str, reason: str, args: Any = None) -> None:
+        self.tool = tool
+        self.reason = reason
+        self.tool_args = args
+        super().__init__(f"tool call {tool!r} rejected: {reason}")
+
+
+class ApprovalRequiredError(LangGraphCancelError):
+    """``EffectToolNode`` was asked to dispatch a call that needs approval and has none."""
+
+
+class InvalidDecisionError(LangGraphCancelError, ValueError):
+    """A resume value for an approval or reconciliation interrupt is malformed."""
+
+
+class RunCancelledError(LangGraphCancelError):
+    """Raised to stop work inside the current run because cancellation was requested."""
+
+    def __init__(self, run_id: str, reason: str | None) -> None:
+        self.run_id = run_id
+        self.reason = reason
+        super().__init__(f"run {run_id} was cancelled: {reason or 'no reason given'}")
+
+
+class HookError(LangGraphCancelError):
+    """A reconcile or compensate hook raised, hung or returned something unusable."""
+
+
+__all__ = [
+    "ApprovalRequiredError",
+    "ConfigurationError",
+    "DispatchRefusedError",
+    "DuplicateIdempotencyKeyError",
+    "DurabilityError",
+    "EffectConflictError",
+    "EffectDeclarationError",
+    "HookError",
+    "IllegalTransitionError",
+    "InvalidDecisionError",
+    "InvalidURLError",
+    "LangGraphCancelError",
+    "LedgerError",
+    "MalformedToolCallError",
+    "RunCancelledError",
+    "ThreadBusy",
+    "ThreadBusyError",
+    "TransientDatabaseError",
+    "TransitionConflictError",
+    "UnknownEffectError",
+    "UnknownRunError",
+    "UnknownStatusError",
+    "UnknownThreadError",
+]

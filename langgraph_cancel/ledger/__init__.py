@@ -1,0 +1,20 @@
+"""The effect ledger: what every tool call of every run did, durably."""
+
+from langgraph_cancel.ledger.backends import Backend, PostgresBackend, SqliteBackend, backend_from_url
+from langgraph_cancel.ledger.core import (
+    Ledger,
+    default_owner,
+    derive_effect_id,
+    derive_idempotency_key,
+)
+
+__all__ = [
+    "Backend",
+    "Ledger",
+    "PostgresBackend",
+    "SqliteBackend",
+    "backend_from_url",
+    "default_owner",
+    "derive_effect_id",
+    "derive_idempotency_key",
+]

@@ -1,0 +1,325 @@
+"""Database access for the ledger: one transaction at a time, retried when transient.
+
+Two dialects share every statement (see ``sql.py``): SQLite (memory and file)
+and PostgreSQL (psycopg 3, a connection, a pool or a connection string).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
+
+from tenacity import (
+    before_sleep_log,
+    retry,
+    retry_if_exception,
+    stop_after_attempt,
+    wait_exponential,
+)
+
+from langgraph_cancel.errors import TransientDatabaseError
+from langgraph_cancel.ledger import sql as q
+
+if TYPE_CHECKING:
+    from psycopg import Connection
+    from psycopg_pool import ConnectionPool
+
+logger = logging.getLogger("langgraph_cancel.ledger")
+
+Dialect = Literal["sqlite", "postgres"]
+T = TypeVar("T")
+
+
+class Cursor(Protocol):
+    """The part of a DB-API cursor the ledger uses, with dict rows."""
+
+    def execute(self, sql: str, params: dict[str, Any] | None = None) -> Any: ...
+    def fetchone(self) -> dict[str, Any] | None: ...
+    def fetchall(self) -> list[dict[str, Any]]: ...
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True for faults worth retrying: lost connections, lock and serialization conflicts.
+
+    Integrity errors (a duplicate key, a check constraint) are never transient.
+    """
+    if isinstance(exc, sqlite3.OperationalError):
+        text = str(exc).lower()
+        return "locked" in text or "busy" in text
+    try:
+        import psycopg
+        from psycopg import errors as pge
+        from psycopg_pool import PoolTimeout
+    except ImportError:  # pragma: no cover - postgres extra not installed
+        return False
+    if isinstance(exc, pge.IntegrityError | pge.RaiseException):
+        return False
+    if isinstance(exc, pge.SerializationFailure | pge.DeadlockDetected | PoolTimeout):
+        return True
+    return isinstance(exc, psycopg.OperationalError)
+
+
+def transient_retry(attempts: int = 6) -> Callable[[Callable[..., T]], Callable[..., T]]:
+    """Retry a whole transaction on transient faults, with backoff, logged."""
+    return retry(
+        retry=retry_if_exception(is_transient),
+        stop=stop_after_attempt(attempts),
+        wait=wait_exponential(multiplier=0.02, min=0.01, max=1.0),
+        before_sleep=before_sleep_log(logger, logging.WARNING),
+        reraise=True,
+    )
+
+
+class Backend:
+    """A database the ledger can run transactions on."""
+
+    dialect: Dialect
+    url: str
+
+    def transaction(self) -> Any:  # pragma: no cover - interface
+        """A context manager yielding a ``Cursor`` inside one transaction."""
+        raise NotImplementedError
+
+    def close(self) -> None:  # pragma: no cover - interface
+        """Release connections."""
+        raise NotImplementedError
+
+    def sql(self, statement: str) -> str:
+        """The statement in this dialect's placeholder style."""
+        return statement
+
+    def json_in(self, value: Any) -> Any:
+        """Adapt a JSON-able value for a JSON column."""
+        if value is None:
+            return None
+        return json.dumps(value, default=str, sort_keys=True)
+
+    def json_out(self, value: Any) -> Any:
+        """Read a JSON column."""
+        if value is None or not isinstance(value, str | bytes):
+            return value
+        return json.loads(value)
+
+    def ts_in(self, value: datetime | None) -> Any:
+        """Adapt a datetime for a timestamp column."""
+        return value
+
+    def ts_out(self, value: Any) -> datetime | None:
+        """Read a timestamp column."""
+        return value  # type: ignore[no-any-return]
+
+    @property
+    def migrations(self) -> list[list[str]]:
+        """The append-only schema migrations of this dialect."""
+        raise NotImplementedError  # pragma: no cover
+
+
+class SqliteBackend(Backend):
+    """SQLite: an in-memory database or one file in WAL mode.
+
+    One connection per backend, serialized by a lock; writers across processes
+    are serialized by SQLite itself (``BEGIN IMMEDIATE`` plus a busy timeout).
+    """
+
+    dialect: Dialect = "sqlite"
+
+    def __init__(self, path: str, *, url: str | None = None, busy_timeout_ms: int = 30_000) -> None:
+        self.path = path
+        self.url = url or (f"sqlite:///{path}" if path != ":memory:" else "memory://")
+        self._lock = threading.RLock()
+        self._conn = sqlite3.connect(
+            path, check_same_thread=False, isolation_level=None, timeout=busy_timeout_ms / 1000
+        )
+        self._conn.row_factory = sqlite3.Row
+        self._conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+        if path != ":memory:":
+            self._conn.execute("PRAGMA journal_mode = WAL")
+            self._conn.execute("PRAGMA synchronous = NORMAL")
+        self._sql_cache: dict[str, str] = {}
+        self._depth = 0
+
+    @property
+    def migrations(self) -> list[list[str]]:
+        return q.SQLITE_MIGRATIONS
+
+    def sql(self, statement: str) -> str:
+        cached = self._sql_cache.get(statement)
+        if cached is None:
+            cached = self._sql_cache[statement] = q.to_sqlite(statement)
+        return cached
+
+    def ts_in(self, value: datetime | None) -> Any:
+        return None if value is None else value.isoformat(timespec="microseconds")
+
+    def ts_out(self, value: Any) -> datetime | None:
+        if value is None or isinstance(value, datetime):
+            return value
+        return datetime.fromisoformat(value)
+
+    @contextmanager
+    def transaction(self) -> Iterator[Cursor]:
+        with self._lock:
+            if self._depth:  # nested use within one transaction
+                self._depth += 1
+                try:
+                    yield _SqliteCursor(self._conn.cursor(), self)
+                finally:
+                    self._depth -= 1
+                return
+            self._conn.execute("BEGIN IMMEDIATE")
+            self._depth = 1
+            try:
+                yield _SqliteCursor(self._conn.cursor(), self)
+            except BaseException:
+                self._depth = 0
+                self._conn.execute("ROLLBACK")
+                raise
+            self._depth = 0
+            self._conn.execute("COMMIT")
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+
+class _SqliteCursor:
+    __slots__ = ("_backend", "_cur")
+
+    def __init__(self, cur: sqlite3.Cursor, backend: SqliteBackend) -> None:
+        self._cur = cur
+        self._backend = backend
+
+    def execute(self, sql: str, params: dict[str, Any] | None = None) -> Any:
+        return self._cur.execute(self._backend.sql(sql), params or {})
+
+    def fetchone(self) -> dict[str, Any] | None:
+        row = self._cur.fetchone()
+        return None if row is None else dict(row)
+
+    def fetchall(self) -> list[dict[str, Any]]:
+        return [dict(r) for r in self._cur.fetchall()]
+
+
+class PostgresBackend(Backend):
+    """PostgreSQL through psycopg 3: a pool (preferred), one connection, or a URL."""
+
+    dialect: Dialect = "postgres"
+
+    def __init__(
+        self,
+        conn: str | Connection[Any] | ConnectionPool[Any],
+        *,
+        min_size: int = 1,
+        max_size: int = 8,
+    ) -> None:
+        from psycopg import Connection as _Connection
+        from psycopg.rows import dict_row
+        from psycopg_pool import ConnectionPool as _Pool
+
+        self._owns = False
+        self._lock: threading.RLock | None = None
+        if isinstance(conn, str):
+            self.url = conn
+            self._pool: _Pool[Any] | None = _Pool(
+                conn,
+                min_size=min_size,
+                max_size=max_size,
+                kwargs={"autocommit": True, "row_factory": dict_row, "prepare_threshold": None},
+                open=True,
+                check=_Pool.check_connection,
+                name="langgraph-cancel-ledger",
+            )
+            self._conn: _Connection[Any] | None = None
+            self._owns = True
+        elif isinstance(conn, _Pool):
+            self._pool = conn
+            self._conn = None
+            self.url = conn.conninfo
+        else:
+            self._pool = None
+            self._conn = conn
+            self._lock = threading.RLock()
+            self.url = conn.info.dsn
+        self.conninfo = _full_conninfo(conn)
+
+    @property
+    def migrations(self) -> list[list[str]]:
+        return q.POSTGRES_MIGRATIONS
+
+    def json_in(self, value: Any) -> Any:
+        if value is None:
+            return None
+        from psycopg.types.json import Jsonb
+
+        return Jsonb(json.loads(json.dumps(value, default=str)))
+
+    @contextmanager
+    def transaction(self) -> Iterator[Cursor]:
+        from psycopg.rows import dict_row
+
+        if self._pool is not None:
+            with self._pool.connection() as conn, conn.transaction():
+                yield conn.cursor(row_factory=dict_row)  # type: ignore[misc]
+            return
+        assert self._conn is not None and self._lock is not None
+        with self._lock, self._conn.transaction():
+            yield self._conn.cursor(row_factory=dict_row)  # type: ignore[misc]
+
+    def close(self) -> None:
+        if self._owns and self._pool is not None:
+            self._pool.close()
+
+
+def _full_conninfo(conn: Any) -> str:
+    """A connection string including the password, for opening side connections."""
+    if isinstance(conn, str):
+        return conn
+    try:
+        from psycopg_pool import ConnectionPool as _Pool
+
+        if isinstance(conn, _Pool):
+            return str(conn.conninfo)
+    except ImportError:  # pragma: no cover
+        pass
+    info = conn.info
+    dsn: str = info.dsn
+    password = getattr(info, "password", None)
+    if password and "password=" not in dsn:
+        dsn = f"{dsn} password={password}"
+    return dsn
+
+
+def backend_from_url(url: str) -> Backend:
+    """Open the backend a URL names: ``memory://``, ``sqlite:///path``, ``postgresql://...``."""
+    from langgraph_cancel.errors import InvalidURLError
+
+    if not isinstance(url, str) or not url:
+        raise InvalidURLError(f"not a database URL: {url!r}")
+    if url in ("memory://", "memory", ":memory:", "sqlite://", "sqlite:///:memory:"):
+        return SqliteBackend(":memory:", url="memory://")
+    if url.startswith("sqlite:///"):
+        return SqliteBackend(url[len("sqlite:///") :] or ":memory:", url=url)
+    if url.startswith(("postgresql://", "postgres://", "postgresql+psycopg://")):
+        try:
+            return PostgresBackend(url.replace("postgresql+psycopg://", "postgresql://", 1))
+        except ImportError as exc:  # pragma: no cover - extra missing
+            raise InvalidURLError(
+                "PostgreSQL support needs the extra: pip install 'langgraph-cancel[postgres]'"
+            ) from exc
+    if "://" not in url and url.endswith((".db", ".sqlite", ".sqlite3")):
+        return SqliteBackend(url, url=f"sqlite:///{url}")
+    raise InvalidURLError(
+        f"unsupported database URL {url!r}: use memory://, sqlite:///path/to/file.db "
+        "or postgresql://user@host:port/dbname"
+    )
+
+
+def raise_transient(exc: BaseException) -> TransientDatabaseError:
+    """Wrap a fault that outlived its retries."""
+    return TransientDatabaseError(f"database unavailable after retries: {exc}")

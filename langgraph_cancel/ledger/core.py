@@ -1,0 +1,953 @@
+"""The effect ledger: runs, effects, their audit trail and worker leases.
+
+Every write is one database transaction. Every transition is a compare-and-set
+whose ``WHERE`` clause the database evaluates; Python only decides which
+"from" statuses are legal. A write that loses its connection is retried, and
+the retry recognises its own earlier success by a write token (the DBOS
+pattern: "already recorded by me?" versus "moved by someone else?").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import hashlib
+import os
+import socket
+import sqlite3
+import uuid
+from collections.abc import Callable, Iterable
+from datetime import datetime, timedelta
+from typing import Any, ParamSpec, TypeVar
+
+from langgraph_cancel.errors import (
+    DispatchRefusedError,
+    DuplicateIdempotencyKeyError,
+    IllegalTransitionError,
+    ThreadBusyError,
+    TransitionConflictError,
+    UnknownEffectError,
+    UnknownRunError,
+    UnknownThreadError,
+)
+from langgraph_cancel.ledger import sql as q
+from langgraph_cancel.ledger.backends import Backend, Cursor, backend_from_url, transient_retry
+from langgraph_cancel.types import (
+    EFFECT_TRANSITIONS,
+    RUN_TRANSITIONS,
+    TERMINAL_RUN_STATUSES,
+    UNSETTLED_STATUSES,
+    CancelRequestResult,
+    EffectKind,
+    EffectRecord,
+    EffectStatus,
+    LeaseRecord,
+    RunRecord,
+    RunStatus,
+    TransitionRecord,
+    effect_kind,
+    effect_status,
+    run_status,
+    utcnow,
+)
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+CancelListener = Callable[[str, str], None]
+
+
+def default_owner() -> str:
+    """A worker identity: host, pid and a random suffix."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
+def derive_effect_id(thread_id: str, tool_call_id: str) -> str:
+    """The stable id of a tool call's effect: the same call always maps to the same row."""
+    return f"{thread_id}:{tool_call_id}"
+
+
+def derive_idempotency_key(thread_id: str, tool_call_id: str) -> str:
+    """The default idempotency key: derived from the thread and the tool-call id."""
+    digest = hashlib.sha256(f"{thread_id}\x00{tool_call_id}".encode()).hexdigest()[:32]
+    return f"lgc-{digest}"
+
+
+def _predecessors(to: EffectStatus) -> frozenset[EffectStatus]:
+    return frozenset(s for s, nxt in EFFECT_TRANSITIONS.items() if to in nxt)
+
+
+_PREDECESSORS = {s: _predecessors(s) for s in EffectStatus}
+_SETTLING = frozenset(EffectStatus) - UNSETTLED_STATUSES
+
+
+def _to_thread(fn: Callable[P, R]) -> Callable[P, Any]:
+    @functools.wraps(fn)
+    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        return await asyncio.to_thread(fn, *args, **kwargs)
+
+    return wrapper
+
+
+class Ledger:
+    """The effect ledger on memory, SQLite or PostgreSQL.
+
+    Sync methods, each with an ``a``-prefixed async twin. Create one with
+    ``Ledger.from_url(url)`` or get the one a ``*CancelSaver`` owns.
+
+    Args:
+        backend: The database to use.
+    """
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        self.url = backend.url
+        self._setup_done = False
+        self._cancel_listeners: list[CancelListener] = []
+
+    # ------------------------------------------------------------------ life
+    @classmethod
+    def from_url(cls, url: str, *, setup: bool = True) -> Ledger:
+        """Open the ledger a URL names.
+
+        Args:
+            url: ``memory://``, ``sqlite:///relative.db``, ``sqlite:////abs/path.db``
+                or ``postgresql://user@host:port/db``.
+            setup: Run ``setup()`` (idempotent migrations) before returning.
+
+        Raises:
+            InvalidURLError: For anything else.
+        """
+        ledger = cls(backend_from_url(url))
+        if setup:
+            ledger.setup()
+        return ledger
+
+    def setup(self) -> None:
+        """Create or migrate the ledger's tables. Safe to call any number of times."""
+        if self._setup_done:
+            return
+        self._setup_once()
+        self._setup_done = True
+
+    @transient_retry()
+    def _setup_once(self) -> None:
+        migrations = self.backend.migrations
+        with self.backend.transaction() as cur:
+            if self.backend.dialect == "postgres":
+                # Serialize concurrent setup() calls from many workers.
+                cur.execute("SELECT pg_advisory_xact_lock(7231900118)")
+            cur.execute(migrations[0][0])
+            cur.execute(q.SELECT_VERSION)
+            row = cur.fetchone()
+            current = -1 if row is None else next(iter(row.values()))
+            current = -1 if current is None else int(current)
+            for version, statements in enumerate(migrations):
+                if version <= current:
+                    continue
+                for statement in statements:
+                    cur.execute(statement)
+                cur.execute(q.INSERT_VERSION, {"v": version})
+
+    def close(self) -> None:
+        """Close the connections this ledger opened."""
+        self.backend.close()
+
+    def __enter__(self) -> Ledger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def add_cancel_listener(self, listener: CancelListener) -> None:
+        """Call ``listener(thread_id, run_id)`` when this process requests a cancel."""
+        self._cancel_listeners.append(listener)
+
+    # ------------------------------------------------------------- decoding
+    def _run(self, row: dict[str, Any]) -> RunRecord:
+        b = self.backend
+        return RunRecord(
+            run_id=row["run_id"],
+            thread_id=row["thread_id"],
+            status=run_status(row["status"]),
+            created_at=b.ts_out(row["created_at"]),
+            updated_at=b.ts_out(row["updated_at"]),
+            owner=row["owner"],
+            parent_run_id=row["parent_run_id"],
+            requested_at=b.ts_out(row["requested_at"]),
+            requested_by=row["requested_by"],
+            reason=row["reason"],
+            observed_at=b.ts_out(row["observed_at"]),
+            quiesced_at=b.ts_out(row["quiesced_at"]),
+            tokens_after_cancel=row["tokens_after_cancel"],
+            report=b.json_out(row["report"]),
+        )
+
+    def _effect(self, row: dict[str, Any]) -> EffectRecord:
+        b = self.backend
+        return EffectRecord(
+            effect_id=row["effect_id"],
+            thread_id=row["thread_id"],
+            run_id=row["run_id"],
+            tool_call_id=row["tool_call_id"],
+            tool=row["tool"],
+            kind=effect_kind(row["kind"]),
+            status=effect_status(row["status"]),
+            idempotency_key=row["idempotency_key"],
+            args=b.json_out(row["args"]) or {},
+            seq=row["seq"],
+            result=b.json_out(row["result"]),
+            error=row["error"],
+            owner=row["owner"],
+            next_action=row["next_action"],
+            approval=b.json_out(row["approval"]),
+            version=row["version"],
+            created_at=b.ts_out(row["created_at"]),
+            updated_at=b.ts_out(row["updated_at"]),
+            dispatched_at=b.ts_out(row["dispatched_at"]),
+            settled_at=b.ts_out(row["settled_at"]),
+        )
+
+    def _lease(self, row: dict[str, Any]) -> LeaseRecord:
+        b = self.backend
+        return LeaseRecord(
+            thread_id=row["thread_id"],
+            owner=row["owner"],
+            acquired_at=b.ts_out(row["acquired_at"]),
+            heartbeat_at=b.ts_out(row["heartbeat_at"]),
+            expires_at=b.ts_out(row["expires_at"]),
+        )
+
+    def _one(self, sql: str, params: dict[str, Any]) -> dict[str, Any] | None:
+        with self.backend.transaction() as cur:
+            cur.execute(sql, params)
+            return cur.fetchone()
+
+    def _all(self, sql: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+        with self.backend.transaction() as cur:
+            cur.execute(sql, params)
+            return cur.fetchall()
+
+    # ----------------------------------------------------------------- runs
+    @transient_retry()
+    def start_run(
+        self,
+        thread_id: str,
+        *,
+        run_id: str | None = None,
+        owner: str | None = None,
+        parent_run_id: str | None = None,
+    ) -> RunRecord:
+        """The thread's live run, or a new ``running`` one when it has none.
+
+        At most one run per thread is live; the database enforces it, so two
+        workers starting the same thread at once get the same run.
+        """
+        now = self.backend.ts_in(utcnow())
+        with self.backend.transaction() as cur:
+            cur.execute(q.SELECT_ACTIVE_RUN, {"thread_id": thread_id})
+            row = cur.fetchone()
+            if row is not None:
+                return self._run(row)
+            cur.execute(
+                q.INSERT_RUN,
+                {
+                    "run_id": run_id or str(uuid.uuid4()),
+                    "thread_id": thread_id,
+                    "now": now,
+                    "owner": owner,
+                    "parent_run_id": parent_run_id,
+                },
+            )
+            row = cur.fetchone()
+            if row is None:  # lost the race to another starter (or a run id clash)
+                cur.execute(q.SELECT_ACTIVE_RUN, {"thread_id": thread_id})
+                row = cur.fetchone()
+                if row is None:
+                    raise UnknownRunError(run_id or "")
+            return self._run(row)
+
+    @transient_retry()
+    def get_run(self, run_id: str) -> RunRecord:
+        """The run with this id.
+
+        Raises:
+            UnknownRunError: If there is none.
+        """
+        row = self._one(q.SELECT_RUN, {"run_id": run_id})
+        if row is None:
+            raise UnknownRunError(run_id)
+        return self._run(row)
+
+    @transient_retry()
+    def active_run(self, thread_id: str) -> RunRecord | None:
+        """The thread's live (not terminal) run, if any."""
+        row = self._one(q.SELECT_ACTIVE_RUN, {"thread_id": thread_id})
+        return None if row is None else self._run(row)
+
+    @transient_retry()
+    def latest_run(self, thread_id: str) -> RunRecord | None:
+        """The thread's most recent run, live or not."""
+        row = self._one(q.SELECT_LATEST_RUN, {"thread_id": thread_id})
+        return None if row is None else self._run(row)
+
+    def require_latest_run(self, thread_id: str) -> RunRecord:
+        """The thread's most recent run.
+
+        Raises:
+            UnknownThreadError: If the ledger has never seen the thread.
+        """
+        run = self.latest_run(thread_id)
+        if run is None:
+            raise UnknownThreadError(thread_id)
+        return run
+
+    @transient_retry()
+    def runs(self, thread_id: str) -> list[RunRecord]:
+        """Every run of a thread, oldest first."""
+        return [self._run(r) for r in self._all(q.SELECT_THREAD_RUNS, {"thread_id": thread_id})]
+
+    @transient_retry()
+    def child_runs(self, run_id: str) -> list[RunRecord]:
+        """Runs registered as children (sub-agents) of ``run_id``."""
+        return [self._run(r) for r in self._all(q.SELECT_CHILD_RUNS, {"run_id": run_id})]
+
+    @transient_retry()
+    def runs_by_status(self, status: RunStatus | str, *, limit: int = 1000) -> list[RunRecord]:
+        """Runs in a given status across all threads."""
+        st = run_status(status)
+        rows = self._all(q.SELECT_RUNS_BY_STATUS, {"status": st.value, "limit": limit})
+        return [self._run(r) for r in rows]
+
+    def request_cancel(
+        self,
+        thread_id: str,
+        *,
+        reason: str,
+        requested_by: str,
+        cascade: bool = True,
+    ) -> CancelRequestResult:
+        """Ask the thread's live run to stop. Level-triggered; the first reason wins.
+
+        Cancelling a thread whose last run already finished is a no-op answer
+        (``accepted=False``), not an error. Children (sub-agent runs) are
+        cancelled too, recursively, when ``cascade`` is true.
+
+        Raises:
+            UnknownThreadError: If the ledger has never seen the thread.
+        """
+        result = self._request_cancel(thread_id, reason=reason, requested_by=requested_by)
+        if result.accepted and result.run_id is not None:
+            for listener in list(self._cancel_listeners):
+                listener(thread_id, result.run_id)
+            if cascade:
+                for child in self.child_runs(result.run_id):
+                    if not child.terminal:
+                        self.request_cancel(
+                            child.thread_id,
+                            reason=f"parent run {result.run_id} cancelled: {reason}",
+                            requested_by=requested_by,
+                        )
+        return result
+
+    @transient_retry()
+    def _request_cancel(self, thread_id: str, *, reason: str, requested_by: str) -> CancelRequestResult:
+        now = utcnow()
+        with self.backend.transaction() as cur:
+            cur.execute(q.SELECT_ACTIVE_RUN, {"thread_id": thread_id})
+            active = cur.fetchone()
+            if active is None:
+                cur.execute(q.SELECT_LATEST_RUN, {"thread_id": thread_id})
+                latest = cur.fetchone()
+                if latest is None:
+                    raise UnknownThreadError(thread_id)
+                run = self._run(latest)
+                return CancelRequestResult(
+                    thread_id=thread_id,
+                    run_id=run.run_id,
+                    accepted=False,
+                    first=False,
+                    status=run.status,
+                    reason=run.reason,
+                    message=f"nothing to cancel: run {run.run_id} is already {run.status.value}",
+                )
+            cur.execute(
+                q.REQUEST_CANCEL,
+                {
+                    "run_id": active["run_id"],
+                    "now": self.backend.ts_in(now),
+                    "reason": reason,
+                    "requested_by": requested_by,
+                },
+            )
+            updated = cur.fetchone()
+            if updated is not None and self.backend.dialect == "postgres":
+                cur.execute(
+                    q.NOTIFY_CANCEL, {"payload": f"{thread_id}\x1f{active['run_id']}"}
+                )
+        if updated is not None:
+            run = self._run(updated)
+            return CancelRequestResult(
+                thread_id=thread_id,
+                run_id=run.run_id,
+                accepted=True,
+                first=True,
+                status=run.status,
+                reason=run.reason,
+                message=f"cancel requested for run {run.run_id}",
+            )
+        run = self._run(active)
+        return CancelRequestResult(
+            thread_id=thread_id,
+            run_id=run.run_id,
+            accepted=True,
+            first=False,
+            status=run.status,
+            reason=run.reason,
+            message=f"cancel already requested for run {run.run_id} ({run.reason!r} wins)",
+        )
+
+    @transient_retry()
+    def mark_observed(self, run_id: str) -> RunRecord:
+        """Record that the run saw its cancel signal: ``cancel_requested -> cancelling``."""
+        now = self.backend.ts_in(utcnow())
+        with self.backend.transaction() as cur:
+            cur.execute(q.MARK_OBSERVED, {"run_id": run_id, "now": now})
+            row = cur.fetchone()
+            if row is None:
+                cur.execute(q.SELECT_RUN, {"run_id": run_id})
+                row = cur.fetchone()
+                if row is None:
+                    raise UnknownRunError(run_id)
+            return self._run(row)
+
+    @transient_retry()
+    def finish_run(
+        self,
+        run_id: str,
+        status: RunStatus | str,
+        *,
+        report: dict[str, Any] | None = None,
+        quiesced_at: datetime | None = None,
+        tokens_after_cancel: int | None = None,
+    ) -> bool:
+        """Make the run's one terminal transition.
+
+        Returns:
+            True if this call made it; False if the run was already terminal
+            (another writer won, or this is a repeat).
+
+        Raises:
+            IllegalTransitionError: For a non-terminal target, or one the run's
+                current status cannot reach (e.g. ``completed`` after a cancel request).
+        """
+        target = run_status(status)
+        if target not in TERMINAL_RUN_STATUSES:
+            raise IllegalTransitionError(run_id, "?", target.value, "not a terminal status")
+        allowed = [s for s, nxt in RUN_TRANSITIONS.items() if target in nxt]
+        placeholders = ", ".join(f"'{s.value}'" for s in allowed)
+        b = self.backend
+        with b.transaction() as cur:
+            cur.execute(
+                q.FINISH_RUN.format(allowed=placeholders),
+                {
+                    "run_id": run_id,
+                    "status": target.value,
+                    "now": b.ts_in(utcnow()),
+                    "quiesced_at": b.ts_in(quiesced_at),
+                    "tokens_after_cancel": tokens_after_cancel,
+                    "report": b.json_in(report),
+                },
+            )
+            if cur.fetchone() is not None:
+                return True
+            cur.execute(q.SELECT_RUN, {"run_id": run_id})
+            row = cur.fetchone()
+        if row is None:
+            raise UnknownRunError(run_id)
+        current = run_status(row["status"])
+        if current in TERMINAL_RUN_STATUSES:
+            return False
+        raise IllegalTransitionError(run_id, current.value, target.value)
+
+    @transient_retry()
+    def add_tokens_after_cancel(self, run_id: str, tokens: int) -> None:
+        """Count model tokens received after the run's cancel signal."""
+        with self.backend.transaction() as cur:
+            cur.execute(q.ADD_TOKENS_AFTER_CANCEL, {"run_id": run_id, "tokens": int(tokens)})
+
+    # -------------------------------------------------------------- effects
+    def plan(
+        self,
+        *,
+        thread_id: str,
+        run_id: str,
+        tool_call_id: str,
+        tool: str,
+        kind: EffectKind | str,
+        args: dict[str, Any],
+        idempotency_key: str | None = None,
+        seq: int = 0,
+        status: EffectStatus | str = EffectStatus.PLANNED,
+        result: Any = None,
+        error: str | None = None,
+        owner: str | None = None,
+        actor: str = "system",
+        detail: dict[str, Any] | None = None,
+    ) -> tuple[EffectRecord, bool]:
+        """Insert a tool call's record, or return the one already there.
+
+        The effect id is derived from thread and tool-call id, so a re-run of
+        the same node finds its earlier record instead of creating another.
+
+        Returns:
+            ``(record, created)``.
+
+        Raises:
+            DuplicateIdempotencyKeyError: When another effect already owns the key.
+        """
+        st = effect_status(status)
+        if st not in (
+            EffectStatus.PLANNED,
+            EffectStatus.PENDING_APPROVAL,
+            EffectStatus.COMMITTED,
+            EffectStatus.FAILED,
+            EffectStatus.DROPPED,
+            EffectStatus.REJECTED,
+        ):
+            raise IllegalTransitionError(tool_call_id, "(new)", st.value, "not an initial status")
+        return self._plan(
+            thread_id=thread_id,
+            run_id=run_id,
+            tool_call_id=tool_call_id,
+            tool=tool,
+            kind=effect_kind(kind),
+            args=args,
+            key=idempotency_key or derive_idempotency_key(thread_id, tool_call_id),
+            seq=seq,
+            status=st,
+            result=result,
+            error=error,
+            owner=owner,
+            actor=actor,
+            detail=detail,
+        )
+
+    @transient_retry()
+    def _plan(
+        self,
+        *,
+        thread_id: str,
+        run_id: str,
+        tool_call_id: str,
+        tool: str,
+        kind: EffectKind,
+        args: dict[str, Any],
+        key: str,
+        seq: int,
+        status: EffectStatus,
+        result: Any,
+        error: str | None,
+        owner: str | None,
+        actor: str,
+        detail: dict[str, Any] | None,
+    ) -> tuple[EffectRecord, bool]:
+        b = self.backend
+        effect_id = derive_effect_id(thread_id, tool_call_id)
+        now = utcnow()
+        settles = status not in UNSETTLED_STATUSES
+        try:
+            with b.transaction() as cur:
+                cur.execute(
+                    q.INSERT_EFFECT,
+                    {
+                        "effect_id": effect_id,
+                        "thread_id": thread_id,
+                        "run_id": run_id,
+                        "tool_call_id": tool_call_id,
+                        "tool": tool,
+                        "kind": kind.value,
+                        "status": status.value,
+                        "idempotency_key": key,
+                        "args": b.json_in(args),
+                        "seq": seq,
+                        "result": b.json_in(result),
+                        "error": error,
+                        "owner": owner,
+                        "next_action": None,
+                        "approval": None,
+                        "token": None,
+                        "now": b.ts_in(now),
+                        "dispatched_at": None,
+                        "settled_at": b.ts_in(now) if settles else None,
+                    },
+                )
+                row = cur.fetchone()
+                if row is None:
+                    cur.execute(q.SELECT_EFFECT, {"effect_id": effect_id})
+                    existing = cur.fetchone()
+                    assert existing is not None
+                    return self._effect(existing), False
+                cur.execute(
+                    q.INSERT_TRANSITION,
+                    {
+                        "effect_id": effect_id,
+                        "from_status": None,
+                        "to_status": status.value,
+                        "now": b.ts_in(now),
+                        "actor": actor,
+                        "detail": b.json_in(detail or {}),
+                    },
+                )
+                return self._effect(row), True
+        except Exception as exc:
+            if _is_unique_violation(exc):
+                other = self._one(q.SELECT_EFFECT_BY_KEY, {"key": key})
+                raise DuplicateIdempotencyKeyError(
+                    key, other["effect_id"] if other else None
+                ) from exc
+            raise
+
+    def transition(
+        self,
+        effect_id: str,
+        to: EffectStatus | str,
+        *,
+        expected: Iterable[EffectStatus | str] | None = None,
+        actor: str = "system",
+        detail: dict[str, Any] | None = None,
+        result: Any = ...,
+        error: Any = ...,
+        owner: str | None = None,
+        next_action: Any = ...,
+        approval: dict[str, Any] | None = None,
+        args: dict[str, Any] | None = None,
+        require_active_run: bool | None = None,
+    ) -> EffectRecord:
+        """Move an effect to ``to`` if, and only if, it is in an allowed status.
+
+        Args:
+            effect_id: The effect.
+            to: The target status.
+            expected: The statuses the caller believes the effect is in
+                (default: every legal predecessor of ``to``).
+            actor: Who is acting (kept in the audit trail).
+            detail: Free-form audit detail.
+            result: The outcome to record (leave out to keep the current one).
+            error: The error text to record (leave out to keep it).
+            owner: Who owns the effect now (kept when ``None``).
+            next_action: What must happen next (for ``unknown``).
+            approval: The approval decision to record.
+            args: Replacement arguments (an approved edit).
+            require_active_run: Refuse unless the run is ``running``; defaults
+                to true for ``dispatched`` (no dispatch after the cancel signal).
+
+        Raises:
+            IllegalTransitionError: The state machine forbids the move.
+            TransitionConflictError: Another writer moved the effect first.
+            DispatchRefusedError: ``dispatched`` was refused: the run is not running.
+            UnknownEffectError: No such effect.
+        """
+        target = effect_status(to)
+        legal = _PREDECESSORS[target]
+        allowed = legal if expected is None else frozenset(effect_status(s) for s in expected)
+        illegal = allowed - legal
+        if illegal:
+            raise IllegalTransitionError(
+                effect_id, ",".join(sorted(s.value for s in illegal)), target.value
+            )
+        if target is EffectStatus.UNKNOWN and (owner is None or next_action in (None, ...)):
+            raise IllegalTransitionError(
+                effect_id, "?", target.value, "unknown needs an owner and a next_action"
+            )
+        guard = (
+            require_active_run
+            if require_active_run is not None
+            else target is EffectStatus.DISPATCHED
+        )
+        return self._transition(
+            effect_id,
+            target,
+            allowed,
+            guard,
+            actor=actor,
+            detail=detail,
+            result=result,
+            error=error,
+            owner=owner,
+            next_action=next_action,
+            approval=approval,
+            args=args,
+            token=uuid.uuid4().hex,
+        )
+
+    @transient_retry()
+    def _transition(
+        self,
+        effect_id: str,
+        target: EffectStatus,
+        allowed: frozenset[EffectStatus],
+        guard: bool,
+        *,
+        actor: str,
+        detail: dict[str, Any] | None,
+        result: Any,
+        error: Any,
+        owner: str | None,
+        next_action: Any,
+        approval: dict[str, Any] | None,
+        args: dict[str, Any] | None,
+        token: str,
+    ) -> EffectRecord:
+        b = self.backend
+        now = utcnow()
+        names = sorted(s.value for s in allowed)
+        params: dict[str, Any] = {f"s{i}": v for i, v in enumerate(names)}
+        statuses = ", ".join(f"%(s{i})s" for i in range(len(names))) or "NULL"
+        sql = q.TRANSITION_EFFECT.format(
+            statuses=statuses, guard=q.RUN_ACTIVE_GUARD if guard else ""
+        )
+        params.update(
+            {
+                "effect_id": effect_id,
+                "to": target.value,
+                "token": token,
+                "now": b.ts_in(now),
+                "set_result": 0 if result is ... else 1,
+                "result": None if result is ... else b.json_in(result),
+                "set_error": 0 if error is ... else 1,
+                "error": None if error is ... else error,
+                "owner": owner,
+                "set_next_action": 0 if next_action is ... else 1,
+                "next_action": None if next_action is ... else next_action,
+                "approval": b.json_in(approval),
+                "args": b.json_in(args),
+                "settles": 1 if target in _SETTLING else 0,
+            }
+        )
+        lock = " FOR UPDATE" if b.dialect == "postgres" else ""
+        with b.transaction() as cur:
+            cur.execute(q.SELECT_EFFECT + lock, {"effect_id": effect_id})
+            before = cur.fetchone()
+            if before is None:
+                raise UnknownEffectError(f"no effect {effect_id!r} in the ledger")
+            cur.execute(sql, params)
+            row = cur.fetchone()
+            if row is not None:
+                cur.execute(
+                    q.INSERT_TRANSITION,
+                    {
+                        "effect_id": effect_id,
+                        "from_status": before["status"],
+                        "to_status": target.value,
+                        "now": b.ts_in(now),
+                        "actor": actor,
+                        "detail": b.json_in(detail or {}),
+                    },
+                )
+                return self._effect(row)
+        current = self._effect(before)
+        if current.status is target and before["last_token"] == token:
+            return current  # our own earlier attempt committed; the ack was lost
+        if guard and current.status in allowed:
+            run = self.get_run(current.run_id)
+            raise DispatchRefusedError(effect_id, f"run {run.run_id} is {run.status.value}")
+        if current.status in _PREDECESSORS[target]:
+            raise TransitionConflictError(
+                effect_id, current.status.value, target.value, "moved by another writer"
+            )
+        raise IllegalTransitionError(effect_id, current.status.value, target.value)
+
+    @transient_retry()
+    def get_effect(self, effect_id: str) -> EffectRecord:
+        """The effect with this id.
+
+        Raises:
+            UnknownEffectError: If there is none.
+        """
+        row = self._one(q.SELECT_EFFECT, {"effect_id": effect_id})
+        if row is None:
+            raise UnknownEffectError(f"no effect {effect_id!r} in the ledger")
+        return self._effect(row)
+
+    @transient_retry()
+    def find_effect(self, thread_id: str, tool_call_id: str) -> EffectRecord | None:
+        """The effect of a tool call, if recorded."""
+        row = self._one(q.SELECT_EFFECT, {"effect_id": derive_effect_id(thread_id, tool_call_id)})
+        return None if row is None else self._effect(row)
+
+    @transient_retry()
+    def effect_by_key(self, key: str) -> EffectRecord | None:
+        """The effect holding an idempotency key, if any."""
+        row = self._one(q.SELECT_EFFECT_BY_KEY, {"key": key})
+        return None if row is None else self._effect(row)
+
+    @transient_retry()
+    def effects(self, thread_id: str) -> list[EffectRecord]:
+        """Every effect of a thread, in plan order."""
+        rows = self._all(q.SELECT_THREAD_EFFECTS, {"thread_id": thread_id})
+        return [self._effect(r) for r in rows]
+
+    @transient_retry()
+    def run_effects(self, run_id: str) -> list[EffectRecord]:
+        """Every effect of a run, in plan order."""
+        return [self._effect(r) for r in self._all(q.SELECT_RUN_EFFECTS, {"run_id": run_id})]
+
+    @transient_retry()
+    def unsettled(self, thread_id: str) -> list[EffectRecord]:
+        """Effects of a thread that still need something done (uses a partial index)."""
+        rows = self._all(q.SELECT_UNSETTLED, {"thread_id": thread_id})
+        return [self._effect(r) for r in rows]
+
+    @transient_retry()
+    def effects_by_status(
+        self, status: EffectStatus | str, *, limit: int = 1000
+    ) -> list[EffectRecord]:
+        """Effects in one status across all threads (e.g. every ``unknown``)."""
+        st = effect_status(status)
+        rows = self._all(q.SELECT_BY_STATUS, {"status": st.value, "limit": limit})
+        return [self._effect(r) for r in rows]
+
+    @transient_retry()
+    def history(self, effect_id: str) -> list[TransitionRecord]:
+        """The audit trail of an effect, oldest first."""
+        b = self.backend
+        return [
+            TransitionRecord(
+                effect_id=r["effect_id"],
+                from_status=None if r["from_status"] is None else effect_status(r["from_status"]),
+                to_status=effect_status(r["to_status"]),
+                at=b.ts_out(r["at"]),
+                actor=r["actor"],
+                detail=b.json_out(r["detail"]) or {},
+            )
+            for r in self._all(q.SELECT_TRANSITIONS, {"effect_id": effect_id})
+        ]
+
+    # --------------------------------------------------------------- leases
+    @transient_retry()
+    def acquire_lease(self, thread_id: str, owner: str, *, ttl: float = 30.0) -> LeaseRecord:
+        """Claim a thread for ``owner`` (re-entrant for the same owner).
+
+        Raises:
+            ThreadBusyError: Another owner holds a live lease.
+        """
+        b = self.backend
+        now = utcnow()
+        with b.transaction() as cur:
+            cur.execute(
+                q.ACQUIRE_LEASE,
+                {
+                    "thread_id": thread_id,
+                    "owner": owner,
+                    "now": b.ts_in(now),
+                    "expires_at": b.ts_in(now + timedelta(seconds=ttl)),
+                },
+            )
+            row = cur.fetchone()
+            if row is None:
+                cur.execute(q.SELECT_LEASE, {"thread_id": thread_id})
+                held = cur.fetchone()
+                if held is None:  # released between our insert and our look
+                    cur.execute(
+                        q.ACQUIRE_LEASE,
+                        {
+                            "thread_id": thread_id,
+                            "owner": owner,
+                            "now": b.ts_in(now),
+                            "expires_at": b.ts_in(now + timedelta(seconds=ttl)),
+                        },
+                    )
+                    taken = cur.fetchone()
+                    if taken is not None:
+                        return self._lease(taken)
+                    cur.execute(q.SELECT_LEASE, {"thread_id": thread_id})
+                    held = cur.fetchone()
+                    assert held is not None
+                lease = self._lease(held)
+                raise ThreadBusyError(thread_id, lease.owner, lease.expires_at.isoformat())
+            return self._lease(row)
+
+    @transient_retry()
+    def heartbeat(self, thread_id: str, owner: str, *, ttl: float = 30.0) -> bool:
+        """Extend ``owner``'s lease; False if it no longer holds it."""
+        b = self.backend
+        now = utcnow()
+        with b.transaction() as cur:
+            cur.execute(
+                q.HEARTBEAT_LEASE,
+                {
+                    "thread_id": thread_id,
+                    "owner": owner,
+                    "now": b.ts_in(now),
+                    "expires_at": b.ts_in(now + timedelta(seconds=ttl)),
+                },
+            )
+            cur.execute(q.SELECT_LEASE, {"thread_id": thread_id})
+            row = cur.fetchone()
+        return row is not None and row["owner"] == owner
+
+    @transient_retry()
+    def release_lease(self, thread_id: str, owner: str) -> None:
+        """Give the thread back (no-op if ``owner`` does not hold it)."""
+        with self.backend.transaction() as cur:
+            cur.execute(q.RELEASE_LEASE, {"thread_id": thread_id, "owner": owner})
+
+    @transient_retry()
+    def lease(self, thread_id: str) -> LeaseRecord | None:
+        """The lease on a thread, live or expired."""
+        row = self._one(q.SELECT_LEASE, {"thread_id": thread_id})
+        return None if row is None else self._lease(row)
+
+    @transient_retry()
+    def expired_leases(self) -> list[LeaseRecord]:
+        """Leases whose holder stopped heartbeating (a crashed worker)."""
+        rows = self._all(q.SELECT_EXPIRED_LEASES, {"now": self.backend.ts_in(utcnow())})
+        return [self._lease(r) for r in rows]
+
+    # ---------------------------------------------------------------- admin
+    @transient_retry()
+    def delete_thread(self, thread_id: str) -> None:
+        """Forget a thread's runs and effects (audit rows are kept)."""
+        with self.backend.transaction() as cur:
+            cur.execute(q.DELETE_THREAD_EFFECTS, {"thread_id": thread_id})
+            cur.execute(q.DELETE_THREAD_RUNS, {"thread_id": thread_id})
+
+    # ---------------------------------------------------------- async twins
+    asetup = _to_thread(setup)
+    astart_run = _to_thread(start_run)
+    aget_run = _to_thread(get_run)
+    aactive_run = _to_thread(active_run)
+    alatest_run = _to_thread(latest_run)
+    aruns = _to_thread(runs)
+    arequest_cancel = _to_thread(request_cancel)
+    amark_observed = _to_thread(mark_observed)
+    afinish_run = _to_thread(finish_run)
+    aplan = _to_thread(plan)
+    atransition = _to_thread(transition)
+    aget_effect = _to_thread(get_effect)
+    afind_effect = _to_thread(find_effect)
+    aeffects = _to_thread(effects)
+    arun_effects = _to_thread(run_effects)
+    aunsettled = _to_thread(unsettled)
+    ahistory = _to_thread(history)
+    aacquire_lease = _to_thread(acquire_lease)
+    aheartbeat = _to_thread(heartbeat)
+    arelease_lease = _to_thread(release_lease)
+    adelete_thread = _to_thread(delete_thread)
+    aeffect_by_key = _to_thread(effect_by_key)
+    achild_runs = _to_thread(child_runs)
+    aadd_tokens_after_cancel = _to_thread(add_tokens_after_cancel)
+
+
+def _is_unique_violation(exc: BaseException) -> bool:
+    if isinstance(exc, sqlite3.IntegrityError):
+        return "UNIQUE" in str(exc).upper()
+    try:
+        from psycopg import errors as pge
+    except ImportError:  # pragma: no cover
+        return False
+    return isinstance(exc, pge.UniqueViolation)
+
+
+__all__ = ["Ledger", "default_owner", "derive_effect_id", "derive_idempotency_key"]

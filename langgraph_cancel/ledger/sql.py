@@ -1,0 +1,275 @@
+"""SQL of the ledger: migrations per dialect and statements as named constants.
+
+Statements are written with psycopg's ``%(name)s`` placeholders; the SQLite
+dialect rewrites them to ``:name`` once at import time. Migrations are
+append-only lists whose index is the schema version, as in
+``langgraph-checkpoint-postgres``.
+"""
+
+from __future__ import annotations
+
+import re
+
+TERMINAL_RUN_SQL = "('cancelled', 'completed', 'failed')"
+UNSETTLED_SQL = "('planned', 'pending_approval', 'approved', 'dispatched', 'unknown', 'compensating')"
+
+_EFFECT_STATUSES = (
+    "'planned', 'pending_approval', 'approved', 'dispatched', 'committed', 'compensating', "
+    "'compensated', 'compensation_failed', 'failed', 'not_applied', 'unknown', 'rejected', "
+    "'dropped'"
+)
+_RUN_STATUSES = "'running', 'cancel_requested', 'cancelling', 'cancelled', 'completed', 'failed'"
+
+
+def _tables(ts: str, js: str, serial: str) -> list[str]:
+    return [
+        """CREATE TABLE IF NOT EXISTS lgc_migrations (v INTEGER PRIMARY KEY)""",
+        f"""CREATE TABLE IF NOT EXISTS lgc_runs (
+            run_id TEXT PRIMARY KEY,
+            thread_id TEXT NOT NULL,
+            status TEXT NOT NULL CHECK (status IN ({_RUN_STATUSES})),
+            created_at {ts} NOT NULL,
+            updated_at {ts} NOT NULL,
+            owner TEXT,
+            parent_run_id TEXT,
+            requested_at {ts},
+            requested_by TEXT,
+            reason TEXT,
+            observed_at {ts},
+            quiesced_at {ts},
+            tokens_after_cancel INTEGER,
+            report {js}
+        )""",
+        "CREATE INDEX IF NOT EXISTS lgc_runs_thread ON lgc_runs (thread_id, created_at)",
+        # One live run per thread, enforced by the database.
+        f"""CREATE UNIQUE INDEX IF NOT EXISTS lgc_runs_one_active ON lgc_runs (thread_id)
+            WHERE status NOT IN {TERMINAL_RUN_SQL}""",
+        "CREATE INDEX IF NOT EXISTS lgc_runs_parent ON lgc_runs (parent_run_id)",
+        f"""CREATE TABLE IF NOT EXISTS lgc_effects (
+            effect_id TEXT PRIMARY KEY,
+            thread_id TEXT NOT NULL,
+            run_id TEXT NOT NULL,
+            tool_call_id TEXT NOT NULL,
+            tool TEXT NOT NULL,
+            kind TEXT NOT NULL CHECK (kind IN ('read_only', 'reversible', 'irreversible')),
+            status TEXT NOT NULL CHECK (status IN ({_EFFECT_STATUSES})),
+            idempotency_key TEXT NOT NULL UNIQUE,
+            args {js} NOT NULL,
+            seq INTEGER NOT NULL DEFAULT 0,
+            result {js},
+            error TEXT,
+            owner TEXT,
+            next_action TEXT,
+            approval {js},
+            version INTEGER NOT NULL DEFAULT 1,
+            last_token TEXT,
+            created_at {ts} NOT NULL,
+            updated_at {ts} NOT NULL,
+            dispatched_at {ts},
+            settled_at {ts},
+            CHECK (status <> 'unknown' OR (owner IS NOT NULL AND next_action IS NOT NULL))
+        )""",
+        # Partial index: the cost of "what is unsettled in this thread" does not
+        # grow with the settled history.
+        f"""CREATE INDEX IF NOT EXISTS lgc_effects_unsettled ON lgc_effects (thread_id, seq)
+            WHERE status IN {UNSETTLED_SQL}""",
+        "CREATE INDEX IF NOT EXISTS lgc_effects_thread ON lgc_effects (thread_id, created_at)",
+        "CREATE INDEX IF NOT EXISTS lgc_effects_run ON lgc_effects (run_id, seq)",
+        "CREATE INDEX IF NOT EXISTS lgc_effects_status ON lgc_effects (status)",
+        f"""CREATE TABLE IF NOT EXISTS lgc_transitions (
+            id {serial},
+            effect_id TEXT NOT NULL,
+            from_status TEXT,
+            to_status TEXT NOT NULL,
+            at {ts} NOT NULL,
+            actor TEXT NOT NULL,
+            detail {js}
+        )""",
+        "CREATE INDEX IF NOT EXISTS lgc_transitions_effect ON lgc_transitions (effect_id, id)",
+        f"""CREATE TABLE IF NOT EXISTS lgc_leases (
+            thread_id TEXT PRIMARY KEY,
+            owner TEXT NOT NULL,
+            acquired_at {ts} NOT NULL,
+            heartbeat_at {ts} NOT NULL,
+            expires_at {ts} NOT NULL
+        )""",
+    ]
+
+
+SQLITE_MIGRATIONS: list[list[str]] = [
+    _tables("TEXT", "TEXT", "INTEGER PRIMARY KEY AUTOINCREMENT")
+    + [
+        f"""CREATE TRIGGER IF NOT EXISTS lgc_runs_terminal_once
+            BEFORE UPDATE OF status ON lgc_runs
+            WHEN OLD.status IN {TERMINAL_RUN_SQL} AND NEW.status <> OLD.status
+            BEGIN SELECT RAISE(ABORT, 'lgc: run is already terminal'); END""",
+    ],
+]
+
+POSTGRES_MIGRATIONS: list[list[str]] = [
+    _tables("TIMESTAMPTZ", "JSONB", "BIGSERIAL PRIMARY KEY")
+    + [
+        f"""CREATE OR REPLACE FUNCTION lgc_runs_terminal_once() RETURNS trigger AS $$
+            BEGIN
+                IF OLD.status IN {TERMINAL_RUN_SQL} AND NEW.status <> OLD.status THEN
+                    RAISE EXCEPTION 'lgc: run is already terminal' USING ERRCODE = 'check_violation';
+                END IF;
+                RETURN NEW;
+            END $$ LANGUAGE plpgsql""",
+        "DROP TRIGGER IF EXISTS lgc_runs_terminal_once ON lgc_runs",
+        """CREATE TRIGGER lgc_runs_terminal_once BEFORE UPDATE OF status ON lgc_runs
+            FOR EACH ROW EXECUTE FUNCTION lgc_runs_terminal_once()""",
+    ],
+]
+
+SELECT_VERSION = "SELECT MAX(v) FROM lgc_migrations"
+INSERT_VERSION = "INSERT INTO lgc_migrations (v) VALUES (%(v)s) ON CONFLICT (v) DO NOTHING"
+
+RUN_COLUMNS = (
+    "run_id, thread_id, status, created_at, updated_at, owner, parent_run_id, requested_at, "
+    "requested_by, reason, observed_at, quiesced_at, tokens_after_cancel, report"
+)
+EFFECT_COLUMNS = (
+    "effect_id, thread_id, run_id, tool_call_id, tool, kind, status, idempotency_key, args, seq, "
+    "result, error, owner, next_action, approval, version, last_token, created_at, updated_at, "
+    "dispatched_at, settled_at"
+)
+
+INSERT_RUN = f"""
+INSERT INTO lgc_runs (run_id, thread_id, status, created_at, updated_at, owner, parent_run_id)
+VALUES (%(run_id)s, %(thread_id)s, 'running', %(now)s, %(now)s, %(owner)s, %(parent_run_id)s)
+ON CONFLICT DO NOTHING
+RETURNING {RUN_COLUMNS}"""
+
+SELECT_RUN = f"SELECT {RUN_COLUMNS} FROM lgc_runs WHERE run_id = %(run_id)s"
+SELECT_ACTIVE_RUN = f"""
+SELECT {RUN_COLUMNS} FROM lgc_runs
+WHERE thread_id = %(thread_id)s AND status NOT IN {TERMINAL_RUN_SQL}"""
+SELECT_LATEST_RUN = f"""
+SELECT {RUN_COLUMNS} FROM lgc_runs WHERE thread_id = %(thread_id)s
+ORDER BY created_at DESC, run_id DESC LIMIT 1"""
+SELECT_THREAD_RUNS = f"""
+SELECT {RUN_COLUMNS} FROM lgc_runs WHERE thread_id = %(thread_id)s ORDER BY created_at, run_id"""
+SELECT_CHILD_RUNS = f"""
+SELECT {RUN_COLUMNS} FROM lgc_runs WHERE parent_run_id = %(run_id)s ORDER BY created_at"""
+SELECT_RUNS_BY_STATUS = f"""
+SELECT {RUN_COLUMNS} FROM lgc_runs WHERE status = %(status)s ORDER BY created_at LIMIT %(limit)s"""
+
+REQUEST_CANCEL = f"""
+UPDATE lgc_runs SET status = 'cancel_requested', requested_at = %(now)s, updated_at = %(now)s,
+    requested_by = %(requested_by)s, reason = %(reason)s
+WHERE run_id = %(run_id)s AND status = 'running'
+RETURNING {RUN_COLUMNS}"""
+
+MARK_OBSERVED = f"""
+UPDATE lgc_runs SET status = 'cancelling', updated_at = %(now)s,
+    observed_at = COALESCE(observed_at, %(now)s)
+WHERE run_id = %(run_id)s AND status = 'cancel_requested'
+RETURNING {RUN_COLUMNS}"""
+
+FINISH_RUN = f"""
+UPDATE lgc_runs SET status = %(status)s, updated_at = %(now)s,
+    observed_at = CASE WHEN %(status)s = 'cancelled' THEN COALESCE(observed_at, %(now)s)
+                       ELSE observed_at END,
+    quiesced_at = COALESCE(%(quiesced_at)s, quiesced_at),
+    tokens_after_cancel = COALESCE(%(tokens_after_cancel)s, tokens_after_cancel),
+    report = COALESCE(%(report)s, report)
+WHERE run_id = %(run_id)s AND status IN ({{allowed}})
+RETURNING {RUN_COLUMNS}"""
+
+ADD_TOKENS_AFTER_CANCEL = """
+UPDATE lgc_runs SET tokens_after_cancel = COALESCE(tokens_after_cancel, 0) + %(tokens)s
+WHERE run_id = %(run_id)s"""
+
+INSERT_EFFECT = f"""
+INSERT INTO lgc_effects (effect_id, thread_id, run_id, tool_call_id, tool, kind, status,
+    idempotency_key, args, seq, result, error, owner, next_action, approval, version, last_token,
+    created_at, updated_at, dispatched_at, settled_at)
+VALUES (%(effect_id)s, %(thread_id)s, %(run_id)s, %(tool_call_id)s, %(tool)s, %(kind)s,
+    %(status)s, %(idempotency_key)s, %(args)s, %(seq)s, %(result)s, %(error)s, %(owner)s,
+    %(next_action)s, %(approval)s, 1, %(token)s, %(now)s, %(now)s, %(dispatched_at)s,
+    %(settled_at)s)
+ON CONFLICT (effect_id) DO NOTHING
+RETURNING {EFFECT_COLUMNS}"""
+
+SELECT_EFFECT = f"SELECT {EFFECT_COLUMNS} FROM lgc_effects WHERE effect_id = %(effect_id)s"
+SELECT_EFFECT_BY_KEY = f"SELECT {EFFECT_COLUMNS} FROM lgc_effects WHERE idempotency_key = %(key)s"
+SELECT_THREAD_EFFECTS = f"""
+SELECT {EFFECT_COLUMNS} FROM lgc_effects WHERE thread_id = %(thread_id)s
+ORDER BY created_at, seq, effect_id"""
+SELECT_RUN_EFFECTS = f"""
+SELECT {EFFECT_COLUMNS} FROM lgc_effects WHERE run_id = %(run_id)s
+ORDER BY created_at, seq, effect_id"""
+SELECT_UNSETTLED = f"""
+SELECT {EFFECT_COLUMNS} FROM lgc_effects
+WHERE thread_id = %(thread_id)s AND status IN {UNSETTLED_SQL}
+ORDER BY seq, created_at, effect_id"""
+SELECT_BY_STATUS = f"""
+SELECT {EFFECT_COLUMNS} FROM lgc_effects WHERE status = %(status)s
+ORDER BY created_at, effect_id LIMIT %(limit)s"""
+
+# The compare-and-set. ``{statuses}`` is filled with bound placeholders for the
+# allowed "from" statuses; ``{guard}`` optionally adds the run-is-active check that
+# makes "no dispatch after the cancel signal" a database fact (invariant I1).
+TRANSITION_EFFECT = f"""
+UPDATE lgc_effects SET status = %(to)s, version = version + 1, last_token = %(token)s,
+    updated_at = %(now)s,
+    result = CASE WHEN %(set_result)s = 1 THEN %(result)s ELSE result END,
+    error = CASE WHEN %(set_error)s = 1 THEN %(error)s ELSE error END,
+    owner = COALESCE(%(owner)s, owner),
+    next_action = CASE WHEN %(set_next_action)s = 1 THEN %(next_action)s ELSE next_action END,
+    approval = COALESCE(%(approval)s, approval),
+    args = COALESCE(%(args)s, args),
+    dispatched_at = CASE WHEN %(to)s = 'dispatched' THEN %(now)s ELSE dispatched_at END,
+    settled_at = CASE WHEN %(settles)s = 1 THEN %(now)s ELSE settled_at END
+WHERE effect_id = %(effect_id)s AND status IN ({{statuses}}) {{guard}}
+RETURNING {EFFECT_COLUMNS}"""
+
+RUN_ACTIVE_GUARD = """AND EXISTS (
+    SELECT 1 FROM lgc_runs r WHERE r.run_id = lgc_effects.run_id AND r.status = 'running')"""
+
+INSERT_TRANSITION = """
+INSERT INTO lgc_transitions (effect_id, from_status, to_status, at, actor, detail)
+VALUES (%(effect_id)s, %(from_status)s, %(to_status)s, %(now)s, %(actor)s, %(detail)s)"""
+
+SELECT_TRANSITIONS = """
+SELECT effect_id, from_status, to_status, at, actor, detail FROM lgc_transitions
+WHERE effect_id = %(effect_id)s ORDER BY id"""
+
+ACQUIRE_LEASE = """
+INSERT INTO lgc_leases (thread_id, owner, acquired_at, heartbeat_at, expires_at)
+VALUES (%(thread_id)s, %(owner)s, %(now)s, %(now)s, %(expires_at)s)
+ON CONFLICT (thread_id) DO UPDATE SET
+    owner = excluded.owner,
+    acquired_at = CASE WHEN lgc_leases.owner = excluded.owner THEN lgc_leases.acquired_at
+                       ELSE excluded.acquired_at END,
+    heartbeat_at = excluded.heartbeat_at,
+    expires_at = excluded.expires_at
+WHERE lgc_leases.owner = excluded.owner OR lgc_leases.expires_at < excluded.heartbeat_at
+RETURNING thread_id, owner, acquired_at, heartbeat_at, expires_at"""
+
+SELECT_LEASE = """
+SELECT thread_id, owner, acquired_at, heartbeat_at, expires_at FROM lgc_leases
+WHERE thread_id = %(thread_id)s"""
+
+HEARTBEAT_LEASE = """
+UPDATE lgc_leases SET heartbeat_at = %(now)s, expires_at = %(expires_at)s
+WHERE thread_id = %(thread_id)s AND owner = %(owner)s"""
+
+RELEASE_LEASE = "DELETE FROM lgc_leases WHERE thread_id = %(thread_id)s AND owner = %(owner)s"
+
+SELECT_EXPIRED_LEASES = """
+SELECT thread_id, owner, acquired_at, heartbeat_at, expires_at FROM lgc_leases
+WHERE expires_at < %(now)s ORDER BY expires_at"""
+
+DELETE_THREAD_EFFECTS = "DELETE FROM lgc_effects WHERE thread_id = %(thread_id)s"
+DELETE_THREAD_RUNS = "DELETE FROM lgc_runs WHERE thread_id = %(thread_id)s"
+
+NOTIFY_CANCEL = "SELECT pg_notify('lgc_cancel', %(payload)s)"
+
+_PARAM = re.compile(r"%\((\w+)\)s")
+
+
+def to_sqlite(sql: str) -> str:
+    """Rewrite psycopg named placeholders as SQLite named placeholders."""
+    return _PARAM.sub(r":\1", sql)

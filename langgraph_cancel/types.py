@@ -1,0 +1,305 @@
+"""Vocabulary: effect kinds, effect and run lifecycles, and the ledger's records.
+
+Statuses are ``Enum`` members with a matching ``Literal`` so that both runtime
+checks and type checkers see the same closed set.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from enum import Enum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from langgraph_cancel.errors import UnknownStatusError
+
+
+class EffectKind(str, Enum):
+    """What a tool does to the world, declared by the tool's author."""
+
+    READ_ONLY = "read_only"
+    REVERSIBLE = "reversible"
+    IRREVERSIBLE = "irreversible"
+
+
+EffectKindLiteral = Literal["read_only", "reversible", "irreversible"]
+
+
+class EffectStatus(str, Enum):
+    """The lifecycle of one tool call in the ledger (see DESIGN.md)."""
+
+    PLANNED = "planned"
+    PENDING_APPROVAL = "pending_approval"
+    APPROVED = "approved"
+    DISPATCHED = "dispatched"
+    COMMITTED = "committed"
+    COMPENSATING = "compensating"
+    COMPENSATED = "compensated"
+    COMPENSATION_FAILED = "compensation_failed"
+    FAILED = "failed"
+    NOT_APPLIED = "not_applied"
+    UNKNOWN = "unknown"
+    REJECTED = "rejected"
+    DROPPED = "dropped"
+
+
+EffectStatusLiteral = Literal[
+    "planned",
+    "pending_approval",
+    "approved",
+    "dispatched",
+    "committed",
+    "compensating",
+    "compensated",
+    "compensation_failed",
+    "failed",
+    "not_applied",
+    "unknown",
+    "rejected",
+    "dropped",
+]
+
+_E = EffectStatus
+
+EFFECT_TRANSITIONS: dict[EffectStatus, frozenset[EffectStatus]] = {
+    _E.PLANNED: frozenset(
+        {_E.PENDING_APPROVAL, _E.APPROVED, _E.DISPATCHED, _E.DROPPED, _E.FAILED, _E.REJECTED}
+    ),
+    _E.PENDING_APPROVAL: frozenset({_E.APPROVED, _E.REJECTED, _E.DROPPED, _E.PENDING_APPROVAL}),
+    _E.APPROVED: frozenset({_E.DISPATCHED, _E.DROPPED}),
+    _E.DISPATCHED: frozenset({_E.COMMITTED, _E.FAILED, _E.NOT_APPLIED, _E.UNKNOWN}),
+    # An unknown effect may be re-labelled (new owner / next action) or settled.
+    _E.UNKNOWN: frozenset({_E.COMMITTED, _E.NOT_APPLIED, _E.UNKNOWN}),
+    # Reconciled "no effect": a fresh attempt with the same key, or nothing more.
+    _E.NOT_APPLIED: frozenset({_E.DISPATCHED, _E.DROPPED}),
+    # The compensation is itself an effect: intent (compensating) before the call.
+    _E.COMMITTED: frozenset({_E.COMPENSATING}),
+    _E.COMPENSATING: frozenset({_E.COMPENSATED, _E.COMPENSATION_FAILED}),
+    _E.COMPENSATION_FAILED: frozenset({_E.COMPENSATING}),
+    _E.COMPENSATED: frozenset(),
+    _E.FAILED: frozenset(),
+    _E.REJECTED: frozenset(),
+    _E.DROPPED: frozenset(),
+}
+
+#: Statuses in which an effect still needs something to happen to it.
+UNSETTLED_STATUSES: frozenset[EffectStatus] = frozenset(
+    {_E.PLANNED, _E.PENDING_APPROVAL, _E.APPROVED, _E.DISPATCHED, _E.UNKNOWN, _E.COMPENSATING}
+)
+#: Statuses in which the call has not left the process and never will unless acted on.
+UNDISPATCHED_STATUSES: frozenset[EffectStatus] = frozenset(
+    {_E.PLANNED, _E.PENDING_APPROVAL, _E.APPROVED}
+)
+#: Statuses that mean the external system may have done something.
+MAYBE_APPLIED_STATUSES: frozenset[EffectStatus] = frozenset(
+    {_E.DISPATCHED, _E.COMMITTED, _E.UNKNOWN, _E.COMPENSATING, _E.COMPENSATION_FAILED}
+)
+
+
+class RunStatus(str, Enum):
+    """The lifecycle of one run of a thread."""
+
+    RUNNING = "running"
+    CANCEL_REQUESTED = "cancel_requested"
+    CANCELLING = "cancelling"
+    CANCELLED = "cancelled"
+    COMPLETED = "completed"
+    FAILED = "failed"
+
+
+RunStatusLiteral = Literal[
+    "running", "cancel_requested", "cancelling", "cancelled", "completed", "failed"
+]
+
+_R = RunStatus
+
+RUN_TRANSITIONS: dict[RunStatus, frozenset[RunStatus]] = {
+    _R.RUNNING: frozenset({_R.CANCEL_REQUESTED, _R.COMPLETED, _R.FAILED}),
+    _R.CANCEL_REQUESTED: frozenset({_R.CANCELLING, _R.CANCELLED}),
+    _R.CANCELLING: frozenset({_R.CANCELLED}),
+    _R.CANCELLED: frozenset(),
+    _R.COMPLETED: frozenset(),
+    _R.FAILED: frozenset(),
+}
+TERMINAL_RUN_STATUSES: frozenset[RunStatus] = frozenset({_R.CANCELLED, _R.COMPLETED, _R.FAILED})
+CANCEL_STATUSES: frozenset[RunStatus] = frozenset({_R.CANCEL_REQUESTED, _R.CANCELLING, _R.CANCELLED})
+
+
+class CancelPolicy(str, Enum):
+    """What the cancel protocol does with an in-flight call of a tool.
+
+    Mirrors Temporal's cancellation types: ``WAIT`` is
+    WAIT_CANCELLATION_COMPLETED, ``RECONCILE`` records the call for the
+    reconciler (TRY_CANCEL plus a durable intent), ``ABANDON`` stops waiting
+    and is only allowed for read-only tools.
+    """
+
+    WAIT = "wait"
+    RECONCILE = "reconcile"
+    ABANDON = "abandon"
+
+
+CancelPolicyLiteral = Literal["wait", "reconcile", "abandon"]
+
+
+def effect_status(value: str | EffectStatus) -> EffectStatus:
+    """Parse an effect status, raising ``UnknownStatusError`` for anything else."""
+    try:
+        return EffectStatus(value)
+    except ValueError:
+        raise UnknownStatusError(
+            f"unknown effect status {value!r}; expected one of "
+            + ", ".join(s.value for s in EffectStatus)
+        ) from None
+
+
+def run_status(value: str | RunStatus) -> RunStatus:
+    """Parse a run status, raising ``UnknownStatusError`` for anything else."""
+    try:
+        return RunStatus(value)
+    except ValueError:
+        raise UnknownStatusError(
+            f"unknown run status {value!r}; expected one of "
+            + ", ".join(s.value for s in RunStatus)
+        ) from None
+
+
+def effect_kind(value: str | EffectKind) -> EffectKind:
+    """Parse an effect kind, raising ``UnknownStatusError`` for anything else."""
+    try:
+        return EffectKind(value)
+    except ValueError:
+        raise UnknownStatusError(
+            f"unknown effect kind {value!r}; expected one of "
+            + ", ".join(k.value for k in EffectKind)
+        ) from None
+
+
+def utcnow() -> datetime:
+    """The current time, timezone-aware UTC."""
+    return datetime.now(UTC)
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class EffectRecord(_Record):
+    """One tool call as the ledger knows it."""
+
+    effect_id: str
+    thread_id: str
+    run_id: str
+    tool_call_id: str
+    tool: str
+    kind: EffectKind
+    status: EffectStatus
+    idempotency_key: str
+    args: dict[str, Any] = Field(default_factory=dict)
+    seq: int = 0
+    result: Any = None
+    error: str | None = None
+    owner: str | None = None
+    next_action: str | None = None
+    approval: dict[str, Any] | None = None
+    version: int = 1
+    created_at: datetime
+    updated_at: datetime
+    dispatched_at: datetime | None = None
+    settled_at: datetime | None = None
+
+    @property
+    def settled(self) -> bool:
+        """True when nothing more needs to happen to this effect."""
+        return self.status not in UNSETTLED_STATUSES
+
+
+class TransitionRecord(_Record):
+    """One row of an effect's audit trail."""
+
+    effect_id: str
+    from_status: EffectStatus | None
+    to_status: EffectStatus
+    at: datetime
+    actor: str
+    detail: dict[str, Any] = Field(default_factory=dict)
+
+
+class RunRecord(_Record):
+    """One run of a thread: its lifecycle and the cancel request, if any."""
+
+    run_id: str
+    thread_id: str
+    status: RunStatus
+    created_at: datetime
+    updated_at: datetime
+    owner: str | None = None
+    parent_run_id: str | None = None
+    requested_at: datetime | None = None
+    requested_by: str | None = None
+    reason: str | None = None
+    observed_at: datetime | None = None
+    quiesced_at: datetime | None = None
+    tokens_after_cancel: int | None = None
+    report: dict[str, Any] | None = None
+
+    @property
+    def terminal(self) -> bool:
+        """True once the run reached cancelled, completed or failed."""
+        return self.status in TERMINAL_RUN_STATUSES
+
+    @property
+    def cancel_requested(self) -> bool:
+        """True once anyone asked this run to stop (level-triggered)."""
+        return self.status in CANCEL_STATUSES or self.requested_at is not None
+
+
+class LeaseRecord(_Record):
+    """A worker's claim on a thread."""
+
+    thread_id: str
+    owner: str
+    acquired_at: datetime
+    heartbeat_at: datetime
+    expires_at: datetime
+
+
+class CancelRequestResult(_Record):
+    """What ``request_cancel`` did."""
+
+    thread_id: str
+    run_id: str | None
+    accepted: bool
+    first: bool
+    status: RunStatus | None
+    reason: str | None
+    message: str
+
+
+__all__ = [
+    "CANCEL_STATUSES",
+    "EFFECT_TRANSITIONS",
+    "MAYBE_APPLIED_STATUSES",
+    "RUN_TRANSITIONS",
+    "TERMINAL_RUN_STATUSES",
+    "UNDISPATCHED_STATUSES",
+    "UNSETTLED_STATUSES",
+    "CancelPolicy",
+    "CancelPolicyLiteral",
+    "CancelRequestResult",
+    "EffectKind",
+    "EffectKindLiteral",
+    "EffectRecord",
+    "EffectStatus",
+    "EffectStatusLiteral",
+    "LeaseRecord",
+    "RunRecord",
+    "RunStatus",
+    "RunStatusLiteral",
+    "TransitionRecord",
+    "effect_kind",
+    "effect_status",
+    "run_status",
+    "utcnow",
+]
