@@ -68,7 +68,8 @@ EFFECT_TRANSITIONS: dict[EffectStatus, frozenset[EffectStatus]] = {
     ),
     _E.PENDING_APPROVAL: frozenset({_E.APPROVED, _E.REJECTED, _E.DROPPED, _E.PENDING_APPROVAL}),
     _E.APPROVED: frozenset({_E.DISPATCHED, _E.DROPPED}),
-    _E.DISPATCHED: frozenset({_E.COMMITTED, _E.FAILED, _E.NOT_APPLIED, _E.UNKNOWN}),
+    # dispatched -> dispatched: a retry with the same key, only for retry-safe tools.
+    _E.DISPATCHED: frozenset({_E.DISPATCHED, _E.COMMITTED, _E.FAILED, _E.NOT_APPLIED, _E.UNKNOWN}),
     # An unknown effect may be re-labelled (new owner / next action) or settled.
     _E.UNKNOWN: frozenset({_E.COMMITTED, _E.NOT_APPLIED, _E.UNKNOWN}),
     # Reconciled "no effect": a fresh attempt with the same key, or nothing more.

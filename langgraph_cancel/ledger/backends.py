@@ -10,6 +10,7 @@ import json
 import logging
 import sqlite3
 import threading
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
@@ -131,7 +132,10 @@ class SqliteBackend(Backend):
 
     def __init__(self, path: str, *, url: str | None = None, busy_timeout_ms: int = 30_000) -> None:
         self.path = path
-        self.url = url or (f"sqlite:///{path}" if path != ":memory:" else "memory://")
+        # Each in-memory database is its own world: give it a URL of its own.
+        self.url = url or (
+            f"sqlite:///{path}" if path != ":memory:" else f"memory://{uuid.uuid4().hex[:12]}"
+        )
         self._lock = threading.RLock()
         self._conn = sqlite3.connect(
             path, check_same_thread=False, isolation_level=None, timeout=busy_timeout_ms / 1000
@@ -302,7 +306,7 @@ def backend_from_url(url: str) -> Backend:
     if not isinstance(url, str) or not url:
         raise InvalidURLError(f"not a database URL: {url!r}")
     if url in ("memory://", "memory", ":memory:", "sqlite://", "sqlite:///:memory:"):
-        return SqliteBackend(":memory:", url="memory://")
+        return SqliteBackend(":memory:")
     if url.startswith("sqlite:///"):
         return SqliteBackend(url[len("sqlite:///") :] or ":memory:", url=url)
     if url.startswith(("postgresql://", "postgres://", "postgresql+psycopg://")):

@@ -385,6 +385,11 @@ class Ledger:
                 cur.execute(
                     q.NOTIFY_CANCEL, {"payload": f"{thread_id}\x1f{active['run_id']}"}
                 )
+            elif updated is None:
+                # Another writer moved the run since our SELECT (PostgreSQL, READ
+                # COMMITTED): answer with its current state, not the stale snapshot.
+                cur.execute(q.SELECT_RUN, {"run_id": active["run_id"]})
+                active = cur.fetchone() or active
         if updated is not None:
             run = self._run(updated)
             return CancelRequestResult(
@@ -397,6 +402,16 @@ class Ledger:
                 message=f"cancel requested for run {run.run_id}",
             )
         run = self._run(active)
+        if run.terminal:  # finished between our SELECT and our UPDATE
+            return CancelRequestResult(
+                thread_id=thread_id,
+                run_id=run.run_id,
+                accepted=False,
+                first=False,
+                status=run.status,
+                reason=run.reason,
+                message=f"nothing to cancel: run {run.run_id} is already {run.status.value}",
+            )
         return CancelRequestResult(
             thread_id=thread_id,
             run_id=run.run_id,

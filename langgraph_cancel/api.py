@@ -1,0 +1,122 @@
+"""Top-level operations on threads: request a cancel, read the report, compensate.
+
+Every function takes a *target*: one of our savers, a ``Ledger``, or a
+database URL, so a second process (or machine) sharing the database can act
+on a thread it is not running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import Any
+
+from langchain_core.tools import BaseTool
+
+from langgraph_cancel.compensation import compensate_run
+from langgraph_cancel.errors import UnknownThreadError
+from langgraph_cancel.ledger import Ledger
+from langgraph_cancel.nodes.tool_node import TOOL_REGISTRY
+from langgraph_cancel.report import CancellationReport, build_report
+from langgraph_cancel.runtime import coerce_ledger
+from langgraph_cancel.types import CancelRequestResult, EffectRecord
+
+Target = Any  # a *CancelSaver, a Ledger, or a database URL
+
+
+def request_cancel(
+    target: Target, thread_id: str, *, reason: str, requested_by: str
+) -> CancelRequestResult:
+    """Ask the thread's live run to stop. Durable, idempotent, first reason wins.
+
+    "Requested" is not "stopped": the run stops at its next check (before each
+    node and each dispatch) and becomes ``cancelled`` once everything it started
+    is settled. Cancelling a finished run is a no-op answer (``accepted=False``).
+
+    Args:
+        target: A saver, a ``Ledger`` or a database URL.
+        thread_id: The thread.
+        reason: Why (kept; the first reason wins).
+        requested_by: Who asked.
+
+    Raises:
+        UnknownThreadError: If the ledger has never seen the thread.
+    """
+    return coerce_ledger(target).request_cancel(
+        thread_id, reason=reason, requested_by=requested_by
+    )
+
+
+async def arequest_cancel(
+    target: Target, thread_id: str, *, reason: str, requested_by: str
+) -> CancelRequestResult:
+    """Async ``request_cancel``."""
+    return await asyncio.to_thread(
+        request_cancel, target, thread_id, reason=reason, requested_by=requested_by
+    )
+
+
+def get_report(target: Target, thread_id: str, *, run_id: str | None = None) -> CancellationReport:
+    """The report of the thread's latest run (or of ``run_id``), from the database alone.
+
+    For a cancelled run this is the report stored at its ``cancelled``
+    transition; for any other run it is built from the ledger as it is now.
+
+    Raises:
+        UnknownThreadError: If the ledger has never seen the thread.
+    """
+    ledger = coerce_ledger(target)
+    run = ledger.get_run(run_id) if run_id else ledger.latest_run(thread_id)
+    if run is None:
+        raise UnknownThreadError(thread_id)
+    if run.report:
+        return CancellationReport.model_validate(run.report)
+    return build_report(ledger, run)
+
+
+async def aget_report(
+    target: Target, thread_id: str, *, run_id: str | None = None
+) -> CancellationReport:
+    """Async ``get_report``."""
+    return await asyncio.to_thread(get_report, target, thread_id, run_id=run_id)
+
+
+async def acompensate(
+    target: Target, thread_id: str, *, tools: Mapping[str, BaseTool] | None = None
+) -> list[EffectRecord]:
+    """Undo the thread's committed reversible effects, newest first (saga).
+
+    Args:
+        target: A saver, a ``Ledger`` or a database URL.
+        thread_id: The thread.
+        tools: Tools by name, for their compensate hooks (default: every tool
+            an ``EffectToolNode`` of this process knows).
+
+    Returns:
+        The compensated (or ``compensation_failed``) effects.
+    """
+    ledger: Ledger = coerce_ledger(target)
+    if ledger.latest_run(thread_id) is None:
+        raise UnknownThreadError(thread_id)
+    known = dict(tools) if tools is not None else dict(TOOL_REGISTRY)
+    return await compensate_run(ledger, ledger.effects(thread_id), known)
+
+
+def compensate(
+    target: Target, thread_id: str, *, tools: Mapping[str, BaseTool] | None = None
+) -> list[EffectRecord]:
+    """Sync ``acompensate``."""
+    from langgraph_cancel.nodes.tool_node import _run_sync
+
+    result: list[EffectRecord] = _run_sync(acompensate(target, thread_id, tools=tools))
+    return result
+
+
+__all__ = [
+    "acompensate",
+    "aget_report",
+    "arequest_cancel",
+    "compensate",
+    "get_report",
+    "request_cancel",
+]

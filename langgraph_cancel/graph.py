@@ -1,0 +1,623 @@
+"""``add_cancellation``: step-boundary checks, the cancel node and the reconcile entry.
+
+``add_cancellation(builder)`` returns the same builder, now:
+
+- every node is wrapped by a check that, once the run is cancel-requested,
+  routes to the cancel node instead of running the node (a signal nobody
+  reads is not cancellation);
+- a ``reconcile`` node runs first on every new input, settling effects whose
+  outcome is unknown before anything is dispatched again;
+- a ``cancel`` node drains what never ran, answers every dangling tool call,
+  waits for (or reconciles) what is in flight, optionally compensates, makes
+  the run's one ``cancelled`` transition, stores the report in the ledger and
+  the graph state, and streams it;
+- the compiled graph holds a lease on the thread for the duration of each
+  invocation and closes the run (``completed`` / ``cancelled``) when it ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypedDict, cast
+
+from langchain_core.messages import AIMessage, ToolCall, ToolMessage
+from langchain_core.runnables import RunnableConfig
+from langchain_core.runnables.config import ensure_config, merge_configs
+from langchain_core.tools import BaseTool
+from langgraph._internal._runnable import RunnableCallable
+from langgraph.errors import GraphDrained
+from langgraph.graph import END, START, StateGraph
+from langgraph.graph.state import CompiledStateGraph
+from langgraph.runtime import Runtime, RunControl
+from langgraph.types import Command
+
+from langgraph_cancel.compensation import compensate_run
+from langgraph_cancel.effects import EffectSpec, spec_of
+from langgraph_cancel.errors import ConfigurationError, IllegalTransitionError
+from langgraph_cancel.hooks import call_reconcile
+from langgraph_cancel.ledger import Ledger
+from langgraph_cancel.nodes.tool_node import (
+    NOT_RUN_CANCELLED,
+    TOOL_REGISTRY,
+    EffectToolNode,
+    _run_sync,
+    apply_outcome,
+    dangling_tool_calls,
+    mark_unknown,
+    replay_message,
+)
+from langgraph_cancel.report import CancellationReport, build_report
+from langgraph_cancel.runtime import (
+    WORKER_ID,
+    RunScope,
+    check_durability,
+    current_scope,
+    drop_scope,
+    resolve_ledger,
+    scope_for,
+    thread_id_of,
+)
+from langgraph_cancel.types import (
+    UNDISPATCHED_STATUSES,
+    CancelPolicy,
+    EffectKind,
+    EffectRecord,
+    EffectStatus,
+    RunStatus,
+    utcnow,
+)
+
+logger = logging.getLogger("langgraph_cancel.graph")
+
+CANCEL_NODE = "cancel"
+RECONCILE_NODE = "reconcile"
+REPORT_KEY = "cancellation_report"
+DRAIN_REASON = "langgraph-cancel: run cancelled"
+CONFIG_KEY_WORKER = "langgraph_cancel_worker"
+LEASE_TTL = 30.0
+
+
+@dataclass
+class CancellationSettings:
+    """How ``add_cancellation`` was configured."""
+
+    ledger: Ledger | str | None = None
+    compensate_on_cancel: bool = False
+    cancel_timeout: float = 30.0
+    messages_key: str = "messages"
+    report_key: str = REPORT_KEY
+    reconcile_interactive: bool = True
+    tools: dict[str, BaseTool] = field(default_factory=dict)
+
+    def tool(self, name: str) -> BaseTool | None:
+        """A tool by name: from this graph's tool nodes, else from any in the process."""
+        return self.tools.get(name) or TOOL_REGISTRY.get(name)
+
+    def spec(self, name: str) -> EffectSpec | None:
+        """The effect declaration of a tool, if the tool is known."""
+        found = self.tool(name)
+        return None if found is None else spec_of(found)
+
+    def all_tools(self) -> Mapping[str, BaseTool]:
+        """Every tool this graph knows by name."""
+        return {**TOOL_REGISTRY, **self.tools}
+
+
+# ------------------------------------------------------------------ helpers
+def _messages(state: Any, key: str) -> list[Any]:
+    if isinstance(state, dict):
+        return list(state.get(key) or [])
+    if isinstance(state, list):
+        return state
+    return list(getattr(state, key, None) or [])
+
+
+def _plan_dropped(scope: RunScope, settings: CancellationSettings, call: ToolCall) -> None:
+    spec = settings.spec(call.get("name", ""))
+    args = call.get("args")
+    scope.ledger.plan(
+        thread_id=scope.thread_id,
+        run_id=scope.run_id,
+        tool_call_id=call["id"],
+        tool=call.get("name") or "(none)",
+        kind=spec.kind if spec is not None else EffectKind.IRREVERSIBLE,
+        args=args if isinstance(args, dict) else {"__raw__": repr(args)},
+        status=EffectStatus.DROPPED,
+        error=NOT_RUN_CANCELLED,
+        owner=scope.owner,
+        actor="cancel",
+        idempotency_key=(
+            str(spec.idempotency_key(args))
+            if spec is not None and spec.idempotency_key is not None and isinstance(args, dict)
+            else None
+        ),
+    )
+
+
+def _drop(scope: RunScope, rec: EffectRecord) -> None:
+    try:
+        scope.ledger.transition(
+            rec.effect_id, EffectStatus.DROPPED, actor="cancel", error=NOT_RUN_CANCELLED
+        )
+    except IllegalTransitionError:
+        pass  # it moved on (dispatched by a sibling): the in-flight pass handles it
+
+
+def _drop_send_payload(state: Any, scope: RunScope, settings: CancellationSettings) -> None:
+    """A queued ``Send`` to a tool node: record its call as never run."""
+    if isinstance(state, dict) and state.get("__type") == "tool_call_with_context":
+        call = state.get("tool_call")
+        if isinstance(call, dict) and call.get("id"):
+            existing = scope.ledger.find_effect(scope.thread_id, call["id"])
+            if existing is None:
+                _plan_dropped(scope, settings, cast(ToolCall, call))
+            elif existing.status in UNDISPATCHED_STATUSES | {EffectStatus.NOT_APPLIED}:
+                _drop(scope, existing)
+
+
+# -------------------------------------------------------------- the guard
+def _guard(name: str, inner: Any, settings: CancellationSettings) -> RunnableCallable:
+    """Wrap a node: check the cancel signal before it runs; divert to the cancel node."""
+
+    def diverted(state: Any, config: RunnableConfig) -> bool:
+        scope = scope_for(config, ledger=settings.ledger, new_run=False)
+        if scope.run.terminal or scope.cancel_called():
+            scope.signal.observe()
+            _drop_send_payload(state, scope, settings)
+            return True
+        return False
+
+    def func(state: Any, config: RunnableConfig) -> Any:
+        if diverted(state, config):
+            return Command(goto=CANCEL_NODE)
+        return inner.invoke(state, config)
+
+    async def afunc(state: Any, config: RunnableConfig) -> Any:
+        if diverted(state, config):
+            return Command(goto=CANCEL_NODE)
+        return await inner.ainvoke(state, config)
+
+    return RunnableCallable(func, afunc, name=name, trace=False)
+
+
+# --------------------------------------------------------- the cancel node
+async def _settle_dispatched(
+    scope: RunScope, settings: CancellationSettings, effects: list[EffectRecord]
+) -> None:
+    """Wait for in-flight calls (per tool policy, bounded), then reconcile what is left."""
+    ledger = scope.ledger
+    in_flight = [e for e in effects if e.status is EffectStatus.DISPATCHED]
+    if not in_flight:
+        return
+    deadline = time.monotonic()
+    for e in in_flight:
+        spec = settings.spec(e.tool)
+        if spec is None or spec.cancel_policy is CancelPolicy.WAIT:
+            timeout = (spec.cancel_timeout if spec else None) or settings.cancel_timeout
+            deadline = max(deadline, time.monotonic() + timeout)
+    while time.monotonic() < deadline:
+        pending = [ledger.get_effect(e.effect_id) for e in in_flight]
+        if all(p.status is not EffectStatus.DISPATCHED for p in pending):
+            return
+        await asyncio.sleep(0.02)
+    for e in in_flight:
+        rec = ledger.get_effect(e.effect_id)
+        if rec.status is not EffectStatus.DISPATCHED:
+            continue
+        spec = settings.spec(rec.tool) or spec_of_unknown()
+        outcome = await call_reconcile(spec, rec.idempotency_key, rec.args)
+        if outcome.status == "unknown":
+            mark_unknown(ledger, rec, spec, f"in flight when the run was cancelled; {outcome.reason}")
+        else:
+            apply_outcome(ledger, rec, spec, outcome, actor="cancel")
+
+
+def spec_of_unknown() -> EffectSpec:
+    """The fail-safe declaration for a tool this process does not know."""
+    return EffectSpec(kind=EffectKind.IRREVERSIBLE, classified=False)
+
+
+async def finalize_cancel(
+    scope: RunScope, settings: CancellationSettings, dangling: list[ToolCall]
+) -> CancellationReport:
+    """Drain, settle, compensate and make the run's one ``cancelled`` transition.
+
+    Idempotent: a second call (or a racing worker) returns the stored report.
+    """
+    ledger = scope.ledger
+    run = scope.refresh()
+    if run.status is RunStatus.RUNNING:
+        ledger.request_cancel(scope.thread_id, reason="cancel node reached", requested_by="graph")
+        run = scope.refresh()
+    if run.status is RunStatus.CANCEL_REQUESTED:
+        run = ledger.mark_observed(run.run_id)
+    if not run.terminal:
+        # 1. The queue you can actually drain: everything not yet dispatched.
+        for e in ledger.run_effects(run.run_id):
+            if e.status in UNDISPATCHED_STATUSES or e.status is EffectStatus.NOT_APPLIED:
+                _drop(scope, e)
+        for call in dangling:
+            if ledger.find_effect(scope.thread_id, call["id"]) is None:
+                _plan_dropped(scope, settings, call)
+        # 2. In flight: wait within the timeout, then reconcile or record unknown.
+        await _settle_dispatched(scope, settings, ledger.run_effects(run.run_id))
+        # 3. Compensation, when asked for.
+        if settings.compensate_on_cancel:
+            await compensate_run(ledger, ledger.run_effects(run.run_id), settings.all_tools())
+        quiesced = utcnow()
+        current = ledger.get_run(run.run_id)
+        report = build_report(
+            ledger,
+            current.model_copy(update={"quiesced_at": quiesced}),
+            status=RunStatus.CANCELLED.value,
+        )
+        won = ledger.finish_run(
+            run.run_id,
+            RunStatus.CANCELLED,
+            report=report.model_dump(mode="json"),
+            quiesced_at=quiesced,
+        )
+        scope.refresh()
+        if won:
+            return report
+    stored = ledger.get_run(run.run_id)
+    if stored.report:
+        return CancellationReport.model_validate(stored.report)
+    return build_report(ledger, stored)
+
+
+def _answer_dangling(scope: RunScope, dangling: list[ToolCall]) -> list[ToolMessage]:
+    out: list[ToolMessage] = []
+    for call in dangling:
+        rec = scope.ledger.find_effect(scope.thread_id, call["id"])
+        if rec is None:
+            out.append(
+                ToolMessage(NOT_RUN_CANCELLED, name=call.get("name"), tool_call_id=call["id"],
+                            status="error")
+            )
+        else:
+            out.append(replay_message(rec, call))
+    return out
+
+
+def _make_cancel_node(settings: CancellationSettings) -> RunnableCallable:
+    async def acancel(state: Any, config: RunnableConfig, runtime: Runtime[Any]) -> Any:
+        scope = scope_for(config, ledger=settings.ledger, new_run=False)
+        scope.signal.set()
+        dangling = dangling_tool_calls(_messages(state, settings.messages_key))
+        report = await finalize_cancel(scope, settings, dangling)
+        answers = _answer_dangling(scope, dangling)
+        payload = report.model_dump(mode="json")
+        try:
+            runtime.stream_writer({"langgraph_cancel": {"event": "cancelled", "report": payload}})
+        except Exception:  # a missing stream consumer must not fail the cancel
+            logger.debug("could not stream the report", exc_info=True)
+        if runtime.control is not None:
+            runtime.control.request_drain(DRAIN_REASON)
+        return {settings.messages_key: answers, settings.report_key: payload}
+
+    def cancel(state: Any, config: RunnableConfig, runtime: Runtime[Any]) -> Any:
+        return _run_sync(acancel(state, config, runtime))
+
+    return RunnableCallable(cancel, acancel, name=CANCEL_NODE)
+
+
+# ------------------------------------------------------ the reconcile node
+async def reconcile_thread(
+    scope: RunScope, settings: CancellationSettings, *, interactive: bool
+) -> list[EffectRecord]:
+    """Settle a thread's unsettled effects through their hooks; return what stays unknown."""
+    from langgraph_cancel.compensation import compensate_effect
+
+    ledger = scope.ledger
+    left: list[EffectRecord] = []
+    for rec in ledger.unsettled(scope.thread_id):
+        spec = settings.spec(rec.tool) or spec_of_unknown()
+        if rec.status is EffectStatus.COMPENSATING:
+            if spec.compensate is not None:
+                await compensate_effect(ledger, rec, spec, actor="reconciler")
+            continue
+        if rec.status in (EffectStatus.DISPATCHED, EffectStatus.UNKNOWN):
+            outcome = await call_reconcile(spec, rec.idempotency_key, rec.args)
+            if outcome.status == "unknown" and rec.status is EffectStatus.UNKNOWN:
+                left.append(rec)
+                continue
+            settled = apply_outcome(ledger, rec, spec, outcome, actor="reconciler")
+            if settled.status is EffectStatus.UNKNOWN:
+                left.append(settled)
+    return left
+
+
+def _make_reconcile_node(settings: CancellationSettings) -> RunnableCallable:
+    async def areconcile(state: Any, config: RunnableConfig) -> Any:
+        from langgraph_cancel.nodes.reconcile import ask_human_about
+
+        scope = scope_for(config, ledger=settings.ledger, new_run=False)
+        left = await reconcile_thread(scope, settings, interactive=settings.reconcile_interactive)
+        if left and settings.reconcile_interactive:
+            ask_human_about(scope, left)
+        update: dict[str, Any] = {}
+        dangling = dangling_tool_calls(_messages(state, settings.messages_key))
+        if dangling:
+            # Calls left unanswered by an earlier cancelled or crashed run (invariant I5).
+            answered = [
+                m
+                for m in _answer_dangling(scope, dangling)
+                if scope.ledger.find_effect(scope.thread_id, m.tool_call_id) is not None
+            ]
+            if answered:
+                update[settings.messages_key] = answered
+        if scope.run.terminal or scope.cancel_called():
+            return Command(goto=CANCEL_NODE, update=update or None)
+        return update or None
+
+    def reconcile(state: Any, config: RunnableConfig) -> Any:
+        return _run_sync(areconcile(state, config))
+
+    return RunnableCallable(reconcile, areconcile, name=RECONCILE_NODE)
+
+
+# ---------------------------------------------------------- add_cancellation
+def _collect_tools(builder: StateGraph[Any, Any, Any, Any]) -> dict[str, BaseTool]:
+    tools: dict[str, BaseTool] = {}
+    for spec in builder.nodes.values():
+        runnable = spec.runnable
+        if isinstance(runnable, EffectToolNode):
+            tools.update(runnable.tools_by_name)
+    return tools
+
+
+def add_cancellation(
+    builder: StateGraph[Any, Any, Any, Any],
+    *,
+    ledger: Ledger | str | None = None,
+    compensate_on_cancel: bool = False,
+    cancel_timeout: float = 30.0,
+    messages_key: str = "messages",
+    report_key: str = REPORT_KEY,
+    reconcile_interactive: bool = True,
+) -> CancellableStateGraph:
+    """Make a graph builder safe to stop and safe to resume.
+
+    Call it after adding your nodes and edges and before ``compile()``.
+
+    Args:
+        builder: A ``StateGraph`` whose state has a messages list.
+        ledger: Where effects live when the graph is compiled without one of
+            our savers (e.g. served by ``langgraph dev``): a ``Ledger`` or a URL.
+            Default: the checkpointer's ledger, else ``$LANGGRAPH_CANCEL_DB``,
+            else the embedded SQLite file.
+        compensate_on_cancel: Undo committed reversible effects when cancelled.
+        cancel_timeout: Seconds the cancel node waits for in-flight calls.
+        messages_key: State key of the messages.
+        report_key: State key the cancellation report is written to.
+        reconcile_interactive: Ask a person (``interrupt()``) about outcomes
+            reconciliation cannot settle.
+
+    Returns:
+        The same builder (now a ``CancellableStateGraph``); compile it as usual.
+
+    Raises:
+        ConfigurationError: If the builder already has nodes with our names, or
+            was already given to ``add_cancellation``.
+    """
+    if isinstance(builder, CancellableStateGraph):
+        raise ConfigurationError("add_cancellation() was already applied to this builder")
+    for reserved in (CANCEL_NODE, RECONCILE_NODE):
+        if reserved in builder.nodes:
+            raise ConfigurationError(f"the builder already has a node named {reserved!r}")
+    settings = CancellationSettings(
+        ledger=ledger,
+        compensate_on_cancel=compensate_on_cancel,
+        cancel_timeout=cancel_timeout,
+        messages_key=messages_key,
+        report_key=report_key,
+        reconcile_interactive=reconcile_interactive,
+        tools=_collect_tools(builder),
+    )
+    for name, spec in list(builder.nodes.items()):
+        builder.nodes[name] = dataclasses.replace(
+            spec, runnable=_guard(name, spec.runnable, settings)
+        )
+    if report_key not in builder.channels:
+        report_schema = TypedDict(  # type: ignore[operator]
+            "CancellationReportState", {report_key: dict[str, Any] | None}
+        )
+        builder._add_schema(report_schema)
+    # The reconcile node takes START's place: START -> reconcile -> (what START led to).
+    start_edges = {(s, e) for (s, e) in builder.edges if s == START}
+    for s, e in start_edges:
+        builder.edges.discard((s, e))
+        builder.edges.add((RECONCILE_NODE, e))
+    if START in builder.branches:
+        builder.branches[RECONCILE_NODE] = builder.branches.pop(START)
+    builder.add_node(RECONCILE_NODE, _make_reconcile_node(settings))
+    builder.add_node(CANCEL_NODE, _make_cancel_node(settings))
+    builder.add_edge(START, RECONCILE_NODE)
+    builder.add_edge(CANCEL_NODE, END)
+    builder.__class__ = CancellableStateGraph
+    cast(CancellableStateGraph, builder).cancellation = settings
+    return cast(CancellableStateGraph, builder)
+
+
+class CancellableStateGraph(StateGraph):  # type: ignore[type-arg]
+    """A ``StateGraph`` that ``add_cancellation`` has prepared. Compile it as usual."""
+
+    cancellation: CancellationSettings
+
+    def compile(self, *args: Any, **kwargs: Any) -> CancellableGraph:  # type: ignore[override]
+        """Compile, returning a graph that scopes each invocation to a run."""
+        compiled = super().compile(*args, **kwargs)
+        compiled.__class__ = CancellableGraph
+        graph = cast(CancellableGraph, compiled)
+        graph.cancellation = self.cancellation
+        return graph
+
+
+# -------------------------------------------------------- the compiled graph
+class _Invocation:
+    """One invocation's run scope, lease and heartbeat."""
+
+    def __init__(self, graph: CancellableGraph, input: Any, config: RunnableConfig) -> None:
+        self.graph = graph
+        self.config = config
+        self.settings = graph.cancellation
+        check_durability(config)
+        conf = config.get("configurable", {})
+        owner = str(conf.get(CONFIG_KEY_WORKER) or WORKER_ID)
+        continuation = input is None or isinstance(input, Command)
+        bound = self.settings.ledger
+        if bound is None and isinstance(getattr(graph.checkpointer, "ledger", None), Ledger):
+            bound = graph.checkpointer.ledger  # type: ignore[union-attr]
+        self.scope = scope_for(
+            config,
+            ledger=bound,
+            new_run=not continuation,
+            run_id=conf.get("run_id"),
+            owner=owner,
+        )
+        self.ledger = self.scope.ledger
+        self.ledger.acquire_lease(self.scope.thread_id, owner, ttl=LEASE_TTL)
+        self.owner = owner
+        self._stop = threading.Event()
+        self._beat = threading.Thread(target=self._heartbeat, daemon=True,
+                                      name="langgraph-cancel-lease")
+        self._beat.start()
+        self.token = current_scope.set(self.scope)
+
+    def _heartbeat(self) -> None:
+        while not self._stop.wait(LEASE_TTL / 3):
+            try:
+                self.ledger.heartbeat(self.scope.thread_id, self.owner, ttl=LEASE_TTL)
+            except Exception:
+                logger.warning("lease heartbeat failed", exc_info=True)
+
+    def end(self, *, drained: bool, failed: bool) -> None:
+        """Close the run if it ended; clear drained work; release the lease."""
+        try:
+            current_scope.reset(self.token)
+        except ValueError:  # ended from another context (generator closed elsewhere)
+            current_scope.set(None)
+        self._stop.set()
+        try:
+            if drained:
+                self._clear_queue()
+            if not failed:
+                self._close_run()
+        finally:
+            try:
+                self.ledger.release_lease(self.scope.thread_id, self.owner)
+            finally:
+                drop_scope(self.scope)
+
+    def _clear_queue(self) -> None:
+        if self.graph.checkpointer is None and not self.config.get("configurable", {}).get(
+            "__pregel_checkpointer"
+        ):
+            return
+        try:
+            self.graph.update_state(self._state_config(), None, as_node=END)
+        except Exception:
+            logger.warning("could not clear queued tasks of a cancelled run", exc_info=True)
+
+    def _state_config(self) -> RunnableConfig:
+        conf = {
+            k: v for k, v in self.config.get("configurable", {}).items() if not k.startswith("__")
+        }
+        conf.pop("checkpoint_id", None)
+        return {"configurable": conf}
+
+    def _close_run(self) -> None:
+        run = self.ledger.get_run(self.scope.run_id)
+        if run.terminal:
+            return
+        if run.cancel_requested:
+            # The signal arrived after the last check: finish the cancel here.
+            _run_sync(finalize_cancel(self.scope, self.settings, []))
+            return
+        if self.graph.checkpointer is None:
+            return
+        try:
+            snapshot = self.graph.get_state(self._state_config())
+        except Exception:
+            logger.debug("no state to inspect", exc_info=True)
+            return
+        if not snapshot.next and not snapshot.interrupts:
+            try:
+                self.ledger.finish_run(run.run_id, RunStatus.COMPLETED)
+            except IllegalTransitionError:
+                pass
+
+
+class CancellableGraph(CompiledStateGraph):  # type: ignore[type-arg]
+    """A compiled graph whose every invocation is one scoped, leased, closable run."""
+
+    cancellation: CancellationSettings
+
+    def stream(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Iterator[Any]:  # type: ignore[override]
+        """As ``CompiledStateGraph.stream``, inside the run's scope."""
+        merged = ensure_config(merge_configs(self.config, config))
+        if not merged.get("configurable", {}).get("thread_id"):
+            yield from super().stream(input, config, **kwargs)
+            return
+        inv = _Invocation(self, input, merged)
+        kwargs.setdefault("control", RunControl())
+        drained = failed = False
+        try:
+            yield from super().stream(input, config, **kwargs)
+        except GraphDrained as exc:
+            if exc.reason != DRAIN_REASON:
+                failed = True
+                raise
+            drained = True
+        except BaseException:
+            failed = True
+            raise
+        finally:
+            inv.end(drained=drained, failed=failed)
+
+    async def astream(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> AsyncIterator[Any]:  # type: ignore[override]
+        """As ``CompiledStateGraph.astream``, inside the run's scope."""
+        merged = ensure_config(merge_configs(self.config, config))
+        if not merged.get("configurable", {}).get("thread_id"):
+            async for chunk in super().astream(input, config, **kwargs):
+                yield chunk
+            return
+        inv = await asyncio.to_thread(_Invocation, self, input, merged)
+        current_scope.set(inv.scope)
+        kwargs.setdefault("control", RunControl())
+        drained = failed = False
+        try:
+            async for chunk in super().astream(input, config, **kwargs):
+                yield chunk
+        except GraphDrained as exc:
+            if exc.reason != DRAIN_REASON:
+                failed = True
+                raise
+            drained = True
+        except BaseException:
+            failed = True
+            raise
+        finally:
+            await asyncio.to_thread(inv.end, drained=drained, failed=failed)
+
+
+__all__ = [
+    "CANCEL_NODE",
+    "RECONCILE_NODE",
+    "REPORT_KEY",
+    "CancellableGraph",
+    "CancellableStateGraph",
+    "CancellationSettings",
+    "add_cancellation",
+    "finalize_cancel",
+    "reconcile_thread",
+    "resolve_ledger",
+    "thread_id_of",
+]

@@ -1,0 +1,70 @@
+"""Calling tool authors' hooks safely: sync or async, bounded in time, never crashing a run.
+
+A reconcile hook that raises, hangs past its timeout or returns something other
+than an ``Outcome`` yields ``Outcome.unknown(...)`` naming the problem; the
+effect then stays unknown with an owner instead of the run crashing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from typing import Any
+
+from langgraph_cancel.effects import EffectSpec, Outcome
+from langgraph_cancel.errors import HookError
+
+logger = logging.getLogger("langgraph_cancel.hooks")
+
+
+async def _call(fn: Any, *args: Any, timeout: float) -> Any:
+    if inspect.iscoroutinefunction(fn):
+        return await asyncio.wait_for(fn(*args), timeout)
+    # A sync hook runs in a thread so a hang cannot block the loop; the thread is
+    # abandoned (not killed) on timeout, which Python cannot avoid.
+    result = await asyncio.wait_for(asyncio.to_thread(fn, *args), timeout)
+    if inspect.isawaitable(result):
+        return await asyncio.wait_for(result, timeout)
+    return result
+
+
+async def call_reconcile(spec: EffectSpec, key: str, args: dict[str, Any]) -> Outcome:
+    """Ask the tool's reconcile hook what became of a call; never raises."""
+    hook = spec.reconcile
+    if hook is None:
+        return Outcome.unknown("the tool has no reconcile hook")
+    try:
+        outcome = await _call(hook, key, args, timeout=spec.hook_timeout)
+    except TimeoutError:
+        return Outcome.unknown(f"reconcile hook timed out after {spec.hook_timeout:g}s")
+    except Exception as exc:
+        logger.warning("reconcile hook failed for %s", key, exc_info=True)
+        return Outcome.unknown(f"reconcile hook raised {exc!r}")
+    if not isinstance(outcome, Outcome):
+        return Outcome.unknown(
+            f"reconcile hook returned {type(outcome).__name__}, not an Outcome"
+        )
+    return outcome
+
+
+async def call_compensate(spec: EffectSpec, key: str, args: dict[str, Any], result: Any) -> None:
+    """Run the tool's compensating action.
+
+    Raises:
+        HookError: When the hook is missing, raises, or times out.
+    """
+    hook = spec.compensate
+    if hook is None:
+        raise HookError("the tool has no compensate hook")
+    try:
+        await _call(hook, key, args, result, timeout=spec.hook_timeout)
+    except TimeoutError as exc:
+        raise HookError(f"compensate hook timed out after {spec.hook_timeout:g}s") from exc
+    except HookError:
+        raise
+    except Exception as exc:
+        raise HookError(f"compensate hook raised {exc!r}") from exc
+
+
+__all__ = ["call_compensate", "call_reconcile"]

@@ -1,0 +1,733 @@
+"""``EffectToolNode``: a drop-in ``ToolNode`` that never dispatches an effect twice.
+
+Per batch: malformed calls are answered with error messages and recorded
+``failed``; read-only calls run concurrently first; side-effecting calls then
+run in plan order, reversible before irreversible, one at a time by default.
+Before each dispatch the node checks the cancel signal and the approval state,
+then writes the intent (``dispatched``) durably; only then does the call leave
+the process. A re-run of the node (interrupt, crash, retry policy) replays
+what the ledger already knows instead of calling the tool again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, cast
+
+from langchain_core.messages import AIMessage, AnyMessage, ToolCall, ToolMessage
+from langchain_core.runnables import RunnableConfig
+from langchain_core.runnables.config import get_config_list
+from langchain_core.tools import BaseTool
+from langgraph.errors import GraphBubbleUp
+from langgraph.prebuilt import ToolNode
+from langgraph.prebuilt.tool_node import (
+    INVALID_TOOL_NAME_ERROR_TEMPLATE,
+    ToolCallRequest,
+    ToolRuntime,
+    _handle_tool_error,
+    _infer_handled_types,
+)
+from langgraph.runtime import Runtime
+from langgraph.types import Command
+from pydantic import BaseModel, ValidationError
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
+
+from langgraph_cancel.effects import EffectSpec, Outcome, bound_idempotency_key, spec_of
+from langgraph_cancel.errors import (
+    DispatchRefusedError,
+    IllegalTransitionError,
+    TransitionConflictError,
+)
+from langgraph_cancel.hooks import call_reconcile
+from langgraph_cancel.ledger import Ledger, derive_idempotency_key
+from langgraph_cancel.runtime import RunScope, check_durability, current_scope, scope_for
+from langgraph_cancel.types import EffectKind, EffectRecord, EffectStatus
+
+logger = logging.getLogger("langgraph_cancel.tools")
+
+HandleToolErrors = (
+    bool | str | Callable[..., str] | type[Exception] | tuple[type[Exception], ...]
+)
+
+NOT_RUN_CANCELLED = "Not run: the run was cancelled before this call was dispatched."
+_KIND_ORDER = {EffectKind.READ_ONLY: 0, EffectKind.REVERSIBLE: 1, EffectKind.IRREVERSIBLE: 2}
+DEFAULT_CANCEL_TIMEOUT = 30.0
+
+#: Tool declarations seen by any EffectToolNode in this process, by tool name.
+TOOL_REGISTRY: dict[str, BaseTool] = {}
+_registry_lock = threading.Lock()
+
+
+def message_payload(msg: ToolMessage) -> dict[str, Any]:
+    """What the ledger keeps of a tool's answer, JSON-safe."""
+    payload: dict[str, Any] = {"content": msg.content, "status": msg.status}
+    if msg.artifact is not None:
+        payload["artifact"] = msg.artifact
+    return cast(dict[str, Any], json.loads(json.dumps(payload, default=str)))
+
+
+def replay_message(rec: EffectRecord, call: ToolCall | None = None) -> ToolMessage:
+    """The ToolMessage a recorded effect stands for, without calling anything."""
+    tool_call_id = call["id"] if call is not None and call.get("id") else rec.tool_call_id
+    status: Literal["success", "error"] = "success"
+    content: Any
+    artifact = None
+    if rec.status in (EffectStatus.COMMITTED, EffectStatus.COMPENSATING,
+                      EffectStatus.COMPENSATED, EffectStatus.COMPENSATION_FAILED):
+        result = rec.result
+        if isinstance(result, dict) and "content" in result:
+            content = result["content"]
+            artifact = result.get("artifact")
+            status = "error" if result.get("status") == "error" else "success"
+        else:
+            content = result if isinstance(result, str) else json.dumps(result, default=str)
+    elif rec.status is EffectStatus.FAILED:
+        content, status = rec.error or "Error: the call failed.", "error"
+    elif rec.status is EffectStatus.REJECTED:
+        note = (rec.approval or {}).get("message")
+        content = f"Rejected by reviewer: {note}" if note else "Rejected by reviewer."
+        status = "error"
+    elif rec.status is EffectStatus.DROPPED:
+        content, status = rec.error or NOT_RUN_CANCELLED, "error"
+    elif rec.status is EffectStatus.UNKNOWN:
+        content = (
+            f"Outcome unknown: {rec.error or 'no answer from the external system'}. "
+            f"Owner: {rec.owner}. Next action: {rec.next_action}. Do not retry this call."
+        )
+        status = "error"
+    elif rec.status is EffectStatus.NOT_APPLIED:
+        content, status = "Not applied: the external system has no record of this call.", "error"
+    else:
+        content, status = f"Call is {rec.status.value}.", "error"
+    return ToolMessage(
+        content=content, name=rec.tool, tool_call_id=tool_call_id, status=status, artifact=artifact
+    )
+
+
+@dataclass(slots=True)
+class _Planned:
+    index: int
+    call: ToolCall
+    tool: BaseTool
+    spec: EffectSpec
+    key: str
+    runtime: ToolRuntime
+
+
+class EffectToolNode(ToolNode):
+    """Run effect-classified tool calls so that none is ever dispatched twice.
+
+    Swap it in for ``ToolNode``; it takes the same arguments plus a few of its own.
+
+    Args:
+        tools: Tools (``BaseTool`` or callables); classify them with ``effect(...)``.
+            An unclassified tool counts as irreversible (one warning names it).
+        name: Node name.
+        tags: Tags for tracing.
+        handle_tool_errors: As in ``ToolNode``; default ``True``: every tool
+            failure becomes an error ToolMessage for the model.
+        messages_key: State key holding the messages.
+        wrap_tool_call: As in ``ToolNode``; wraps the ledger-guarded execution.
+        awrap_tool_call: Async twin of ``wrap_tool_call``.
+        ledger: The ledger (or its URL); default: found through the run's config.
+        effect_concurrency: Side-effecting calls dispatched at once (default 1:
+            plan order, so a cancel mid-batch costs nothing it need not).
+        cancel_timeout: Seconds an in-flight side-effecting call may take to
+            finish once its task is cancelled, before it is recorded unknown.
+    """
+
+    def __init__(
+        self,
+        tools: Sequence[BaseTool | Callable[..., Any]],
+        *,
+        name: str = "tools",
+        tags: list[str] | None = None,
+        handle_tool_errors: HandleToolErrors = True,
+        messages_key: str = "messages",
+        wrap_tool_call: Any = None,
+        awrap_tool_call: Any = None,
+        ledger: Ledger | str | None = None,
+        effect_concurrency: int = 1,
+        cancel_timeout: float = DEFAULT_CANCEL_TIMEOUT,
+    ) -> None:
+        super().__init__(
+            tools,
+            name=name,
+            tags=tags,
+            handle_tool_errors=handle_tool_errors,
+            messages_key=messages_key,
+            wrap_tool_call=wrap_tool_call,
+            awrap_tool_call=awrap_tool_call,
+        )
+        if effect_concurrency < 1:
+            raise ValueError("effect_concurrency must be at least 1")
+        self.ledger = ledger
+        self.effect_concurrency = effect_concurrency
+        self.cancel_timeout = cancel_timeout
+        self.specs: dict[str, EffectSpec] = {
+            tool_name: spec_of(t) for tool_name, t in self.tools_by_name.items()
+        }
+        with _registry_lock:
+            TOOL_REGISTRY.update(self.tools_by_name)
+
+    # ------------------------------------------------------------ LangGraph
+    def _func(
+        self,
+        input: list[AnyMessage] | dict[str, Any] | BaseModel,
+        config: RunnableConfig,
+        runtime: Runtime[Any],
+    ) -> Any:
+        return _run_sync(self._afunc(input, config, runtime))
+
+    async def _afunc(
+        self,
+        input: list[AnyMessage] | dict[str, Any] | BaseModel,
+        config: RunnableConfig,
+        runtime: Runtime[Any],
+    ) -> Any:
+        check_durability(config)
+        tool_calls, input_type = self._parse_input(input)
+        scope = scope_for(config, ledger=self.ledger)
+        token = current_scope.set(scope)
+        try:
+            outputs = await self._run_batch(input, config, runtime, tool_calls, input_type, scope)
+        finally:
+            current_scope.reset(token)
+        return self._combine_tool_outputs(outputs, input_type)
+
+    # ---------------------------------------------------------------- batch
+    async def _run_batch(
+        self,
+        input: Any,
+        config: RunnableConfig,
+        runtime: Runtime[Any],
+        tool_calls: list[ToolCall],
+        input_type: Literal["list", "dict", "tool_calls"],
+        scope: RunScope,
+    ) -> list[Any]:
+        config_list = get_config_list(config, len(tool_calls))
+        outputs: list[Any] = [None] * len(tool_calls)
+        reads: list[_Planned] = []
+        effects: list[_Planned] = []
+        for index, (call, cfg) in enumerate(zip(tool_calls, config_list, strict=False)):
+            tool_runtime = ToolRuntime(
+                state=self._extract_state(input, cfg),
+                tool_call_id=call["id"],
+                config=cfg,
+                context=runtime.context,
+                store=runtime.store,
+                stream_writer=runtime.stream_writer,
+                tools=list(self.tools_by_name.values()),
+                execution_info=runtime.execution_info,
+                server_info=runtime.server_info,
+            )
+            planned, error = self._classify(index, call, tool_runtime, scope)
+            if error is not None:
+                outputs[index] = error
+            elif planned is not None:
+                (reads if planned.spec.kind is EffectKind.READ_ONLY else effects).append(planned)
+
+        if reads:
+            results = await asyncio.gather(
+                *(self._guarded(p, input_type, scope, self._run_read) for p in reads)
+            )
+            for p, out in zip(reads, results, strict=True):
+                outputs[p.index] = out
+
+        effects.sort(key=lambda p: (_KIND_ORDER[p.spec.kind], p.index))
+        if self.effect_concurrency == 1:
+            for p in effects:
+                outputs[p.index] = await self._guarded(p, input_type, scope, self._run_effect)
+        else:
+            sem = asyncio.Semaphore(self.effect_concurrency)
+
+            async def bounded(p: _Planned) -> Any:
+                async with sem:
+                    return await self._guarded(p, input_type, scope, self._run_effect)
+
+            results = await asyncio.gather(*(bounded(p) for p in effects))
+            for p, out in zip(effects, results, strict=True):
+                outputs[p.index] = out
+        return outputs
+
+    def _classify(
+        self, index: int, call: ToolCall, tool_runtime: ToolRuntime, scope: RunScope
+    ) -> tuple[_Planned | None, ToolMessage | None]:
+        """Validate a call; record and answer it at once when it is malformed."""
+        name = call.get("name") or ""
+        call_id = call.get("id") or ""
+        if not call_id:
+            return None, ToolMessage(
+                content="Error: tool call without an id cannot be tracked; not run.",
+                name=name,
+                tool_call_id="",
+                status="error",
+            )
+        tool = self.tools_by_name.get(name)
+        if tool is None:
+            content = INVALID_TOOL_NAME_ERROR_TEMPLATE.format(
+                requested_tool=name, available_tools=", ".join(self.tools_by_name)
+            )
+            self._record_malformed(scope, call, name, EffectKind.IRREVERSIBLE, content)
+            return None, ToolMessage(content, name=name, tool_call_id=call_id, status="error")
+        spec = self.specs[name]
+        args = call.get("args")
+        problem = _validate_args(tool, args)
+        if problem is not None:
+            content = (
+                f"Error invoking tool '{name}' with kwargs {args!r} with error:\n {problem}\n"
+                " Please fix the error and try again."
+            )
+            self._record_malformed(scope, call, name, spec.kind, content)
+            return None, ToolMessage(content, name=name, tool_call_id=call_id, status="error")
+        assert isinstance(args, dict)
+        try:
+            key = (
+                str(spec.idempotency_key(args))
+                if spec.idempotency_key is not None
+                else derive_idempotency_key(scope.thread_id, call_id)
+            )
+        except Exception as exc:
+            content = f"Error: cannot derive the idempotency key of {name!r}: {exc!r}"
+            self._record_malformed(scope, call, name, spec.kind, content)
+            return None, ToolMessage(content, name=name, tool_call_id=call_id, status="error")
+        return _Planned(index, call, tool, spec, key, tool_runtime), None
+
+    def _record_malformed(
+        self, scope: RunScope, call: ToolCall, name: str, kind: EffectKind, content: str
+    ) -> None:
+        args = call.get("args")
+        scope.ledger.plan(
+            thread_id=scope.thread_id,
+            run_id=scope.run_id,
+            tool_call_id=str(call.get("id")),
+            tool=name or "(none)",
+            kind=kind,
+            args=args if isinstance(args, dict) else {"__raw__": repr(args)},
+            status=EffectStatus.FAILED,
+            error=content,
+            owner=scope.owner,
+            actor=scope.owner,
+            detail={"malformed": True},
+        )
+
+    async def _guarded(
+        self,
+        p: _Planned,
+        input_type: Literal["list", "dict", "tool_calls"],
+        scope: RunScope,
+        runner: Callable[[_Planned, ToolCallRequest, Literal["list", "dict", "tool_calls"],
+                          RunScope], Any],
+    ) -> Any:
+        request = ToolCallRequest(tool_call=p.call, tool=p.tool, state=p.runtime.state,
+                                  runtime=p.runtime)
+        wrapper = self._awrap_tool_call
+        if wrapper is None and self._wrap_tool_call is None:
+            return await runner(p, request, input_type, scope)
+
+        if wrapper is not None:
+            async def aexecute(req: ToolCallRequest) -> Any:
+                return await runner(_replace_call(p, req), req, input_type, scope)
+
+            return await wrapper(request, aexecute)
+
+        loop = asyncio.get_running_loop()
+
+        def execute(req: ToolCallRequest) -> Any:
+            fut = asyncio.run_coroutine_threadsafe(
+                runner(_replace_call(p, req), req, input_type, scope), loop
+            )
+            return fut.result()
+
+        sync_wrapper = self._wrap_tool_call
+        assert sync_wrapper is not None
+        return await asyncio.to_thread(sync_wrapper, request, execute)
+
+    # ---------------------------------------------------------------- reads
+    async def _run_read(
+        self,
+        p: _Planned,
+        request: ToolCallRequest,
+        input_type: Literal["list", "dict", "tool_calls"],
+        scope: RunScope,
+    ) -> Any:
+        ledger = scope.ledger
+        existing = ledger.find_effect(scope.thread_id, p.call["id"])
+        if existing is not None and existing.settled:
+            return replay_message(existing, p.call)
+        if scope.cancel_called():
+            scope.signal.observe()
+            self._drop(scope, p, existing)
+            return ToolMessage(NOT_RUN_CANCELLED, name=p.tool.name, tool_call_id=p.call["id"],
+                               status="error")
+        try:
+            msg = await self._invoke(p, input_type, retry=True)
+        except GraphBubbleUp:
+            raise
+        except Exception as exc:
+            content = self._error_content(exc)
+            ledger.plan(
+                thread_id=scope.thread_id, run_id=scope.run_id, tool_call_id=p.call["id"],
+                tool=p.tool.name, kind=p.spec.kind, args=p.call["args"], idempotency_key=p.key,
+                seq=p.index, status=EffectStatus.FAILED, error=content, owner=scope.owner,
+                actor=scope.owner,
+            )
+            return ToolMessage(content, name=p.tool.name, tool_call_id=p.call["id"],
+                               status="error")
+        if isinstance(msg, ToolMessage):
+            ledger.plan(
+                thread_id=scope.thread_id, run_id=scope.run_id, tool_call_id=p.call["id"],
+                tool=p.tool.name, kind=p.spec.kind, args=p.call["args"], idempotency_key=p.key,
+                seq=p.index, status=EffectStatus.COMMITTED, result=message_payload(msg),
+                owner=scope.owner, actor=scope.owner,
+            )
+        return msg
+
+    # -------------------------------------------------------------- effects
+    async def _run_effect(
+        self,
+        p: _Planned,
+        request: ToolCallRequest,
+        input_type: Literal["list", "dict", "tool_calls"],
+        scope: RunScope,
+    ) -> Any:
+        ledger = scope.ledger
+        rec, _created = ledger.plan(
+            thread_id=scope.thread_id, run_id=scope.run_id, tool_call_id=p.call["id"],
+            tool=p.tool.name, kind=p.spec.kind, args=p.call["args"], idempotency_key=p.key,
+            seq=p.index, owner=scope.owner, actor=scope.owner,
+        )
+        if rec.status is EffectStatus.DISPATCHED:
+            # Left in flight by an earlier attempt (crash, cancelled task): settle it first.
+            rec = await self._settle_in_flight(p, rec, scope)
+            if rec.status is EffectStatus.DISPATCHED:
+                return await self._dispatch(p, rec, input_type, scope, redispatch=True)
+        if rec.status is EffectStatus.PENDING_APPROVAL:
+            return self._refuse_unapproved(p, rec, scope)
+        if rec.status in (EffectStatus.PLANNED, EffectStatus.APPROVED, EffectStatus.NOT_APPLIED):
+            if (
+                rec.status is EffectStatus.PLANNED
+                and p.spec.needs_approval(rec.args)
+            ):
+                return self._refuse_unapproved(p, rec, scope)
+            return await self._dispatch(p, rec, input_type, scope)
+        return replay_message(rec, p.call)
+
+    def _refuse_unapproved(self, p: _Planned, rec: EffectRecord, scope: RunScope) -> ToolMessage:
+        text = (
+            f"Not run: {p.tool.name!r} needs approval and has none. Put ApprovalGate "
+            "between the model and this node."
+        )
+        try:
+            rec = scope.ledger.transition(
+                rec.effect_id, EffectStatus.DROPPED, actor=scope.owner, error=text,
+                detail={"reason": "approval required"},
+            )
+        except IllegalTransitionError:
+            rec = scope.ledger.get_effect(rec.effect_id)
+            return replay_message(rec, p.call)
+        return ToolMessage(text, name=p.tool.name, tool_call_id=p.call["id"], status="error")
+
+    def _drop(self, scope: RunScope, p: _Planned, existing: EffectRecord | None) -> None:
+        if existing is None:
+            scope.ledger.plan(
+                thread_id=scope.thread_id, run_id=scope.run_id, tool_call_id=p.call["id"],
+                tool=p.tool.name, kind=p.spec.kind, args=p.call["args"], idempotency_key=p.key,
+                seq=p.index, status=EffectStatus.DROPPED, error=NOT_RUN_CANCELLED,
+                owner=scope.owner, actor=scope.owner,
+            )
+        elif existing.status in (EffectStatus.PLANNED, EffectStatus.PENDING_APPROVAL,
+                                 EffectStatus.APPROVED, EffectStatus.NOT_APPLIED):
+            try:
+                scope.ledger.transition(existing.effect_id, EffectStatus.DROPPED,
+                                        actor=scope.owner, error=NOT_RUN_CANCELLED)
+            except IllegalTransitionError:
+                pass
+
+    async def _dispatch(
+        self,
+        p: _Planned,
+        rec: EffectRecord,
+        input_type: Literal["list", "dict", "tool_calls"],
+        scope: RunScope,
+        *,
+        redispatch: bool = False,
+    ) -> Any:
+        ledger = scope.ledger
+        if scope.cancel_called():
+            scope.signal.observe()
+            self._drop(scope, p, rec)
+            return replay_message(ledger.get_effect(rec.effect_id), p.call)
+        if not redispatch:
+            try:
+                rec = ledger.transition(
+                    rec.effect_id, EffectStatus.DISPATCHED, actor=scope.owner, owner=scope.owner,
+                    detail={"idempotency_key": rec.idempotency_key},
+                )
+            except DispatchRefusedError:
+                scope.signal.set()
+                scope.signal.observe()
+                self._drop(scope, p, rec)
+                return replay_message(ledger.get_effect(rec.effect_id), p.call)
+            except TransitionConflictError:
+                # Another task moved it (a cancel node dropped it): report what it is.
+                return replay_message(ledger.get_effect(rec.effect_id), p.call)
+        call = {**p.call, "args": rec.args}
+        planned = _Planned(p.index, cast(ToolCall, call), p.tool, p.spec, rec.idempotency_key,
+                           p.runtime)
+        task = asyncio.ensure_future(self._invoke(planned, input_type, retry=p.spec.retry_safe))
+        try:
+            msg = await asyncio.shield(task)
+        except asyncio.CancelledError:
+            # Our task was cancelled (runs.cancel, disconnect, Ctrl-C). The request has
+            # left the process: wait for its outcome within the timeout, record it, then
+            # let the cancellation propagate. Never drop the wait silently.
+            await self._settle_after_task_cancel(planned, rec, task, scope)
+            raise
+        except GraphBubbleUp:
+            raise
+        except Exception as exc:
+            return await self._record_failure(planned, rec, exc, scope)
+        return self._record_success(planned, rec, msg, scope)
+
+    def _record_success(self, p: _Planned, rec: EffectRecord, msg: Any, scope: RunScope) -> Any:
+        result = (
+            message_payload(msg)
+            if isinstance(msg, ToolMessage)
+            else {"content": f"(tool returned {type(msg).__name__})", "status": "success"}
+        )
+        scope.ledger.transition(
+            rec.effect_id, EffectStatus.COMMITTED, expected=[EffectStatus.DISPATCHED],
+            actor=scope.owner, result=result,
+        )
+        return msg
+
+    async def _record_failure(
+        self, p: _Planned, rec: EffectRecord, exc: Exception, scope: RunScope
+    ) -> Any:
+        ledger = scope.ledger
+        if isinstance(exc, p.spec.retryable):
+            # A transient fault on a side effect: the request may have been applied.
+            outcome = await call_reconcile(p.spec, rec.idempotency_key, rec.args)
+            if outcome.status == "committed":
+                result = {"content": _result_text(outcome.result), "status": "success"}
+                ledger.transition(rec.effect_id, EffectStatus.COMMITTED, actor="reconciler",
+                                  result=result, detail={"after_error": repr(exc)})
+                return ToolMessage(result["content"], name=p.tool.name,
+                                   tool_call_id=p.call["id"])
+            if outcome.status == "not_applied":
+                ledger.transition(rec.effect_id, EffectStatus.NOT_APPLIED, actor="reconciler",
+                                  error=repr(exc), detail={"after_error": repr(exc)})
+                content = self._error_content(exc)
+                return ToolMessage(content, name=p.tool.name, tool_call_id=p.call["id"],
+                                   status="error")
+            rec = mark_unknown(ledger, rec, p.spec, f"{exc!r}; {outcome.reason}")
+            return replay_message(rec, p.call)
+        content = self._error_content(exc)
+        ledger.transition(rec.effect_id, EffectStatus.FAILED, actor=scope.owner, error=content)
+        return ToolMessage(content, name=p.tool.name, tool_call_id=p.call["id"], status="error")
+
+    async def _settle_after_task_cancel(
+        self, p: _Planned, rec: EffectRecord, task: asyncio.Future[Any], scope: RunScope
+    ) -> None:
+        timeout = p.spec.cancel_timeout or self.cancel_timeout
+        try:
+            scope.ledger.request_cancel(scope.thread_id, reason="run task cancelled",
+                                        requested_by="asyncio")
+        except Exception:  # the outcome record below matters more than the flag
+            logger.warning("could not flag run %s as cancel_requested", scope.run_id,
+                           exc_info=True)
+        done, _ = await asyncio.wait({task}, timeout=timeout)
+        if done:
+            exc = task.exception()
+            try:
+                if exc is None:
+                    self._record_success(p, rec, task.result(), scope)
+                elif isinstance(exc, Exception):
+                    await self._record_failure(p, rec, exc, scope)
+            except Exception:
+                logger.exception("could not record the outcome of %s", rec.effect_id)
+            return
+        task.cancel()
+        mark_unknown(scope.ledger, rec, p.spec,
+                     f"still in flight {timeout:.0f}s after the run was cancelled")
+
+    async def _settle_in_flight(
+        self, p: _Planned, rec: EffectRecord, scope: RunScope
+    ) -> EffectRecord:
+        """A record left ``dispatched`` by an earlier attempt: find out what happened."""
+        ledger = scope.ledger
+        if p.spec.reconcile is None:
+            if p.spec.retry_safe:
+                return ledger.transition(
+                    rec.effect_id, EffectStatus.DISPATCHED, expected=[EffectStatus.DISPATCHED],
+                    actor=scope.owner, owner=scope.owner,
+                    detail={"retry_same_key": True, "idempotency_key": rec.idempotency_key},
+                )
+            return mark_unknown(ledger, rec, p.spec, "left in flight by an earlier attempt")
+        outcome = await call_reconcile(p.spec, rec.idempotency_key, rec.args)
+        return apply_outcome(ledger, rec, p.spec, outcome, actor="reconciler")
+
+    # ---------------------------------------------------------------- calls
+    async def _invoke(
+        self, p: _Planned, input_type: Literal["list", "dict", "tool_calls"], *, retry: bool
+    ) -> Any:
+        injected = self._inject_tool_args(p.call, p.runtime, p.tool)
+        call_args = {**injected, "type": "tool_call"}
+
+        async def once() -> Any:
+            with bound_idempotency_key(p.key):
+                try:
+                    response = await p.tool.ainvoke(call_args, p.runtime.config)
+                except ValidationError as exc:
+                    raise ValueError(f"invalid arguments for {p.tool.name!r}: {exc}") from exc
+            return self._normalize_tool_response(response, p.call, input_type)
+
+        if not retry or p.spec.max_attempts <= 1:
+            return await once()
+        async for attempt in AsyncRetrying(
+            retry=retry_if_exception_type(p.spec.retryable),
+            stop=stop_after_attempt(p.spec.max_attempts),
+            wait=wait_exponential(multiplier=0.05, max=2.0),
+            reraise=True,
+        ):
+            with attempt:
+                return await once()
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _error_content(self, exc: Exception) -> str:
+        flag = self._handle_tool_errors
+        if isinstance(flag, type) and issubclass(flag, Exception):
+            handled: tuple[type[Exception], ...] = (flag,)
+        elif isinstance(flag, tuple):
+            handled = flag
+        elif callable(flag) and not isinstance(flag, type):
+            handled = _infer_handled_types(flag)
+        else:
+            handled = (Exception,)
+        if not flag or not isinstance(exc, handled):
+            raise exc
+        return _handle_tool_error(exc, flag=flag)
+
+
+def _validate_args(tool: BaseTool, args: Any) -> str | None:
+    if not isinstance(args, dict):
+        return f"arguments must be an object, got {type(args).__name__}"
+    schema = tool.tool_call_schema
+    if isinstance(schema, type) and issubclass(schema, BaseModel):
+        try:
+            schema.model_validate(args)
+        except ValidationError as exc:
+            return "; ".join(
+                f"{'.'.join(str(x) for x in e.get('loc', ()))}: {e.get('msg')}"
+                for e in exc.errors()
+            )
+    return None
+
+
+def _replace_call(p: _Planned, req: ToolCallRequest) -> _Planned:
+    if req.tool_call is p.call:
+        return p
+    return _Planned(p.index, req.tool_call, p.tool, p.spec, p.key, p.runtime)
+
+
+def _result_text(result: Any) -> str:
+    return result if isinstance(result, str) else json.dumps(result, default=str)
+
+
+def unknown_owner(spec: EffectSpec) -> tuple[str, str]:
+    """Who must act on an unknown outcome, and what they must do."""
+    if spec.reconcile is not None:
+        return (
+            "reconciler",
+            "run `langgraph-cancel reconcile THREAD` (asks the external system by idempotency "
+            "key); if it still cannot tell, a person decides",
+        )
+    return (
+        "operator",
+        "check the external system for this idempotency key, then settle the effect as "
+        "committed or not_applied (langgraph-cancel reconcile THREAD)",
+    )
+
+
+def mark_unknown(ledger: Ledger, rec: EffectRecord, spec: EffectSpec, why: str) -> EffectRecord:
+    """Record an unknown outcome with an owner and a next action (invariant I3)."""
+    owner, next_action = unknown_owner(spec)
+    try:
+        return ledger.transition(
+            rec.effect_id, EffectStatus.UNKNOWN, actor="langgraph-cancel", owner=owner,
+            next_action=next_action, error=why,
+        )
+    except IllegalTransitionError:
+        return ledger.get_effect(rec.effect_id)
+
+
+def apply_outcome(
+    ledger: Ledger, rec: EffectRecord, spec: EffectSpec, outcome: Outcome, *, actor: str
+) -> EffectRecord:
+    """Settle an in-flight or unknown effect with what reconciliation found."""
+    try:
+        if outcome.status == "committed":
+            result = {"content": _result_text(outcome.result), "status": "success"}
+            return ledger.transition(rec.effect_id, EffectStatus.COMMITTED, actor=actor,
+                                     result=result, detail={"reconciled": True})
+        if outcome.status == "not_applied":
+            return ledger.transition(rec.effect_id, EffectStatus.NOT_APPLIED, actor=actor,
+                                     detail={"reconciled": True, "reason": outcome.reason})
+    except IllegalTransitionError:
+        return ledger.get_effect(rec.effect_id)
+    return mark_unknown(ledger, rec, spec, outcome.reason or "reconcile could not tell")
+
+
+def _run_sync(coro: Any) -> Any:
+    """Run a coroutine from sync code, even when this thread already has a loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    result: list[Any] = []
+    error: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            result.append(asyncio.run(coro))
+        except BaseException as exc:
+            error.append(exc)
+
+    import contextvars
+
+    ctx = contextvars.copy_context()
+    thread = threading.Thread(target=ctx.run, args=(target,))
+    thread.start()
+    thread.join()
+    if error:
+        raise error[0]
+    return result[0]
+
+
+def dangling_tool_calls(messages: Sequence[Any]) -> list[ToolCall]:
+    """Tool calls in a history that have no ToolMessage answering them."""
+    answered = {m.tool_call_id for m in messages if isinstance(m, ToolMessage)}
+    out: list[ToolCall] = []
+    for m in messages:
+        if isinstance(m, AIMessage):
+            out.extend(c for c in m.tool_calls if c.get("id") and c["id"] not in answered)
+    return out
+
+
+__all__ = [
+    "NOT_RUN_CANCELLED",
+    "TOOL_REGISTRY",
+    "EffectToolNode",
+    "apply_outcome",
+    "dangling_tool_calls",
+    "mark_unknown",
+    "message_payload",
+    "replay_message",
+    "unknown_owner",
+]

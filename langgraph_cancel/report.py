@@ -1,0 +1,217 @@
+"""The cancellation report: what is permanent, undone, unknown, and what never ran.
+
+Built from the ledger alone, so any process can produce it after the fact.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from langgraph_cancel.ledger import Ledger
+from langgraph_cancel.types import (
+    TERMINAL_RUN_STATUSES,
+    EffectKind,
+    EffectRecord,
+    EffectStatus,
+    RunRecord,
+    RunStatusLiteral,
+)
+
+
+class ReportEffect(BaseModel):
+    """One effect as the report shows it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    effect_id: str
+    tool: str
+    kind: str
+    status: str
+    idempotency_key: str
+    tool_call_id: str
+    args: dict[str, Any] = Field(default_factory=dict)
+    dispatched_at: str | None = None
+    settled_at: str | None = None
+    owner: str | None = None
+    next_action: str | None = None
+    error: str | None = None
+
+
+class CancellationReport(BaseModel):
+    """What a cancelled (or any) run did, from the ledger alone. JSON via ``model_dump_json``.
+
+    Attributes:
+        permanent: Irreversible effects that committed: nothing undoes them.
+        reversible_committed: Reversible effects committed and not compensated.
+        compensated: Reversible effects undone by their compensating action.
+        compensation_failed: Compensations that failed: a person must look.
+        unknown: Outcomes nobody can tell yet, each with an owner and next action.
+        not_run: Calls dropped before dispatch: they never happened.
+        rejected: Calls refused at approval.
+        dispatched_after_cancel: Dispatches after the cancel request (must be 0).
+        orphans: Child runs that never observed the signal (must be 0).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    thread_id: str
+    run_id: str
+    status: RunStatusLiteral
+    reason: str | None = None
+    requested_by: str | None = None
+    requested_at: str | None = None
+    observed_at: str | None = None
+    quiesced_at: str | None = None
+    cancel_latency_ms: float | None = None
+    quiescence_ms: float | None = None
+    permanent: list[ReportEffect] = Field(default_factory=list)
+    reversible_committed: list[ReportEffect] = Field(default_factory=list)
+    compensated: list[ReportEffect] = Field(default_factory=list)
+    compensation_failed: list[ReportEffect] = Field(default_factory=list)
+    unknown: list[ReportEffect] = Field(default_factory=list)
+    not_run: list[ReportEffect] = Field(default_factory=list)
+    rejected: list[ReportEffect] = Field(default_factory=list)
+    dispatched_after_cancel: int = 0
+    orphans: int = 0
+    tokens_after_cancel: int | None = None
+    summary: str = ""
+
+
+def _iso(value: datetime | None) -> str | None:
+    return None if value is None else value.isoformat()
+
+
+def _ms(start: datetime | None, end: datetime | None) -> float | None:
+    if start is None or end is None:
+        return None
+    return round(max((end - start).total_seconds(), 0.0) * 1000.0, 3)
+
+
+def _entry(e: EffectRecord) -> ReportEffect:
+    return ReportEffect(
+        effect_id=e.effect_id,
+        tool=e.tool,
+        kind=e.kind.value,
+        status=e.status.value,
+        idempotency_key=e.idempotency_key,
+        tool_call_id=e.tool_call_id,
+        args=e.args,
+        dispatched_at=_iso(e.dispatched_at),
+        settled_at=_iso(e.settled_at),
+        owner=e.owner if e.status in (EffectStatus.UNKNOWN, EffectStatus.DISPATCHED) else None,
+        next_action=e.next_action,
+        error=e.error if e.status is not EffectStatus.COMMITTED else None,
+    )
+
+
+def _counted(items: list[ReportEffect]) -> str:
+    counts = Counter(e.tool for e in items)
+    parts = [f"{n} {tool}" for tool, n in counts.items()]
+    if len(parts) <= 1:
+        return parts[0] if parts else ""
+    return ", ".join(parts[:-1]) + " and " + parts[-1]
+
+
+def summarize(report: CancellationReport) -> str:
+    """One line a person can read, e.g. "1 issue_refund and 2 send_email are permanent; ..."."""
+    parts: list[str] = []
+    if report.permanent:
+        parts.append(f"{_counted(report.permanent)} {'is' if len(report.permanent) == 1 else 'are'} permanent")
+    else:
+        parts.append("nothing permanent happened")
+    if report.reversible_committed:
+        parts.append(f"{_counted(report.reversible_committed)} committed (reversible)")
+    if report.compensated:
+        parts.append(f"{_counted(report.compensated)} undone")
+    if report.compensation_failed:
+        parts.append(f"{_counted(report.compensation_failed)} could not be undone")
+    if report.unknown:
+        owners = sorted({e.owner or "?" for e in report.unknown})
+        parts.append(f"{len(report.unknown)} unknown (owner: {', '.join(owners)})")
+    if report.rejected:
+        parts.append(f"{len(report.rejected)} rejected at approval")
+    n = len(report.not_run)
+    parts.append(f"{n} step{'s' if n != 1 else ''} not run")
+    return "; ".join(parts)
+
+
+def build_report(ledger: Ledger, run: RunRecord, *, status: str | None = None) -> CancellationReport:
+    """Assemble the report of ``run`` from the ledger.
+
+    Args:
+        ledger: The ledger.
+        run: The run (re-read it first if it may have moved).
+        status: Report this status instead of the run's (the final transition
+            is written together with the report).
+    """
+    effects = ledger.run_effects(run.run_id)
+    buckets: dict[str, list[ReportEffect]] = {
+        k: []
+        for k in (
+            "permanent",
+            "reversible_committed",
+            "compensated",
+            "compensation_failed",
+            "unknown",
+            "not_run",
+            "rejected",
+        )
+    }
+    after_cancel = 0
+    for e in effects:
+        if run.requested_at is not None and e.dispatched_at is not None and (
+            e.dispatched_at > run.requested_at
+        ):
+            after_cancel += 1
+        if e.kind is EffectKind.READ_ONLY:
+            continue
+        st = e.status
+        if st is EffectStatus.COMMITTED:
+            bucket = "permanent" if e.kind is EffectKind.IRREVERSIBLE else "reversible_committed"
+        elif st is EffectStatus.COMPENSATED:
+            bucket = "compensated"
+        elif st is EffectStatus.COMPENSATION_FAILED or st is EffectStatus.COMPENSATING:
+            bucket = "compensation_failed"
+        elif st in (EffectStatus.UNKNOWN, EffectStatus.DISPATCHED):
+            bucket = "unknown"
+        elif st in (
+            EffectStatus.DROPPED,
+            EffectStatus.PLANNED,
+            EffectStatus.PENDING_APPROVAL,
+            EffectStatus.APPROVED,
+            EffectStatus.NOT_APPLIED,
+        ):
+            bucket = "not_run"
+        elif st is EffectStatus.REJECTED:
+            bucket = "rejected"
+        else:  # failed: known, no effect
+            continue
+        buckets[bucket].append(_entry(e))
+    children = ledger.child_runs(run.run_id)
+    orphans = sum(
+        1 for c in children if c.status not in TERMINAL_RUN_STATUSES and c.observed_at is None
+    )
+    report = CancellationReport(
+        thread_id=run.thread_id,
+        run_id=run.run_id,
+        status=(status or run.status.value),  # type: ignore[arg-type]
+        reason=run.reason,
+        requested_by=run.requested_by,
+        requested_at=_iso(run.requested_at),
+        observed_at=_iso(run.observed_at),
+        quiesced_at=_iso(run.quiesced_at),
+        cancel_latency_ms=_ms(run.requested_at, run.observed_at),
+        quiescence_ms=_ms(run.requested_at, run.quiesced_at),
+        dispatched_after_cancel=after_cancel,
+        orphans=orphans,
+        tokens_after_cancel=run.tokens_after_cancel,
+        **buckets,  # type: ignore[arg-type]
+    )
+    return report.model_copy(update={"summary": summarize(report)})
+
+
+__all__ = ["CancellationReport", "ReportEffect", "build_report", "summarize"]

@@ -1,0 +1,385 @@
+"""Run scope: which ledger, thread, run and worker a node is working for, and the cancel signal.
+
+The signal is level-triggered (trio): once a run is cancel-requested it stays
+so, and the first reason wins (the ledger keeps it). A check is cheap: an
+in-process flag, set at once by ``request_cancel`` in the same process, by a
+PostgreSQL ``LISTEN`` thread, or by a throttled poll of the run row.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from langchain_core.runnables import RunnableConfig
+
+from langgraph_cancel.errors import ConfigurationError, DurabilityError
+from langgraph_cancel.ledger import Ledger, default_owner
+from langgraph_cancel.types import RunRecord, RunStatus
+
+logger = logging.getLogger("langgraph_cancel")
+
+ENV_DB = "LANGGRAPH_CANCEL_DB"
+DEFAULT_DB_URL = "sqlite:///.langgraph-cancel.db"
+CONFIG_KEY_LEDGER = "langgraph_cancel_ledger"
+_CONFIG_KEY_CHECKPOINTER = "__pregel_checkpointer"
+_CONFIG_KEY_DURABILITY = "__pregel_durability"
+
+#: This process's worker identity (lease owner, effect owner).
+WORKER_ID = default_owner()
+
+_ledgers_by_url: dict[str, Ledger] = {}
+_ledgers_lock = threading.Lock()
+
+
+def ledger_for_url(url: str) -> Ledger:
+    """A process-wide ledger per URL (opened and set up once)."""
+    with _ledgers_lock:
+        ledger = _ledgers_by_url.get(url)
+        if ledger is None:
+            ledger = _ledgers_by_url[url] = Ledger.from_url(url)
+        return ledger
+
+
+def default_db_url() -> str:
+    """``$LANGGRAPH_CANCEL_DB`` or the embedded SQLite file in the working directory."""
+    return os.environ.get(ENV_DB) or DEFAULT_DB_URL
+
+
+def coerce_ledger(target: Any) -> Ledger:
+    """A ``Ledger`` from a ledger, a cancel-aware saver, or a database URL.
+
+    Raises:
+        ConfigurationError: For anything else.
+    """
+    if isinstance(target, Ledger):
+        return target
+    ledger = getattr(target, "ledger", None)
+    if isinstance(ledger, Ledger):
+        return ledger
+    if isinstance(target, str):
+        return ledger_for_url(target)
+    raise ConfigurationError(
+        f"cannot find a ledger in {type(target).__name__}: pass a Ledger, a *CancelSaver "
+        "or a database URL"
+    )
+
+
+def resolve_ledger(config: RunnableConfig | None, bound: Ledger | str | None = None) -> Ledger:
+    """The ledger a node should use.
+
+    Order: the one bound with ``add_cancellation(..., ledger=...)`` or the node's
+    ``ledger=``; the one in ``config["configurable"]["langgraph_cancel_ledger"]``;
+    the graph's checkpointer if it owns one (our savers); ``$LANGGRAPH_CANCEL_DB``;
+    the embedded SQLite file.
+    """
+    if bound is not None:
+        return coerce_ledger(bound)
+    conf = (config or {}).get("configurable", {})
+    explicit = conf.get(CONFIG_KEY_LEDGER)
+    if explicit is not None:
+        return coerce_ledger(explicit)
+    saver = conf.get(_CONFIG_KEY_CHECKPOINTER)
+    if saver is not None and isinstance(getattr(saver, "ledger", None), Ledger):
+        ledger: Ledger = saver.ledger
+        ledger.setup()
+        return ledger
+    return ledger_for_url(default_db_url())
+
+
+def thread_id_of(config: RunnableConfig | None) -> str:
+    """The thread id of a run.
+
+    Raises:
+        ConfigurationError: When the config has none (nothing durable without it).
+    """
+    conf = (config or {}).get("configurable", {})
+    thread_id = conf.get("thread_id")
+    if not thread_id:
+        raise ConfigurationError(
+            "langgraph-cancel needs a thread: invoke with "
+            'config={"configurable": {"thread_id": ...}}'
+        )
+    return str(thread_id)
+
+
+def check_durability(config: RunnableConfig | None) -> None:
+    """Refuse ``durability="exit"``: a crash would lose every tool batch of the run.
+
+    Raises:
+        DurabilityError: Under ``durability="exit"``.
+    """
+    conf = (config or {}).get("configurable", {})
+    if conf.get(_CONFIG_KEY_DURABILITY) == "exit":
+        raise DurabilityError(
+            'durability="exit" writes one checkpoint at the end of the run, so a crash '
+            "loses every tool batch; langgraph-cancel needs a checkpoint after each batch: "
+            'use durability="sync" or "async" (the default)'
+        )
+
+
+class CancelSignal:
+    """Whether a run has been asked to stop, answered cheaply and often.
+
+    Args:
+        ledger: The ledger holding the run row.
+        run_id: The run.
+        poll_interval: Seconds between reads of the run row (0: every check).
+    """
+
+    def __init__(self, ledger: Ledger, run_id: str, *, poll_interval: float) -> None:
+        self.ledger = ledger
+        self.run_id = run_id
+        self.poll_interval = poll_interval
+        self._event = threading.Event()
+        self._last_poll = 0.0
+        self._observed = False
+        self._lock = threading.Lock()
+
+    def set(self) -> None:
+        """Mark the signal up (from a listener or a same-process request)."""
+        self._event.set()
+
+    @property
+    def cancel_called(self) -> bool:
+        """True once cancellation was requested (may poll the database)."""
+        if self._event.is_set():
+            return True
+        now = time.monotonic()
+        if now - self._last_poll >= self.poll_interval:
+            self._last_poll = now
+            try:
+                run = self.ledger.get_run(self.run_id)
+            except Exception:  # a lost database must not crash a check; the DB guard holds
+                logger.warning("cancel poll failed for run %s", self.run_id, exc_info=True)
+                return False
+            if run.cancel_requested:
+                self._event.set()
+                return True
+        return False
+
+    def observe(self) -> RunRecord | None:
+        """Record, once, that the run saw its signal (``cancel_requested -> cancelling``)."""
+        with self._lock:
+            if self._observed:
+                return None
+            self._observed = True
+        return self.ledger.mark_observed(self.run_id)
+
+    def wait(self, timeout: float) -> bool:
+        """Block until the signal is up or ``timeout`` passes."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.cancel_called:
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            self._event.wait(min(left, max(self.poll_interval, 0.01)))
+
+
+class _SignalHub:
+    """Process-wide registry of live cancel signals, fed by every source."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._signals: dict[tuple[str, str], CancelSignal] = {}
+        self._listeners: dict[str, Any] = {}
+        self._hooked: set[int] = set()
+
+    def signal(self, ledger: Ledger, run_id: str) -> CancelSignal:
+        key = (ledger.url, run_id)
+        with self._lock:
+            sig = self._signals.get(key)
+            if sig is None:
+                pg = ledger.backend.dialect == "postgres"
+                sig = CancelSignal(ledger, run_id, poll_interval=1.0 if pg else 0.05)
+                self._signals[key] = sig
+            if id(ledger) not in self._hooked:
+                self._hooked.add(id(ledger))
+                ledger.add_cancel_listener(self._make_listener(ledger.url))
+            if ledger.backend.dialect == "postgres" and ledger.url not in self._listeners:
+                self._listeners[ledger.url] = _start_pg_listener(ledger, self._on_notify)
+        return sig
+
+    def _make_listener(self, url: str) -> Callable[[str, str], None]:
+        def listener(_thread_id: str, run_id: str) -> None:
+            self._on_notify(url, run_id)
+
+        return listener
+
+    def _on_notify(self, url: str, run_id: str) -> None:
+        with self._lock:
+            sig = self._signals.get((url, run_id))
+        if sig is not None:
+            sig.set()
+
+    def forget(self, ledger: Ledger, run_id: str) -> None:
+        with self._lock:
+            self._signals.pop((ledger.url, run_id), None)
+
+
+def _start_pg_listener(ledger: Ledger, on_notify: Callable[[str, str], None]) -> threading.Thread:
+    """A daemon thread that ``LISTEN``s for cancel requests and reconnects when dropped."""
+    from langgraph_cancel.ledger import PostgresBackend
+
+    backend = ledger.backend
+    assert isinstance(backend, PostgresBackend)
+    conninfo = backend.conninfo
+    url = ledger.url
+
+    def loop() -> None:
+        import psycopg
+
+        while True:
+            try:
+                with psycopg.connect(conninfo, autocommit=True) as conn:
+                    conn.execute("LISTEN lgc_cancel")
+                    for note in conn.notifies():
+                        _thread, _, run_id = note.payload.partition("\x1f")
+                        on_notify(url, run_id)
+            except Exception:
+                logger.debug("cancel listener reconnecting", exc_info=True)
+                time.sleep(0.5)
+
+    thread = threading.Thread(target=loop, name="langgraph-cancel-listen", daemon=True)
+    thread.start()
+    return thread
+
+
+HUB = _SignalHub()
+
+
+@dataclass
+class RunScope:
+    """Everything a node needs to act for one run of one thread."""
+
+    ledger: Ledger
+    thread_id: str
+    run: RunRecord
+    owner: str
+    signal: CancelSignal
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def run_id(self) -> str:
+        """The run's id."""
+        return self.run.run_id
+
+    def cancel_called(self) -> bool:
+        """Level-triggered: has anyone asked this run to stop?"""
+        return self.signal.cancel_called
+
+    def refresh(self) -> RunRecord:
+        """Re-read the run row."""
+        self.run = self.ledger.get_run(self.run.run_id)
+        return self.run
+
+
+_scopes: dict[tuple[str, str], RunScope] = {}
+_scopes_lock = threading.Lock()
+current_scope: contextvars.ContextVar[RunScope | None] = contextvars.ContextVar(
+    "langgraph_cancel_scope", default=None
+)
+
+
+def scope_for(
+    config: RunnableConfig | None,
+    *,
+    ledger: Ledger | str | None = None,
+    new_run: bool = True,
+    run_id: str | None = None,
+    owner: str | None = None,
+    parent_run_id: str | None = None,
+) -> RunScope:
+    """The run scope of the thread in ``config``.
+
+    Inside an invocation of a cancel-aware graph this is the invocation's scope.
+    Otherwise: the thread's live run; or, when the last run is over, a new run
+    if ``new_run`` (new input) else the finished run (a continuation of a
+    cancelled run must not start new work).
+    """
+    resolved = resolve_ledger(config, ledger)
+    thread_id = thread_id_of(config)
+    active = None if new_run else current_scope.get()
+    if active is not None and active.thread_id == thread_id and active.ledger.url == resolved.url:
+        return active
+    key = (resolved.url, thread_id)
+    with _scopes_lock:
+        scope = _scopes.get(key)
+    if scope is not None and (not scope.run.terminal or not new_run):
+        return scope
+    worker = owner or WORKER_ID
+    run: RunRecord | None = None
+    if not new_run:
+        latest = resolved.latest_run(thread_id)
+        if latest is not None and latest.terminal:
+            run = latest
+    if run is None:
+        run = resolved.start_run(
+            thread_id, run_id=run_id, owner=worker, parent_run_id=parent_run_id
+        )
+    scope = RunScope(
+        ledger=resolved,
+        thread_id=thread_id,
+        run=run,
+        owner=worker,
+        signal=HUB.signal(resolved, run.run_id),
+    )
+    if run.status is not RunStatus.RUNNING:
+        scope.signal.set()
+    with _scopes_lock:
+        _scopes[key] = scope
+    return scope
+
+
+def peek_scope(ledger: Ledger, thread_id: str) -> RunScope | None:
+    """The cached scope of a thread in this process, if any."""
+    with _scopes_lock:
+        return _scopes.get((ledger.url, thread_id))
+
+
+def drop_scope(scope: RunScope) -> None:
+    """Forget a finished run's scope."""
+    with _scopes_lock:
+        if _scopes.get((scope.ledger.url, scope.thread_id)) is scope:
+            del _scopes[(scope.ledger.url, scope.thread_id)]
+    HUB.forget(scope.ledger, scope.run_id)
+
+
+def is_cancelled() -> bool:
+    """Inside a node or tool of a cancel-aware graph: was this run asked to stop?
+
+    Like Temporal's ``activity.is_cancelled()``; long-running tools can poll it
+    between chunks of work. False outside a run.
+    """
+    scope = current_scope.get()
+    return scope.cancel_called() if scope is not None else False
+
+
+__all__ = [
+    "CONFIG_KEY_LEDGER",
+    "DEFAULT_DB_URL",
+    "ENV_DB",
+    "HUB",
+    "WORKER_ID",
+    "CancelSignal",
+    "RunScope",
+    "check_durability",
+    "coerce_ledger",
+    "current_scope",
+    "default_db_url",
+    "drop_scope",
+    "is_cancelled",
+    "ledger_for_url",
+    "peek_scope",
+    "resolve_ledger",
+    "scope_for",
+    "thread_id_of",
+]
