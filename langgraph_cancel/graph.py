@@ -430,6 +430,10 @@ def add_cancellation(
             "CancellationReportState", {report_key: dict[str, Any] | None}
         )
         builder._add_schema(report_schema)
+    output_channels = builder.schemas.get(builder.output_schema)
+    if output_channels is not None and "__root__" not in output_channels:
+        # The report is part of what invoke() returns, not only of the saved state.
+        output_channels.setdefault(report_key, builder.channels[report_key])
     # The reconcile node takes START's place: START -> reconcile -> (what START led to).
     start_edges = {(s, e) for (s, e) in builder.edges if s == START}
     for s, e in start_edges:
