@@ -28,6 +28,10 @@ KeyFunction = Callable[[dict[str, Any]], str]
 ApprovalRule = bool | Callable[[dict[str, Any]], bool]
 
 _SPEC_ATTR = "_langgraph_cancel_spec"
+
+#: Every tool classified with ``effect(...)`` in this process, by name: where the
+#: cancel node, the reconciler and the CLI find hooks for a tool they did not run.
+CLASSIFIED_TOOLS: dict[str, BaseTool] = {}
 DEFAULT_RETRYABLE: tuple[type[BaseException], ...] = (ConnectionError, TimeoutError)
 
 
@@ -250,6 +254,7 @@ def effect(
         classified = base.model_copy()
         classified.metadata = {**(base.metadata or {}), "effect_kind": parsed_kind.value}
         object.__setattr__(classified, _SPEC_ATTR, spec)
+        CLASSIFIED_TOOLS[classified.name] = classified
         return classified
 
     if tool is not None:
@@ -318,6 +323,7 @@ def bound_idempotency_key(key: str) -> Iterator[None]:
 
 
 __all__ = [
+    "CLASSIFIED_TOOLS",
     "DEFAULT_RETRYABLE",
     "EffectSpec",
     "Outcome",

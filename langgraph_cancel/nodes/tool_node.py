@@ -37,7 +37,13 @@ from langgraph.types import Command
 from pydantic import BaseModel, ValidationError
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
-from langgraph_cancel.effects import EffectSpec, Outcome, bound_idempotency_key, spec_of
+from langgraph_cancel.effects import (
+    CLASSIFIED_TOOLS,
+    EffectSpec,
+    Outcome,
+    bound_idempotency_key,
+    spec_of,
+)
 from langgraph_cancel.errors import (
     DispatchRefusedError,
     IllegalTransitionError,
@@ -58,8 +64,9 @@ NOT_RUN_CANCELLED = "Not run: the run was cancelled before this call was dispatc
 _KIND_ORDER = {EffectKind.READ_ONLY: 0, EffectKind.REVERSIBLE: 1, EffectKind.IRREVERSIBLE: 2}
 DEFAULT_CANCEL_TIMEOUT = 30.0
 
-#: Tool declarations seen by any EffectToolNode in this process, by tool name.
-TOOL_REGISTRY: dict[str, BaseTool] = {}
+#: Tools known in this process by name: every ``effect(...)``-classified tool, plus
+#: the tools of every EffectToolNode (unclassified ones included).
+TOOL_REGISTRY: dict[str, BaseTool] = CLASSIFIED_TOOLS
 _registry_lock = threading.Lock()
 
 
@@ -528,7 +535,7 @@ class EffectToolNode(ToolNode):
                                    status="error")
             rec = mark_unknown(ledger, rec, p.spec, f"{exc!r}; {outcome.reason}")
             return replay_message(rec, p.call)
-        content = self._error_content(exc)
+        content = self._failure_content(exc)
         ledger.transition(rec.effect_id, EffectStatus.FAILED, actor=scope.owner, error=content)
         return ToolMessage(content, name=p.tool.name, tool_call_id=p.call["id"], status="error")
 
@@ -599,6 +606,10 @@ class EffectToolNode(ToolNode):
             with attempt:
                 return await once()
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _failure_content(self, exc: Exception) -> str:
+        """The ToolMessage text for a side-effecting call that failed for sure."""
+        return self._error_content(exc)
 
     def _error_content(self, exc: Exception) -> str:
         flag = self._handle_tool_errors

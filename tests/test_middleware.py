@@ -1,0 +1,147 @@
+"""EffectMiddleware: the package's guarantees for agents built with create_agent."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+from langchain_core.tools import tool
+
+from langgraph_cancel import EffectKind, effect, get_report, idempotency_key, request_cancel
+from langgraph_cancel.checkpointers.memory import MemoryCancelSaver
+from langgraph_cancel.checkpointers.sqlite import SqliteCancelSaver
+from langgraph_cancel.testing.fake_model import ScriptedChatModel, tool_call
+
+agents = pytest.importorskip("langchain.agents")
+from langgraph_cancel.middleware import EffectMiddleware  # noqa: E402
+
+
+class Counter:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str, str]] = []
+        self.lock = threading.Lock()
+
+    def add(self, name: str, arg: str, key: str) -> None:
+        with self.lock:
+            self.calls.append((name, arg, key))
+
+    def count(self, name: str) -> int:
+        return sum(1 for c in self.calls if c[0] == name)
+
+
+def _tools(counter: Counter, delay: float = 0.0) -> list[Any]:
+    @effect(EffectKind.IRREVERSIBLE, requires_approval=False)
+    @tool
+    def refund(order_id: str) -> str:
+        """Refund an order."""
+        counter.add("refund", order_id, idempotency_key())
+        time.sleep(delay)
+        return f"refunded {order_id}"
+
+    @effect(EffectKind.READ_ONLY)
+    @tool
+    def lookup(order_id: str) -> str:
+        """Look an order up."""
+        counter.add("lookup", order_id, "")
+        return f"order {order_id}"
+
+    return [refund, lookup]
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+def saver(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[Any]:
+    if request.param == "memory":
+        yield MemoryCancelSaver()
+    else:
+        with SqliteCancelSaver.from_conn_string(str(tmp_path / "agent.db")) as s:
+            s.setup()
+            yield s
+
+
+def test_completed_run_records_every_effect(saver: Any) -> None:
+    counter = Counter()
+    model = ScriptedChatModel(
+        [
+            AIMessage("", tool_calls=[tool_call("lookup", {"order_id": "o1"}),
+                                      tool_call("refund", {"order_id": "o1"})]),
+            AIMessage("all done"),
+        ]
+    )
+    agent = agents.create_agent(
+        model, _tools(counter), middleware=[EffectMiddleware(approval=False)], checkpointer=saver
+    )
+    out = agent.invoke({"messages": [HumanMessage("refund o1")]},
+                       {"configurable": {"thread_id": "mw-done"}})
+    assert out["messages"][-1].content == "all done"
+    effects = {e.tool: e for e in saver.ledger.effects("mw-done")}
+    assert effects["refund"].status.value == "committed"
+    assert effects["lookup"].status.value == "committed"
+    # The tool saw the ledger's key.
+    assert counter.calls[-1][2] == effects["refund"].idempotency_key or any(
+        c[2] == effects["refund"].idempotency_key for c in counter.calls
+    )
+    assert saver.ledger.latest_run("mw-done").status.value == "completed"
+
+
+def test_cancel_stops_before_the_next_model_call(saver: Any) -> None:
+    counter = Counter()
+    model = ScriptedChatModel(
+        [
+            AIMessage("", tool_calls=[tool_call("refund", {"order_id": "o1"})]),
+            AIMessage("", tool_calls=[tool_call("refund", {"order_id": "o2"})]),
+            AIMessage("never said"),
+        ]
+    )
+    agent = agents.create_agent(
+        model, _tools(counter, delay=0.3), middleware=[EffectMiddleware(approval=False)],
+        checkpointer=saver,
+    )
+    thread = "mw-cancel"
+
+    def stop() -> None:
+        deadline = time.monotonic() + 10
+        while counter.count("refund") == 0 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        request_cancel(saver, thread, reason="user pressed stop", requested_by="test")
+
+    stopper = threading.Thread(target=stop)
+    stopper.start()
+    out = agent.invoke({"messages": [HumanMessage("refund")]},
+                       {"configurable": {"thread_id": thread}})
+    stopper.join()
+    # The in-flight refund finished and was recorded; no second model call happened.
+    assert counter.count("refund") == 1
+    assert model.calls == 1
+    report = get_report(saver, thread)
+    assert report.status == "cancelled"
+    assert [e.args for e in report.permanent] == [{"order_id": "o1"}]
+    assert report.dispatched_after_cancel == 0
+    assert out["cancellation_report"]["status"] == "cancelled"
+    # Every tool call has its answer.
+    answered = {m.tool_call_id for m in out["messages"] if isinstance(m, ToolMessage)}
+    asked = {c["id"] for m in out["messages"] if isinstance(m, AIMessage) for c in m.tool_calls}
+    assert asked <= answered
+
+
+async def test_async_agent_replays_instead_of_redispatching(saver: Any) -> None:
+    counter = Counter()
+    model = ScriptedChatModel(
+        [AIMessage("", tool_calls=[tool_call("refund", {"order_id": "o9"}, id="c-o9")]),
+         AIMessage("done")]
+    )
+    middleware = EffectMiddleware(approval=False)
+    agent = agents.create_agent(model, _tools(counter), middleware=[middleware],
+                                checkpointer=saver)
+    config = {"configurable": {"thread_id": "mw-async"}}
+    await agent.ainvoke({"messages": [HumanMessage("refund o9")]}, config)
+    assert counter.count("refund") == 1
+    # Same call id again in a later turn of the same thread: the ledger answers it.
+    tool_obj = _tools(counter)[0]
+    executor = middleware._executor(tool_obj)
+    rec = saver.ledger.find_effect("mw-async", "c-o9")
+    assert rec is not None and rec.status.value == "committed"
+    assert executor.tools_by_name["refund"] is tool_obj
