@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypedDict, cast
+from typing import Any, Self, TypedDict, cast
 
 from langchain_core.messages import AIMessage, ToolCall, ToolMessage
 from langchain_core.runnables import RunnableConfig
@@ -218,6 +218,15 @@ async def _settle_dispatched(
             apply_outcome(ledger, rec, spec, outcome, actor="cancel")
 
 
+async def _wait_for_children(scope: RunScope, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        children = scope.ledger.child_runs(scope.run_id)
+        if all(c.terminal for c in children):
+            return
+        await asyncio.sleep(0.02)
+
+
 def spec_of_unknown() -> EffectSpec:
     """The fail-safe declaration for a tool this process does not know."""
     return EffectSpec(kind=EffectKind.IRREVERSIBLE, classified=False)
@@ -247,7 +256,9 @@ async def finalize_cancel(
                 _plan_dropped(scope, settings, call)
         # 2. In flight: wait within the timeout, then reconcile or record unknown.
         await _settle_dispatched(scope, settings, ledger.run_effects(run.run_id))
-        # 3. Compensation, when asked for.
+        # 3. Children (sub-agents) stop too: wait, bounded, for each to end.
+        await _wait_for_children(scope, settings.cancel_timeout)
+        # 4. Compensation, when asked for.
         if settings.compensate_on_cancel:
             await compensate_run(ledger, ledger.run_effects(run.run_id), settings.all_tools())
         quiesced = utcnow()
@@ -563,6 +574,18 @@ class CancellableGraph(CompiledStateGraph):  # type: ignore[type-arg]
     """A compiled graph whose every invocation is one scoped, leased, closable run."""
 
     cancellation: CancellationSettings
+
+    def copy(self, update: dict[str, Any] | None = None) -> Self:
+        """As ``Pregel.copy``, keeping the cancellation settings.
+
+        ``Pregel.copy`` rebuilds the object from its constructor arguments, which
+        drops attributes set after ``compile()``. The LangGraph API server copies
+        every graph it runs (``copy(update={"checkpointer": ..., "store": ...})``),
+        and ``with_config`` copies too.
+        """
+        clone = super().copy(update)
+        clone.cancellation = self.cancellation
+        return clone
 
     def stream(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Iterator[Any]:  # type: ignore[override]
         """As ``CompiledStateGraph.stream``, inside the run's scope."""
