@@ -618,6 +618,10 @@ class Ledger:
         except Exception as exc:
             if _is_unique_violation(exc):
                 other = self._one(q.SELECT_EFFECT_BY_KEY, {"key": key})
+                if other is not None and other["effect_id"] == effect_id:
+                    # The same tool call planned concurrently: on PostgreSQL ON CONFLICT
+                    # (effect_id) does not cover the racing insert's key index.
+                    return self._effect(other), False
                 raise DuplicateIdempotencyKeyError(
                     key, other["effect_id"] if other else None
                 ) from exc
