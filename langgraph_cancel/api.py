@@ -42,9 +42,7 @@ def request_cancel(
     Raises:
         UnknownThreadError: If the ledger has never seen the thread.
     """
-    return coerce_ledger(target).request_cancel(
-        thread_id, reason=reason, requested_by=requested_by
-    )
+    return coerce_ledger(target).request_cancel(thread_id, reason=reason, requested_by=requested_by)
 
 
 async def arequest_cancel(

@@ -60,7 +60,10 @@ async def compensate_effect(
     except HookError as exc:
         logger.warning("compensation of %s failed: %s", rec.effect_id, exc)
         return ledger.transition(
-            rec.effect_id, EffectStatus.COMPENSATION_FAILED, actor=actor, error=str(exc),
+            rec.effect_id,
+            EffectStatus.COMPENSATION_FAILED,
+            actor=actor,
+            error=str(exc),
             detail={"attempts": attempts},
         )
     return ledger.transition(rec.effect_id, EffectStatus.COMPENSATED, actor=actor)

@@ -22,8 +22,8 @@ from langgraph_cancel.types import CancelPolicy, EffectKind, effect_kind
 
 OutcomeStatusLiteral = Literal["committed", "not_applied", "unknown"]
 
-ReconcileHook = Callable[[str, dict[str, Any]], "Outcome | Awaitable[Outcome]"]
-CompensateHook = Callable[[str, dict[str, Any], Any], "None | Awaitable[None]"]
+ReconcileHook = Callable[[str, dict[str, Any]], "Awaitable[Outcome] | Outcome"]
+CompensateHook = Callable[[str, dict[str, Any], Any], "Awaitable[None] | None"]
 KeyFunction = Callable[[dict[str, Any]], str]
 ApprovalRule = bool | Callable[[dict[str, Any]], bool]
 
@@ -131,6 +131,8 @@ T = TypeVar("T", bound=BaseTool)
 @overload
 def effect(
     kind: EffectKind | str,
+    tool: None = None,
+    /,
     *,
     idempotency_key: KeyFunction | None = ...,
     reconcile: ReconcileHook | None = ...,
@@ -147,7 +149,23 @@ def effect(
 
 
 @overload
-def effect(kind: EffectKind | str, tool: T, /, **kwargs: Any) -> T: ...
+def effect(
+    kind: EffectKind | str,
+    tool: T,
+    /,
+    *,
+    idempotency_key: KeyFunction | None = ...,
+    reconcile: ReconcileHook | None = ...,
+    compensate: CompensateHook | None = ...,
+    requires_approval: ApprovalRule | None = ...,
+    cancel_policy: CancelPolicy | str | None = ...,
+    retry_safe: bool = ...,
+    retryable: tuple[type[BaseException], ...] = ...,
+    max_attempts: int = ...,
+    permanence: str | None = ...,
+    hook_timeout: float = ...,
+    cancel_timeout: float | None = ...,
+) -> T: ...
 
 
 def effect(

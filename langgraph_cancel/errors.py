@@ -131,9 +131,7 @@ class ThreadBusyError(LangGraphCancelError):
         self.thread_id = thread_id
         self.owner = owner
         self.expires_at = expires_at
-        super().__init__(
-            f"thread {thread_id!r} is being run by {owner} (lease until {expires_at})"
-        )
+        super().__init__(f"thread {thread_id!r} is being run by {owner} (lease until {expires_at})")
 
 
 ThreadBusy = ThreadBusyError

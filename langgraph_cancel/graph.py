@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import threading
@@ -26,7 +27,7 @@ from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Self, TypedDict, cast
 
-from langchain_core.messages import AIMessage, ToolCall, ToolMessage
+from langchain_core.messages import ToolCall, ToolMessage
 from langchain_core.runnables import RunnableConfig
 from langchain_core.runnables.config import ensure_config, merge_configs
 from langchain_core.tools import BaseTool
@@ -34,7 +35,7 @@ from langgraph._internal._runnable import RunnableCallable
 from langgraph.errors import GraphDrained
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
-from langgraph.runtime import Runtime, RunControl
+from langgraph.runtime import RunControl, Runtime
 from langgraph.types import Command
 
 from langgraph_cancel.compensation import compensate_run
@@ -124,7 +125,7 @@ def _plan_dropped(scope: RunScope, settings: CancellationSettings, call: ToolCal
     scope.ledger.plan(
         thread_id=scope.thread_id,
         run_id=scope.run_id,
-        tool_call_id=call["id"],
+        tool_call_id=str(call["id"]),
         tool=call.get("name") or "(none)",
         kind=spec.kind if spec is not None else EffectKind.IRREVERSIBLE,
         args=args if isinstance(args, dict) else {"__raw__": repr(args)},
@@ -141,12 +142,11 @@ def _plan_dropped(scope: RunScope, settings: CancellationSettings, call: ToolCal
 
 
 def _drop(scope: RunScope, rec: EffectRecord) -> None:
-    try:
+    # It may have moved on (dispatched by a sibling): the in-flight pass handles it.
+    with contextlib.suppress(IllegalTransitionError):
         scope.ledger.transition(
             rec.effect_id, EffectStatus.DROPPED, actor="cancel", error=NOT_RUN_CANCELLED
         )
-    except IllegalTransitionError:
-        pass  # it moved on (dispatched by a sibling): the in-flight pass handles it
 
 
 def _drop_send_payload(state: Any, scope: RunScope, settings: CancellationSettings) -> None:
@@ -213,13 +213,15 @@ async def _settle_dispatched(
         spec = settings.spec(rec.tool) or spec_of_unknown()
         outcome = await call_reconcile(spec, rec.idempotency_key, rec.args)
         if outcome.status == "unknown":
-            mark_unknown(ledger, rec, spec, f"in flight when the run was cancelled; {outcome.reason}")
+            mark_unknown(
+                ledger, rec, spec, f"in flight when the run was cancelled; {outcome.reason}"
+            )
         else:
             apply_outcome(ledger, rec, spec, outcome, actor="cancel")
 
 
-async def _wait_for_children(scope: RunScope, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
+async def _wait_for_children(scope: RunScope, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         children = scope.ledger.child_runs(scope.run_id)
         if all(c.terminal for c in children):
@@ -289,8 +291,12 @@ def _answer_dangling(scope: RunScope, dangling: list[ToolCall]) -> list[ToolMess
         rec = scope.ledger.find_effect(scope.thread_id, call["id"])
         if rec is None:
             out.append(
-                ToolMessage(NOT_RUN_CANCELLED, name=call.get("name"), tool_call_id=call["id"],
-                            status="error")
+                ToolMessage(
+                    NOT_RUN_CANCELLED,
+                    name=call.get("name"),
+                    tool_call_id=call["id"],
+                    status="error",
+                )
             )
         else:
             out.append(replay_message(rec, call))
@@ -437,7 +443,8 @@ def add_cancellation(
             spec, runnable=_guard(name, spec.runnable, settings)
         )
     if report_key not in builder.channels:
-        report_schema = TypedDict(  # type: ignore[operator]
+        make_typed_dict: Any = TypedDict  # a field name known only at run time
+        report_schema = make_typed_dict(
             "CancellationReportState", {report_key: dict[str, Any] | None}
         )
         builder._add_schema(report_schema)
@@ -466,7 +473,7 @@ class CancellableStateGraph(StateGraph):  # type: ignore[type-arg]
 
     cancellation: CancellationSettings
 
-    def compile(self, *args: Any, **kwargs: Any) -> CancellableGraph:  # type: ignore[override]
+    def compile(self, *args: Any, **kwargs: Any) -> CancellableGraph:
         """Compile, returning a graph that scopes each invocation to a run."""
         compiled = super().compile(*args, **kwargs)
         compiled.__class__ = CancellableGraph
@@ -501,8 +508,9 @@ class _Invocation:
         self.ledger.acquire_lease(self.scope.thread_id, owner, ttl=LEASE_TTL)
         self.owner = owner
         self._stop = threading.Event()
-        self._beat = threading.Thread(target=self._heartbeat, daemon=True,
-                                      name="langgraph-cancel-lease")
+        self._beat = threading.Thread(
+            target=self._heartbeat, daemon=True, name="langgraph-cancel-lease"
+        )
         self._beat.start()
         self.token = current_scope.set(self.scope)
 
@@ -564,10 +572,8 @@ class _Invocation:
             logger.debug("no state to inspect", exc_info=True)
             return
         if not snapshot.next and not snapshot.interrupts:
-            try:
+            with contextlib.suppress(IllegalTransitionError):
                 self.ledger.finish_run(run.run_id, RunStatus.COMPLETED)
-            except IllegalTransitionError:
-                pass
 
 
 class CancellableGraph(CompiledStateGraph):  # type: ignore[type-arg]
@@ -587,7 +593,9 @@ class CancellableGraph(CompiledStateGraph):  # type: ignore[type-arg]
         clone.cancellation = self.cancellation
         return clone
 
-    def stream(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Iterator[Any]:  # type: ignore[override]
+    def stream(
+        self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
+    ) -> Iterator[Any]:
         """As ``CompiledStateGraph.stream``, inside the run's scope."""
         merged = ensure_config(merge_configs(self.config, config))
         if not merged.get("configurable", {}).get("thread_id"):
@@ -609,7 +617,9 @@ class CancellableGraph(CompiledStateGraph):  # type: ignore[type-arg]
         finally:
             inv.end(drained=drained, failed=failed)
 
-    async def astream(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> AsyncIterator[Any]:  # type: ignore[override]
+    async def astream(
+        self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
+    ) -> AsyncIterator[Any]:
         """As ``CompiledStateGraph.astream``, inside the run's scope."""
         merged = ensure_config(merge_configs(self.config, config))
         if not merged.get("configurable", {}).get("thread_id"):

@@ -18,14 +18,14 @@ from langgraph_cancel.errors import HookError
 logger = logging.getLogger("langgraph_cancel.hooks")
 
 
-async def _call(fn: Any, *args: Any, timeout: float) -> Any:
+async def _call(fn: Any, *args: Any, seconds: float) -> Any:
     if inspect.iscoroutinefunction(fn):
-        return await asyncio.wait_for(fn(*args), timeout)
+        return await asyncio.wait_for(fn(*args), seconds)
     # A sync hook runs in a thread so a hang cannot block the loop; the thread is
     # abandoned (not killed) on timeout, which Python cannot avoid.
-    result = await asyncio.wait_for(asyncio.to_thread(fn, *args), timeout)
+    result = await asyncio.wait_for(asyncio.to_thread(fn, *args), seconds)
     if inspect.isawaitable(result):
-        return await asyncio.wait_for(result, timeout)
+        return await asyncio.wait_for(result, seconds)
     return result
 
 
@@ -35,16 +35,14 @@ async def call_reconcile(spec: EffectSpec, key: str, args: dict[str, Any]) -> Ou
     if hook is None:
         return Outcome.unknown("the tool has no reconcile hook")
     try:
-        outcome = await _call(hook, key, args, timeout=spec.hook_timeout)
+        outcome = await _call(hook, key, args, seconds=spec.hook_timeout)
     except TimeoutError:
         return Outcome.unknown(f"reconcile hook timed out after {spec.hook_timeout:g}s")
     except Exception as exc:
         logger.warning("reconcile hook failed for %s", key, exc_info=True)
         return Outcome.unknown(f"reconcile hook raised {exc!r}")
     if not isinstance(outcome, Outcome):
-        return Outcome.unknown(
-            f"reconcile hook returned {type(outcome).__name__}, not an Outcome"
-        )
+        return Outcome.unknown(f"reconcile hook returned {type(outcome).__name__}, not an Outcome")
     return outcome
 
 
@@ -58,7 +56,7 @@ async def call_compensate(spec: EffectSpec, key: str, args: dict[str, Any], resu
     if hook is None:
         raise HookError("the tool has no compensate hook")
     try:
-        await _call(hook, key, args, result, timeout=spec.hook_timeout)
+        await _call(hook, key, args, result, seconds=spec.hook_timeout)
     except TimeoutError as exc:
         raise HookError(f"compensate hook timed out after {spec.hook_timeout:g}s") from exc
     except HookError:

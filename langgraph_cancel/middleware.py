@@ -1,4 +1,4 @@
-"""``EffectMiddleware``: the same guarantees for agents built with ``langchain.agents.create_agent``.
+"""``EffectMiddleware``: the same guarantees for agents built with ``create_agent``.
 
 ::
 
@@ -181,7 +181,8 @@ class EffectMiddleware(AgentMiddleware[CancelAgentState, Any, Any]):
         from langgraph_cancel.nodes.approval import ApprovalGate
 
         gate = ApprovalGate(list(_known_tools(self).values()), ledger=self.ledger)
-        return gate.review(state, get_config(), runtime)  # type: ignore[no-any-return]
+        update: dict[str, Any] | None = gate._func(state, get_config(), runtime)
+        return update
 
     def after_agent(self, state: CancelAgentState, runtime: Runtime[Any]) -> dict[str, Any] | None:
         """Close the run when the agent finished without a cancel."""
@@ -233,19 +234,19 @@ class EffectMiddleware(AgentMiddleware[CancelAgentState, Any, Any]):
             _request.reset(tokens[1])
 
     def wrap_tool_call(
-        self, request: ToolCallRequest, handler: Callable[[ToolCallRequest], ToolMessage | Command]
-    ) -> ToolMessage | Command:
+        self, request: ToolCallRequest, handler: Callable[[ToolCallRequest], ToolMessage | Command[Any]]
+    ) -> ToolMessage | Command[Any]:
         """Ledger-guarded execution of one tool call (sync agents)."""
-        result: ToolMessage | Command = _run_sync(self._guarded(request, handler, False))
+        result: ToolMessage | Command[Any] = _run_sync(self._guarded(request, handler, False))
         return result
 
     async def awrap_tool_call(
         self,
         request: ToolCallRequest,
-        handler: Callable[[ToolCallRequest], Awaitable[ToolMessage | Command]],
-    ) -> ToolMessage | Command:
+        handler: Callable[[ToolCallRequest], Awaitable[ToolMessage | Command[Any]]],
+    ) -> ToolMessage | Command[Any]:
         """Ledger-guarded execution of one tool call (async agents)."""
-        result: ToolMessage | Command = await self._guarded(request, handler, True)
+        result: ToolMessage | Command[Any] = await self._guarded(request, handler, True)
         return result
 
 

@@ -120,7 +120,8 @@ def summarize(report: CancellationReport) -> str:
     """One line a person can read, e.g. "1 issue_refund and 2 send_email are permanent; ..."."""
     parts: list[str] = []
     if report.permanent:
-        parts.append(f"{_counted(report.permanent)} {'is' if len(report.permanent) == 1 else 'are'} permanent")
+        verb = "is" if len(report.permanent) == 1 else "are"
+        parts.append(f"{_counted(report.permanent)} {verb} permanent")
     else:
         parts.append("nothing permanent happened")
     if report.reversible_committed:
@@ -139,7 +140,9 @@ def summarize(report: CancellationReport) -> str:
     return "; ".join(parts)
 
 
-def build_report(ledger: Ledger, run: RunRecord, *, status: str | None = None) -> CancellationReport:
+def build_report(
+    ledger: Ledger, run: RunRecord, *, status: str | None = None
+) -> CancellationReport:
     """Assemble the report of ``run`` from the ledger.
 
     Args:
@@ -163,8 +166,10 @@ def build_report(ledger: Ledger, run: RunRecord, *, status: str | None = None) -
     }
     after_cancel = 0
     for e in effects:
-        if run.requested_at is not None and e.dispatched_at is not None and (
-            e.dispatched_at > run.requested_at
+        if (
+            run.requested_at is not None
+            and e.dispatched_at is not None
+            and (e.dispatched_at > run.requested_at)
         ):
             after_cancel += 1
         if e.kind is EffectKind.READ_ONLY:

@@ -124,7 +124,9 @@ RUN_TRANSITIONS: dict[RunStatus, frozenset[RunStatus]] = {
     _R.FAILED: frozenset(),
 }
 TERMINAL_RUN_STATUSES: frozenset[RunStatus] = frozenset({_R.CANCELLED, _R.COMPLETED, _R.FAILED})
-CANCEL_STATUSES: frozenset[RunStatus] = frozenset({_R.CANCEL_REQUESTED, _R.CANCELLING, _R.CANCELLED})
+CANCEL_STATUSES: frozenset[RunStatus] = frozenset(
+    {_R.CANCEL_REQUESTED, _R.CANCELLING, _R.CANCELLED}
+)
 
 
 class CancelPolicy(str, Enum):

@@ -76,7 +76,6 @@ class ThreadedAsyncMixin:
         def delete_thread(self, thread_id: str) -> None:
             raise NotImplementedError
 
-
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         """Async ``get_tuple``."""
         return await asyncio.to_thread(self.get_tuple, config)

@@ -63,7 +63,7 @@ class PostgresCancelSaver(ThreadedAsyncMixin, PostgresSaver, LedgerOwner):
 
     @classmethod
     @contextmanager
-    def from_conn_string(  # type: ignore[override]
+    def from_conn_string(
         cls, conn_string: str, *, pipeline: bool = False
     ) -> Iterator[PostgresCancelSaver]:
         """Open a saver on a connection string, closing everything at exit.
@@ -117,13 +117,13 @@ class AsyncPostgresCancelSaver(AsyncPostgresSaver, LedgerOwner):
         ledger: Ledger | None = None,
     ) -> None:
         super().__init__(conn, pipe=pipe, serde=serde)
-        self.ledger = ledger if ledger is not None else Ledger(
-            PostgresBackend(_conninfo(conn), max_size=4)
+        self.ledger = (
+            ledger if ledger is not None else Ledger(PostgresBackend(_conninfo(conn), max_size=4))
         )
 
     @classmethod
     @asynccontextmanager
-    async def from_conn_string(  # type: ignore[override]
+    async def from_conn_string(
         cls,
         conn_string: str,
         *,

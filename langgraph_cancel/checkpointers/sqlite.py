@@ -56,13 +56,17 @@ class SqliteCancelSaver(ThreadedAsyncMixin, SqliteSaver, LedgerOwner):
 
     @classmethod
     @contextmanager
-    def from_conn_string(cls, conn_string: str = DEFAULT_PATH) -> Iterator[SqliteCancelSaver]:  # type: ignore[override]
+    def from_conn_string(cls, conn_string: str = DEFAULT_PATH) -> Iterator[SqliteCancelSaver]:
         """Open a saver on a file path (or ``sqlite:///path`` URL), closing it at exit.
 
         Args:
             conn_string: A path, ``:memory:`` or a ``sqlite:///`` URL.
         """
-        path = conn_string[len("sqlite:///") :] if conn_string.startswith("sqlite:///") else conn_string
+        path = (
+            conn_string[len("sqlite:///") :]
+            if conn_string.startswith("sqlite:///")
+            else conn_string
+        )
         conn = sqlite3.connect(path, check_same_thread=False, timeout=30)
         try:
             saver = cls(conn)

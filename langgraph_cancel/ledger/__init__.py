@@ -1,6 +1,11 @@
 """The effect ledger: what every tool call of every run did, durably."""
 
-from langgraph_cancel.ledger.backends import Backend, PostgresBackend, SqliteBackend, backend_from_url
+from langgraph_cancel.ledger.backends import (
+    Backend,
+    PostgresBackend,
+    SqliteBackend,
+    backend_from_url,
+)
 from langgraph_cancel.ledger.core import (
     Ledger,
     default_owner,

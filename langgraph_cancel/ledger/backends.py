@@ -244,7 +244,7 @@ class PostgresBackend(Backend):
         elif isinstance(conn, _Pool):
             self._pool = conn
             self._conn = None
-            self.url = conn.conninfo
+            self.url = str(conn.conninfo)
         else:
             self._pool = None
             self._conn = conn
@@ -269,11 +269,11 @@ class PostgresBackend(Backend):
 
         if self._pool is not None:
             with self._pool.connection() as conn, conn.transaction():
-                yield conn.cursor(row_factory=dict_row)  # type: ignore[misc]
+                yield conn.cursor(row_factory=dict_row)
             return
         assert self._conn is not None and self._lock is not None
         with self._lock, self._conn.transaction():
-            yield self._conn.cursor(row_factory=dict_row)  # type: ignore[misc]
+            yield self._conn.cursor(row_factory=dict_row)
 
     def close(self) -> None:
         if self._owns and self._pool is not None:

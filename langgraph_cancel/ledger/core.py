@@ -31,7 +31,7 @@ from langgraph_cancel.errors import (
     UnknownThreadError,
 )
 from langgraph_cancel.ledger import sql as q
-from langgraph_cancel.ledger.backends import Backend, Cursor, backend_from_url, transient_retry
+from langgraph_cancel.ledger.backends import Backend, backend_from_url, transient_retry
 from langgraph_cancel.types import (
     EFFECT_TRANSITIONS,
     RUN_TRANSITIONS,
@@ -170,8 +170,8 @@ class Ledger:
             run_id=row["run_id"],
             thread_id=row["thread_id"],
             status=run_status(row["status"]),
-            created_at=b.ts_out(row["created_at"]),
-            updated_at=b.ts_out(row["updated_at"]),
+            created_at=_required(b.ts_out(row["created_at"])),
+            updated_at=_required(b.ts_out(row["updated_at"])),
             owner=row["owner"],
             parent_run_id=row["parent_run_id"],
             requested_at=b.ts_out(row["requested_at"]),
@@ -202,8 +202,8 @@ class Ledger:
             next_action=row["next_action"],
             approval=b.json_out(row["approval"]),
             version=row["version"],
-            created_at=b.ts_out(row["created_at"]),
-            updated_at=b.ts_out(row["updated_at"]),
+            created_at=_required(b.ts_out(row["created_at"])),
+            updated_at=_required(b.ts_out(row["updated_at"])),
             dispatched_at=b.ts_out(row["dispatched_at"]),
             settled_at=b.ts_out(row["settled_at"]),
         )
@@ -213,20 +213,22 @@ class Ledger:
         return LeaseRecord(
             thread_id=row["thread_id"],
             owner=row["owner"],
-            acquired_at=b.ts_out(row["acquired_at"]),
-            heartbeat_at=b.ts_out(row["heartbeat_at"]),
-            expires_at=b.ts_out(row["expires_at"]),
+            acquired_at=_required(b.ts_out(row["acquired_at"])),
+            heartbeat_at=_required(b.ts_out(row["heartbeat_at"])),
+            expires_at=_required(b.ts_out(row["expires_at"])),
         )
 
     def _one(self, sql: str, params: dict[str, Any]) -> dict[str, Any] | None:
         with self.backend.transaction() as cur:
             cur.execute(sql, params)
-            return cur.fetchone()
+            row: dict[str, Any] | None = cur.fetchone()
+            return row
 
     def _all(self, sql: str, params: dict[str, Any]) -> list[dict[str, Any]]:
         with self.backend.transaction() as cur:
             cur.execute(sql, params)
-            return cur.fetchall()
+            rows: list[dict[str, Any]] = cur.fetchall()
+            return rows
 
     # ----------------------------------------------------------------- runs
     @transient_retry()
@@ -351,7 +353,9 @@ class Ledger:
         return result
 
     @transient_retry()
-    def _request_cancel(self, thread_id: str, *, reason: str, requested_by: str) -> CancelRequestResult:
+    def _request_cancel(
+        self, thread_id: str, *, reason: str, requested_by: str
+    ) -> CancelRequestResult:
         now = utcnow()
         with self.backend.transaction() as cur:
             cur.execute(q.SELECT_ACTIVE_RUN, {"thread_id": thread_id})
@@ -382,9 +386,7 @@ class Ledger:
             )
             updated = cur.fetchone()
             if updated is not None and self.backend.dialect == "postgres":
-                cur.execute(
-                    q.NOTIFY_CANCEL, {"payload": f"{thread_id}\x1f{active['run_id']}"}
-                )
+                cur.execute(q.NOTIFY_CANCEL, {"payload": f"{thread_id}\x1f{active['run_id']}"})
             elif updated is None:
                 # Another writer moved the run since our SELECT (PostgreSQL, READ
                 # COMMITTED): answer with its current state, not the stale snapshot.
@@ -836,7 +838,7 @@ class Ledger:
                 effect_id=r["effect_id"],
                 from_status=None if r["from_status"] is None else effect_status(r["from_status"]),
                 to_status=effect_status(r["to_status"]),
-                at=b.ts_out(r["at"]),
+                at=_required(b.ts_out(r["at"])),
                 actor=r["actor"],
                 detail=b.json_out(r["detail"]) or {},
             )
@@ -957,6 +959,12 @@ class Ledger:
     aeffect_by_key = _to_thread(effect_by_key)
     achild_runs = _to_thread(child_runs)
     aadd_tokens_after_cancel = _to_thread(add_tokens_after_cancel)
+
+
+def _required(value: datetime | None) -> datetime:
+    if value is None:  # the schema says NOT NULL; a NULL here is a corrupt row
+        raise ValueError("missing timestamp in a ledger row")
+    return value
 
 
 def _is_unique_violation(exc: BaseException) -> bool:

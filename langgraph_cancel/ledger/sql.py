@@ -11,7 +11,9 @@ from __future__ import annotations
 import re
 
 TERMINAL_RUN_SQL = "('cancelled', 'completed', 'failed')"
-UNSETTLED_SQL = "('planned', 'pending_approval', 'approved', 'dispatched', 'unknown', 'compensating')"
+UNSETTLED_SQL = (
+    "('planned', 'pending_approval', 'approved', 'dispatched', 'unknown', 'compensating')"
+)
 
 _EFFECT_STATUSES = (
     "'planned', 'pending_approval', 'approved', 'dispatched', 'committed', 'compensating', "
@@ -97,8 +99,8 @@ def _tables(ts: str, js: str, serial: str) -> list[str]:
 
 
 SQLITE_MIGRATIONS: list[list[str]] = [
-    _tables("TEXT", "TEXT", "INTEGER PRIMARY KEY AUTOINCREMENT")
-    + [
+    [
+        *_tables("TEXT", "TEXT", "INTEGER PRIMARY KEY AUTOINCREMENT"),
         f"""CREATE TRIGGER IF NOT EXISTS lgc_runs_terminal_once
             BEFORE UPDATE OF status ON lgc_runs
             WHEN OLD.status IN {TERMINAL_RUN_SQL} AND NEW.status <> OLD.status
@@ -107,12 +109,13 @@ SQLITE_MIGRATIONS: list[list[str]] = [
 ]
 
 POSTGRES_MIGRATIONS: list[list[str]] = [
-    _tables("TIMESTAMPTZ", "JSONB", "BIGSERIAL PRIMARY KEY")
-    + [
+    [
+        *_tables("TIMESTAMPTZ", "JSONB", "BIGSERIAL PRIMARY KEY"),
         f"""CREATE OR REPLACE FUNCTION lgc_runs_terminal_once() RETURNS trigger AS $$
             BEGIN
                 IF OLD.status IN {TERMINAL_RUN_SQL} AND NEW.status <> OLD.status THEN
-                    RAISE EXCEPTION 'lgc: run is already terminal' USING ERRCODE = 'check_violation';
+                    RAISE EXCEPTION 'lgc: run is already terminal'
+                        USING ERRCODE = 'check_violation';
                 END IF;
                 RETURN NEW;
             END $$ LANGUAGE plpgsql""",

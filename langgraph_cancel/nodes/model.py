@@ -18,7 +18,13 @@ from datetime import UTC
 from typing import Any
 
 from langchain_core.language_models import BaseChatModel, LanguageModelLike
-from langchain_core.messages import AIMessage, AIMessageChunk, AnyMessage, BaseMessage, SystemMessage
+from langchain_core.messages import (
+    AIMessage,
+    AIMessageChunk,
+    AnyMessage,
+    BaseMessage,
+    SystemMessage,
+)
 from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import BaseTool
 from langgraph._internal._runnable import RunnableCallable
@@ -88,7 +94,8 @@ async def acall_model(
     try:
         async for chunk in stream:
             chunks += 1
-            arrivals.append((time.time(), _tokens_in(chunk)))
+            if isinstance(chunk, BaseMessage):
+                arrivals.append((time.time(), _tokens_in(chunk)))
             if isinstance(chunk, AIMessageChunk):
                 acc = chunk if acc is None else acc + chunk
             if scope.cancel_called():

@@ -9,6 +9,7 @@ list or as ``{"decisions": [...]}``.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from langgraph.types import interrupt
@@ -93,15 +94,16 @@ def ask_human_about(scope: RunScope, effects: list[EffectRecord]) -> None:
         }[item["decision"]]
         kwargs: dict[str, Any] = {"actor": reviewer, "detail": {"decision": item}}
         if target is EffectStatus.COMMITTED:
-            kwargs["result"] = {"content": str(item.get("result", "confirmed by reviewer")),
-                                "status": "success"}
+            kwargs["result"] = {
+                "content": str(item.get("result", "confirmed by reviewer")),
+                "status": "success",
+            }
         if target is EffectStatus.UNKNOWN:
             kwargs["owner"] = str(item["owner"])
             kwargs["next_action"] = str(item["next_action"])
-        try:
+        # Settled meanwhile by someone else: their record stands.
+        with contextlib.suppress(IllegalTransitionError):
             ledger.transition(item["effect_id"], target, **kwargs)
-        except IllegalTransitionError:
-            pass  # settled meanwhile by someone else: their record stands
 
 
 __all__ = ["RECONCILE_DECISIONS", "ask_human_about", "parse_decisions", "question"]

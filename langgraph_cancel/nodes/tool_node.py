@@ -12,6 +12,7 @@ what the ledger already knows instead of calling the tool again.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import threading
@@ -33,7 +34,6 @@ from langgraph.prebuilt.tool_node import (
     _infer_handled_types,
 )
 from langgraph.runtime import Runtime
-from langgraph.types import Command
 from pydantic import BaseModel, ValidationError
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
@@ -56,9 +56,7 @@ from langgraph_cancel.types import EffectKind, EffectRecord, EffectStatus
 
 logger = logging.getLogger("langgraph_cancel.tools")
 
-HandleToolErrors = (
-    bool | str | Callable[..., str] | type[Exception] | tuple[type[Exception], ...]
-)
+HandleToolErrors = bool | str | Callable[..., str] | type[Exception] | tuple[type[Exception], ...]
 
 NOT_RUN_CANCELLED = "Not run: the run was cancelled before this call was dispatched."
 _KIND_ORDER = {EffectKind.READ_ONLY: 0, EffectKind.REVERSIBLE: 1, EffectKind.IRREVERSIBLE: 2}
@@ -84,8 +82,12 @@ def replay_message(rec: EffectRecord, call: ToolCall | None = None) -> ToolMessa
     status: Literal["success", "error"] = "success"
     content: Any
     artifact = None
-    if rec.status in (EffectStatus.COMMITTED, EffectStatus.COMPENSATING,
-                      EffectStatus.COMPENSATED, EffectStatus.COMPENSATION_FAILED):
+    if rec.status in (
+        EffectStatus.COMMITTED,
+        EffectStatus.COMPENSATING,
+        EffectStatus.COMPENSATED,
+        EffectStatus.COMPENSATION_FAILED,
+    ):
         result = rec.result
         if isinstance(result, dict) and "content" in result:
             content = result["content"]
@@ -123,7 +125,12 @@ class _Planned:
     tool: BaseTool
     spec: EffectSpec
     key: str
-    runtime: ToolRuntime
+    runtime: ToolRuntime[Any, Any]
+
+    @property
+    def call_id(self) -> str:
+        """The tool-call id (checked non-empty when the call was classified)."""
+        return str(self.call["id"])
 
 
 class EffectToolNode(ToolNode):
@@ -263,7 +270,7 @@ class EffectToolNode(ToolNode):
         return outputs
 
     def _classify(
-        self, index: int, call: ToolCall, tool_runtime: ToolRuntime, scope: RunScope
+        self, index: int, call: ToolCall, tool_runtime: ToolRuntime[Any, Any], scope: RunScope
     ) -> tuple[_Planned | None, ToolMessage | None]:
         """Validate a call; record and answer it at once when it is malformed."""
         name = call.get("name") or ""
@@ -328,16 +335,19 @@ class EffectToolNode(ToolNode):
         p: _Planned,
         input_type: Literal["list", "dict", "tool_calls"],
         scope: RunScope,
-        runner: Callable[[_Planned, ToolCallRequest, Literal["list", "dict", "tool_calls"],
-                          RunScope], Any],
+        runner: Callable[
+            [_Planned, ToolCallRequest, Literal["list", "dict", "tool_calls"], RunScope], Any
+        ],
     ) -> Any:
-        request = ToolCallRequest(tool_call=p.call, tool=p.tool, state=p.runtime.state,
-                                  runtime=p.runtime)
+        request = ToolCallRequest(
+            tool_call=p.call, tool=p.tool, state=p.runtime.state, runtime=p.runtime
+        )
         wrapper = self._awrap_tool_call
         if wrapper is None and self._wrap_tool_call is None:
             return await runner(p, request, input_type, scope)
 
         if wrapper is not None:
+
             async def aexecute(req: ToolCallRequest) -> Any:
                 return await runner(_replace_call(p, req), req, input_type, scope)
 
@@ -370,8 +380,9 @@ class EffectToolNode(ToolNode):
         if scope.cancel_called():
             scope.signal.observe()
             self._drop(scope, p, existing)
-            return ToolMessage(NOT_RUN_CANCELLED, name=p.tool.name, tool_call_id=p.call["id"],
-                               status="error")
+            return ToolMessage(
+                NOT_RUN_CANCELLED, name=p.tool.name, tool_call_id=p.call_id, status="error"
+            )
         try:
             msg = await self._invoke(p, input_type, retry=True)
         except GraphBubbleUp:
@@ -379,19 +390,34 @@ class EffectToolNode(ToolNode):
         except Exception as exc:
             content = self._error_content(exc)
             ledger.plan(
-                thread_id=scope.thread_id, run_id=scope.run_id, tool_call_id=p.call["id"],
-                tool=p.tool.name, kind=p.spec.kind, args=p.call["args"], idempotency_key=p.key,
-                seq=p.index, status=EffectStatus.FAILED, error=content, owner=scope.owner,
+                thread_id=scope.thread_id,
+                run_id=scope.run_id,
+                tool_call_id=p.call_id,
+                tool=p.tool.name,
+                kind=p.spec.kind,
+                args=p.call["args"],
+                idempotency_key=p.key,
+                seq=p.index,
+                status=EffectStatus.FAILED,
+                error=content,
+                owner=scope.owner,
                 actor=scope.owner,
             )
-            return ToolMessage(content, name=p.tool.name, tool_call_id=p.call["id"],
-                               status="error")
+            return ToolMessage(content, name=p.tool.name, tool_call_id=p.call_id, status="error")
         if isinstance(msg, ToolMessage):
             ledger.plan(
-                thread_id=scope.thread_id, run_id=scope.run_id, tool_call_id=p.call["id"],
-                tool=p.tool.name, kind=p.spec.kind, args=p.call["args"], idempotency_key=p.key,
-                seq=p.index, status=EffectStatus.COMMITTED, result=message_payload(msg),
-                owner=scope.owner, actor=scope.owner,
+                thread_id=scope.thread_id,
+                run_id=scope.run_id,
+                tool_call_id=p.call_id,
+                tool=p.tool.name,
+                kind=p.spec.kind,
+                args=p.call["args"],
+                idempotency_key=p.key,
+                seq=p.index,
+                status=EffectStatus.COMMITTED,
+                result=message_payload(msg),
+                owner=scope.owner,
+                actor=scope.owner,
             )
         return msg
 
@@ -405,9 +431,16 @@ class EffectToolNode(ToolNode):
     ) -> Any:
         ledger = scope.ledger
         rec, _created = ledger.plan(
-            thread_id=scope.thread_id, run_id=scope.run_id, tool_call_id=p.call["id"],
-            tool=p.tool.name, kind=p.spec.kind, args=p.call["args"], idempotency_key=p.key,
-            seq=p.index, owner=scope.owner, actor=scope.owner,
+            thread_id=scope.thread_id,
+            run_id=scope.run_id,
+            tool_call_id=p.call_id,
+            tool=p.tool.name,
+            kind=p.spec.kind,
+            args=p.call["args"],
+            idempotency_key=p.key,
+            seq=p.index,
+            owner=scope.owner,
+            actor=scope.owner,
         )
         if rec.status is EffectStatus.DISPATCHED:
             # Left in flight by an earlier attempt (crash, cancelled task): settle it first.
@@ -417,10 +450,7 @@ class EffectToolNode(ToolNode):
         if rec.status is EffectStatus.PENDING_APPROVAL:
             return self._refuse_unapproved(p, rec, scope)
         if rec.status in (EffectStatus.PLANNED, EffectStatus.APPROVED, EffectStatus.NOT_APPLIED):
-            if (
-                rec.status is EffectStatus.PLANNED
-                and p.spec.needs_approval(rec.args)
-            ):
+            if rec.status is EffectStatus.PLANNED and p.spec.needs_approval(rec.args):
                 return self._refuse_unapproved(p, rec, scope)
             return await self._dispatch(p, rec, input_type, scope)
         return replay_message(rec, p.call)
@@ -432,29 +462,46 @@ class EffectToolNode(ToolNode):
         )
         try:
             rec = scope.ledger.transition(
-                rec.effect_id, EffectStatus.DROPPED, actor=scope.owner, error=text,
+                rec.effect_id,
+                EffectStatus.DROPPED,
+                actor=scope.owner,
+                error=text,
                 detail={"reason": "approval required"},
             )
         except IllegalTransitionError:
             rec = scope.ledger.get_effect(rec.effect_id)
             return replay_message(rec, p.call)
-        return ToolMessage(text, name=p.tool.name, tool_call_id=p.call["id"], status="error")
+        return ToolMessage(text, name=p.tool.name, tool_call_id=p.call_id, status="error")
 
     def _drop(self, scope: RunScope, p: _Planned, existing: EffectRecord | None) -> None:
         if existing is None:
             scope.ledger.plan(
-                thread_id=scope.thread_id, run_id=scope.run_id, tool_call_id=p.call["id"],
-                tool=p.tool.name, kind=p.spec.kind, args=p.call["args"], idempotency_key=p.key,
-                seq=p.index, status=EffectStatus.DROPPED, error=NOT_RUN_CANCELLED,
-                owner=scope.owner, actor=scope.owner,
+                thread_id=scope.thread_id,
+                run_id=scope.run_id,
+                tool_call_id=p.call_id,
+                tool=p.tool.name,
+                kind=p.spec.kind,
+                args=p.call["args"],
+                idempotency_key=p.key,
+                seq=p.index,
+                status=EffectStatus.DROPPED,
+                error=NOT_RUN_CANCELLED,
+                owner=scope.owner,
+                actor=scope.owner,
             )
-        elif existing.status in (EffectStatus.PLANNED, EffectStatus.PENDING_APPROVAL,
-                                 EffectStatus.APPROVED, EffectStatus.NOT_APPLIED):
-            try:
-                scope.ledger.transition(existing.effect_id, EffectStatus.DROPPED,
-                                        actor=scope.owner, error=NOT_RUN_CANCELLED)
-            except IllegalTransitionError:
-                pass
+        elif existing.status in (
+            EffectStatus.PLANNED,
+            EffectStatus.PENDING_APPROVAL,
+            EffectStatus.APPROVED,
+            EffectStatus.NOT_APPLIED,
+        ):
+            with contextlib.suppress(IllegalTransitionError):
+                scope.ledger.transition(
+                    existing.effect_id,
+                    EffectStatus.DROPPED,
+                    actor=scope.owner,
+                    error=NOT_RUN_CANCELLED,
+                )
 
     async def _dispatch(
         self,
@@ -473,7 +520,10 @@ class EffectToolNode(ToolNode):
         if not redispatch:
             try:
                 rec = ledger.transition(
-                    rec.effect_id, EffectStatus.DISPATCHED, actor=scope.owner, owner=scope.owner,
+                    rec.effect_id,
+                    EffectStatus.DISPATCHED,
+                    actor=scope.owner,
+                    owner=scope.owner,
                     detail={"idempotency_key": rec.idempotency_key},
                 )
             except DispatchRefusedError:
@@ -485,8 +535,9 @@ class EffectToolNode(ToolNode):
                 # Another task moved it (a cancel node dropped it): report what it is.
                 return replay_message(ledger.get_effect(rec.effect_id), p.call)
         call = {**p.call, "args": rec.args}
-        planned = _Planned(p.index, cast(ToolCall, call), p.tool, p.spec, rec.idempotency_key,
-                           p.runtime)
+        planned = _Planned(
+            p.index, cast(ToolCall, call), p.tool, p.spec, rec.idempotency_key, p.runtime
+        )
         task = asyncio.ensure_future(self._invoke(planned, input_type, retry=p.spec.retry_safe))
         try:
             msg = await asyncio.shield(task)
@@ -509,8 +560,11 @@ class EffectToolNode(ToolNode):
             else {"content": f"(tool returned {type(msg).__name__})", "status": "success"}
         )
         scope.ledger.transition(
-            rec.effect_id, EffectStatus.COMMITTED, expected=[EffectStatus.DISPATCHED],
-            actor=scope.owner, result=result,
+            rec.effect_id,
+            EffectStatus.COMMITTED,
+            expected=[EffectStatus.DISPATCHED],
+            actor=scope.owner,
+            result=result,
         )
         return msg
 
@@ -523,32 +577,42 @@ class EffectToolNode(ToolNode):
             outcome = await call_reconcile(p.spec, rec.idempotency_key, rec.args)
             if outcome.status == "committed":
                 result = {"content": _result_text(outcome.result), "status": "success"}
-                ledger.transition(rec.effect_id, EffectStatus.COMMITTED, actor="reconciler",
-                                  result=result, detail={"after_error": repr(exc)})
-                return ToolMessage(result["content"], name=p.tool.name,
-                                   tool_call_id=p.call["id"])
+                ledger.transition(
+                    rec.effect_id,
+                    EffectStatus.COMMITTED,
+                    actor="reconciler",
+                    result=result,
+                    detail={"after_error": repr(exc)},
+                )
+                return ToolMessage(result["content"], name=p.tool.name, tool_call_id=p.call_id)
             if outcome.status == "not_applied":
-                ledger.transition(rec.effect_id, EffectStatus.NOT_APPLIED, actor="reconciler",
-                                  error=repr(exc), detail={"after_error": repr(exc)})
+                ledger.transition(
+                    rec.effect_id,
+                    EffectStatus.NOT_APPLIED,
+                    actor="reconciler",
+                    error=repr(exc),
+                    detail={"after_error": repr(exc)},
+                )
                 content = self._error_content(exc)
-                return ToolMessage(content, name=p.tool.name, tool_call_id=p.call["id"],
-                                   status="error")
+                return ToolMessage(
+                    content, name=p.tool.name, tool_call_id=p.call_id, status="error"
+                )
             rec = mark_unknown(ledger, rec, p.spec, f"{exc!r}; {outcome.reason}")
             return replay_message(rec, p.call)
         content = self._failure_content(exc)
         ledger.transition(rec.effect_id, EffectStatus.FAILED, actor=scope.owner, error=content)
-        return ToolMessage(content, name=p.tool.name, tool_call_id=p.call["id"], status="error")
+        return ToolMessage(content, name=p.tool.name, tool_call_id=p.call_id, status="error")
 
     async def _settle_after_task_cancel(
         self, p: _Planned, rec: EffectRecord, task: asyncio.Future[Any], scope: RunScope
     ) -> None:
         timeout = p.spec.cancel_timeout or self.cancel_timeout
         try:
-            scope.ledger.request_cancel(scope.thread_id, reason="run task cancelled",
-                                        requested_by="asyncio")
+            scope.ledger.request_cancel(
+                scope.thread_id, reason="run task cancelled", requested_by="asyncio"
+            )
         except Exception:  # the outcome record below matters more than the flag
-            logger.warning("could not flag run %s as cancel_requested", scope.run_id,
-                           exc_info=True)
+            logger.warning("could not flag run %s as cancel_requested", scope.run_id, exc_info=True)
         done, _ = await asyncio.wait({task}, timeout=timeout)
         if done:
             exc = task.exception()
@@ -561,8 +625,9 @@ class EffectToolNode(ToolNode):
                 logger.exception("could not record the outcome of %s", rec.effect_id)
             return
         task.cancel()
-        mark_unknown(scope.ledger, rec, p.spec,
-                     f"still in flight {timeout:.0f}s after the run was cancelled")
+        mark_unknown(
+            scope.ledger, rec, p.spec, f"still in flight {timeout:.0f}s after the run was cancelled"
+        )
 
     async def _settle_in_flight(
         self, p: _Planned, rec: EffectRecord, scope: RunScope
@@ -572,8 +637,11 @@ class EffectToolNode(ToolNode):
         if p.spec.reconcile is None:
             if p.spec.retry_safe:
                 return ledger.transition(
-                    rec.effect_id, EffectStatus.DISPATCHED, expected=[EffectStatus.DISPATCHED],
-                    actor=scope.owner, owner=scope.owner,
+                    rec.effect_id,
+                    EffectStatus.DISPATCHED,
+                    expected=[EffectStatus.DISPATCHED],
+                    actor=scope.owner,
+                    owner=scope.owner,
                     detail={"retry_same_key": True, "idempotency_key": rec.idempotency_key},
                 )
             return mark_unknown(ledger, rec, p.spec, "left in flight by an earlier attempt")
@@ -671,8 +739,12 @@ def mark_unknown(ledger: Ledger, rec: EffectRecord, spec: EffectSpec, why: str) 
     owner, next_action = unknown_owner(spec)
     try:
         return ledger.transition(
-            rec.effect_id, EffectStatus.UNKNOWN, actor="langgraph-cancel", owner=owner,
-            next_action=next_action, error=why,
+            rec.effect_id,
+            EffectStatus.UNKNOWN,
+            actor="langgraph-cancel",
+            owner=owner,
+            next_action=next_action,
+            error=why,
         )
     except IllegalTransitionError:
         return ledger.get_effect(rec.effect_id)
@@ -685,11 +757,20 @@ def apply_outcome(
     try:
         if outcome.status == "committed":
             result = {"content": _result_text(outcome.result), "status": "success"}
-            return ledger.transition(rec.effect_id, EffectStatus.COMMITTED, actor=actor,
-                                     result=result, detail={"reconciled": True})
+            return ledger.transition(
+                rec.effect_id,
+                EffectStatus.COMMITTED,
+                actor=actor,
+                result=result,
+                detail={"reconciled": True},
+            )
         if outcome.status == "not_applied":
-            return ledger.transition(rec.effect_id, EffectStatus.NOT_APPLIED, actor=actor,
-                                     detail={"reconciled": True, "reason": outcome.reason})
+            return ledger.transition(
+                rec.effect_id,
+                EffectStatus.NOT_APPLIED,
+                actor=actor,
+                detail={"reconciled": True, "reason": outcome.reason},
+            )
     except IllegalTransitionError:
         return ledger.get_effect(rec.effect_id)
     return mark_unknown(ledger, rec, spec, outcome.reason or "reconcile could not tell")
