@@ -351,33 +351,61 @@ async def reconcile_thread(
     return left
 
 
-def _make_reconcile_node(settings: CancellationSettings) -> RunnableCallable:
-    async def areconcile(state: Any, config: RunnableConfig) -> Any:
-        from langgraph_cancel.nodes.reconcile import ask_human_about
+def _make_reconcile_subgraph(settings: CancellationSettings, state_schema: Any) -> Any:
+    """The reconciliation subgraph: settle -> ask_human -> answer_dangling.
 
+    It runs on every new input, before anything of the thread is dispatched
+    again, and shows in Studio as the ``reconcile`` node with its own steps.
+    """
+    from langgraph_cancel.nodes.reconcile import ask_human_about
+
+    async def asettle(state: Any, config: RunnableConfig) -> Any:
         scope = scope_for(config, ledger=settings.ledger, new_run=False)
-        left = await reconcile_thread(scope, settings, interactive=settings.reconcile_interactive)
-        if left and settings.reconcile_interactive:
+        await reconcile_thread(scope, settings, interactive=False)
+        return None
+
+    def settle(state: Any, config: RunnableConfig) -> Any:
+        return _run_sync(asettle(state, config))
+
+    def ask_human(state: Any, config: RunnableConfig) -> Any:
+        if not settings.reconcile_interactive:
+            return None
+        scope = scope_for(config, ledger=settings.ledger, new_run=False)
+        left = [
+            e for e in scope.ledger.unsettled(scope.thread_id) if e.status is EffectStatus.UNKNOWN
+        ]
+        if left:
             ask_human_about(scope, left)
+        return None
+
+    def answer_dangling(state: Any, config: RunnableConfig) -> Any:
+        scope = scope_for(config, ledger=settings.ledger, new_run=False)
         update: dict[str, Any] = {}
         dangling = dangling_tool_calls(_messages(state, settings.messages_key))
         if dangling:
-            # Calls left unanswered by an earlier cancelled or crashed run (invariant I5).
-            answered = [
-                m
-                for m in _answer_dangling(scope, dangling)
-                if scope.ledger.find_effect(scope.thread_id, m.tool_call_id) is not None
-            ]
-            if answered:
-                update[settings.messages_key] = answered
+            # New input: LangGraph drops whatever was still queued, so the calls an
+            # earlier cancelled, interrupted or crashed run left unanswered will never
+            # run. Record them so and answer each (invariant I5).
+            for call in dangling:
+                rec = scope.ledger.find_effect(scope.thread_id, call["id"])
+                if rec is None:
+                    _plan_dropped(scope, settings, call)
+                elif rec.status in UNDISPATCHED_STATUSES or rec.status is EffectStatus.NOT_APPLIED:
+                    _drop(scope, rec)
+            update[settings.messages_key] = _answer_dangling(scope, dangling)
         if scope.run.terminal or scope.cancel_called():
-            return Command(goto=CANCEL_NODE, update=update or None)
+            return Command(graph=Command.PARENT, goto=CANCEL_NODE, update=update or None)
         return update or None
 
-    def reconcile(state: Any, config: RunnableConfig) -> Any:
-        return _run_sync(areconcile(state, config))
-
-    return RunnableCallable(reconcile, areconcile, name=RECONCILE_NODE)
+    sub = StateGraph(state_schema)
+    sub.add_node("settle", RunnableCallable(settle, asettle, name="settle"))
+    sub.add_node("ask_human", ask_human)
+    sub.add_node("answer_dangling", answer_dangling)
+    sub.add_edge(START, "settle")
+    sub.add_edge("settle", "ask_human")
+    sub.add_edge("ask_human", "answer_dangling")
+    sub.add_edge("answer_dangling", END)
+    return sub.compile(name=RECONCILE_NODE)
 
 
 # ---------------------------------------------------------- add_cancellation
@@ -459,7 +487,7 @@ def add_cancellation(
         builder.edges.add((RECONCILE_NODE, e))
     if START in builder.branches:
         builder.branches[RECONCILE_NODE] = builder.branches.pop(START)
-    builder.add_node(RECONCILE_NODE, _make_reconcile_node(settings))
+    builder.add_node(RECONCILE_NODE, _make_reconcile_subgraph(settings, builder.state_schema))
     builder.add_node(CANCEL_NODE, _make_cancel_node(settings))
     builder.add_edge(START, RECONCILE_NODE)
     builder.add_edge(CANCEL_NODE, END)
@@ -521,8 +549,14 @@ class _Invocation:
             except Exception:
                 logger.warning("lease heartbeat failed", exc_info=True)
 
-    def end(self, *, drained: bool, failed: bool) -> None:
-        """Close the run if it ended; clear drained work; release the lease."""
+    def end(self, *, drained: bool, failed: bool, interrupted: bool = False) -> None:
+        """Close the run if it ended; clear drained work; release the lease.
+
+        ``interrupted``: the run's task was cancelled (a server's ``runs.cancel``,
+        a client disconnect, Ctrl-C). That is a stop request too: it is recorded
+        as one and the cancel is finished from the ledger (the graph state of
+        the interrupted step is gone; the next invocation answers its calls).
+        """
         try:
             current_scope.reset(self.token)
         except ValueError:  # ended from another context (generator closed elsewhere)
@@ -531,13 +565,26 @@ class _Invocation:
         try:
             if drained:
                 self._clear_queue()
-            if not failed:
+            if interrupted:
+                self._record_interruption()
+            if not failed or interrupted:
                 self._close_run()
         finally:
             try:
                 self.ledger.release_lease(self.scope.thread_id, self.owner)
             finally:
                 drop_scope(self.scope)
+
+    def _record_interruption(self) -> None:
+        try:
+            self.ledger.request_cancel(
+                self.scope.thread_id,
+                reason="run task cancelled (server cancel, disconnect or Ctrl-C)",
+                requested_by="runtime",
+                cascade=True,
+            )
+        except Exception:
+            logger.warning("could not record the interruption as a cancel", exc_info=True)
 
     def _clear_queue(self) -> None:
         if self.graph.checkpointer is None and not self.config.get("configurable", {}).get(
@@ -603,7 +650,7 @@ class CancellableGraph(CompiledStateGraph):  # type: ignore[type-arg]
             return
         inv = _Invocation(self, input, merged)
         kwargs.setdefault("control", RunControl())
-        drained = failed = False
+        drained = failed = interrupted = False
         try:
             yield from super().stream(input, config, **kwargs)
         except GraphDrained as exc:
@@ -611,11 +658,14 @@ class CancellableGraph(CompiledStateGraph):  # type: ignore[type-arg]
                 failed = True
                 raise
             drained = True
+        except KeyboardInterrupt:
+            failed = interrupted = True
+            raise
         except BaseException:
             failed = True
             raise
         finally:
-            inv.end(drained=drained, failed=failed)
+            inv.end(drained=drained, failed=failed, interrupted=interrupted)
 
     async def astream(
         self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
@@ -629,7 +679,7 @@ class CancellableGraph(CompiledStateGraph):  # type: ignore[type-arg]
         inv = await asyncio.to_thread(_Invocation, self, input, merged)
         current_scope.set(inv.scope)
         kwargs.setdefault("control", RunControl())
-        drained = failed = False
+        drained = failed = interrupted = False
         try:
             async for chunk in super().astream(input, config, **kwargs):
                 yield chunk
@@ -638,11 +688,19 @@ class CancellableGraph(CompiledStateGraph):  # type: ignore[type-arg]
                 failed = True
                 raise
             drained = True
+        except (asyncio.CancelledError, KeyboardInterrupt):
+            failed = interrupted = True
+            raise
         except BaseException:
             failed = True
             raise
         finally:
-            await asyncio.to_thread(inv.end, drained=drained, failed=failed)
+            closing = asyncio.ensure_future(
+                asyncio.to_thread(
+                    inv.end, drained=drained, failed=failed, interrupted=interrupted
+                )
+            )
+            await asyncio.shield(closing)
 
 
 __all__ = [

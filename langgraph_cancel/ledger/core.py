@@ -651,7 +651,8 @@ class Ledger:
             effect_id: The effect.
             to: The target status.
             expected: The statuses the caller believes the effect is in
-                (default: every legal predecessor of ``to``).
+                (default: every legal predecessor of ``to``, except ``dispatched``
+                itself for ``to=dispatched``: a repeat dispatch must be explicit).
             actor: Who is acting (kept in the audit trail).
             detail: Free-form audit detail.
             result: The outcome to record (leave out to keep the current one).
@@ -671,7 +672,10 @@ class Ledger:
         """
         target = effect_status(to)
         legal = _PREDECESSORS[target]
-        allowed = legal if expected is None else frozenset(effect_status(s) for s in expected)
+        # A repeat dispatch (dispatched -> dispatched) must be asked for explicitly, or two
+        # workers dispatching the same effect would both win the compare-and-set.
+        default = legal - {target} if target is EffectStatus.DISPATCHED else legal
+        allowed = default if expected is None else frozenset(effect_status(s) for s in expected)
         illegal = allowed - legal
         if illegal:
             raise IllegalTransitionError(
@@ -752,6 +756,10 @@ class Ledger:
             before = cur.fetchone()
             if before is None:
                 raise UnknownEffectError(f"no effect {effect_id!r} in the ledger")
+            if before["last_token"] == token:
+                # Our own earlier attempt committed and its ack was lost: do not apply it
+                # twice (self-transitions such as dispatched -> dispatched would match).
+                return self._effect(before)
             cur.execute(sql, params)
             row = cur.fetchone()
             if row is not None:
