@@ -24,7 +24,7 @@ from langchain_core.messages import AIMessage, AnyMessage, ToolCall, ToolMessage
 from langchain_core.runnables import RunnableConfig
 from langchain_core.runnables.config import get_config_list
 from langchain_core.tools import BaseTool
-from langgraph.errors import GraphBubbleUp
+from langgraph.errors import GraphBubbleUp, GraphInterrupt
 from langgraph.prebuilt import ToolNode
 from langgraph.prebuilt.tool_node import (
     INVALID_TOOL_NAME_ERROR_TEMPLATE,
@@ -546,6 +546,18 @@ class EffectToolNode(ToolNode):
             # left the process: wait for its outcome within the timeout, record it, then
             # let the cancellation propagate. Never drop the wait silently.
             await self._settle_after_task_cancel(planned, rec, task, scope)
+            raise
+        except GraphInterrupt:
+            # interrupt() inside the tool: the call paused before it finished, and
+            # LangGraph re-runs it from its start on resume. Left "dispatched", the
+            # re-run would declare it unknown and never deliver the answer.
+            ledger.transition(
+                rec.effect_id,
+                EffectStatus.NOT_APPLIED,
+                expected=[EffectStatus.DISPATCHED],
+                actor=scope.owner,
+                detail={"interrupted": True},
+            )
             raise
         except GraphBubbleUp:
             raise
