@@ -611,7 +611,20 @@ class EffectToolNode(ToolNode):
                 )
             rec = mark_unknown(ledger, rec, p.spec, f"{exc!r}; {outcome.reason}")
             return replay_message(rec, p.call)
-        content = self._failure_content(exc)
+        try:
+            content = self._failure_content(exc)
+        except Exception:
+            # Propagating (handle_tool_errors does not cover it): the call raised, so it
+            # did not apply. Say so before the error leaves, or the record stays
+            # "dispatched" and a re-run (RetryPolicy, resume) declares it unknown.
+            ledger.transition(
+                rec.effect_id,
+                EffectStatus.NOT_APPLIED,
+                actor=scope.owner,
+                error=repr(exc),
+                detail={"propagated": True},
+            )
+            raise
         ledger.transition(rec.effect_id, EffectStatus.FAILED, actor=scope.owner, error=content)
         return ToolMessage(content, name=p.tool.name, tool_call_id=p.call_id, status="error")
 
