@@ -33,7 +33,7 @@ def _handler(state: StubState) -> type[BaseHTTPRequestHandler]:
         def log_message(self, *args: Any) -> None:  # keep test output clean
             pass
 
-        def do_POST(self) -> None:  # noqa: N802 - http.server API
+        def do_POST(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
             body = json.loads(self.rfile.read(length) or b"{}")
             state.requests += 1
@@ -55,8 +55,11 @@ def _handler(state: StubState) -> type[BaseHTTPRequestHandler]:
                         "created": created,
                         "model": body.get("model", "stub"),
                         "choices": [
-                            {"index": 0, "delta": {"role": "assistant", "content": f"tok{i} "},
-                             "finish_reason": None}
+                            {
+                                "index": 0,
+                                "delta": {"role": "assistant", "content": f"tok{i} "},
+                                "finish_reason": None,
+                            }
                         ],
                     }
                     self.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
@@ -64,7 +67,9 @@ def _handler(state: StubState) -> type[BaseHTTPRequestHandler]:
                     state.sent += 1
                     time.sleep(state.delay)
                 done = {
-                    "id": "chatcmpl-stub", "object": "chat.completion.chunk", "created": created,
+                    "id": "chatcmpl-stub",
+                    "object": "chat.completion.chunk",
+                    "created": created,
                     "model": body.get("model", "stub"),
                     "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
                 }

@@ -66,16 +66,22 @@ def test_completed_run_records_every_effect(saver: Any) -> None:
     counter = Counter()
     model = ScriptedChatModel(
         [
-            AIMessage("", tool_calls=[tool_call("lookup", {"order_id": "o1"}),
-                                      tool_call("refund", {"order_id": "o1"})]),
+            AIMessage(
+                "",
+                tool_calls=[
+                    tool_call("lookup", {"order_id": "o1"}),
+                    tool_call("refund", {"order_id": "o1"}),
+                ],
+            ),
             AIMessage("all done"),
         ]
     )
     agent = agents.create_agent(
         model, _tools(counter), middleware=[EffectMiddleware(approval=False)], checkpointer=saver
     )
-    out = agent.invoke({"messages": [HumanMessage("refund o1")]},
-                       {"configurable": {"thread_id": "mw-done"}})
+    out = agent.invoke(
+        {"messages": [HumanMessage("refund o1")]}, {"configurable": {"thread_id": "mw-done"}}
+    )
     assert out["messages"][-1].content == "all done"
     effects = {e.tool: e for e in saver.ledger.effects("mw-done")}
     assert effects["refund"].status.value == "committed"
@@ -97,7 +103,9 @@ def test_cancel_stops_before_the_next_model_call(saver: Any) -> None:
         ]
     )
     agent = agents.create_agent(
-        model, _tools(counter, delay=0.3), middleware=[EffectMiddleware(approval=False)],
+        model,
+        _tools(counter, delay=0.3),
+        middleware=[EffectMiddleware(approval=False)],
         checkpointer=saver,
     )
     thread = "mw-cancel"
@@ -110,8 +118,9 @@ def test_cancel_stops_before_the_next_model_call(saver: Any) -> None:
 
     stopper = threading.Thread(target=stop)
     stopper.start()
-    out = agent.invoke({"messages": [HumanMessage("refund")]},
-                       {"configurable": {"thread_id": thread}})
+    out = agent.invoke(
+        {"messages": [HumanMessage("refund")]}, {"configurable": {"thread_id": thread}}
+    )
     stopper.join()
     # The in-flight refund finished and was recorded; no second model call happened.
     assert counter.count("refund") == 1
@@ -130,12 +139,13 @@ def test_cancel_stops_before_the_next_model_call(saver: Any) -> None:
 async def test_async_agent_replays_instead_of_redispatching(saver: Any) -> None:
     counter = Counter()
     model = ScriptedChatModel(
-        [AIMessage("", tool_calls=[tool_call("refund", {"order_id": "o9"}, id="c-o9")]),
-         AIMessage("done")]
+        [
+            AIMessage("", tool_calls=[tool_call("refund", {"order_id": "o9"}, id="c-o9")]),
+            AIMessage("done"),
+        ]
     )
     middleware = EffectMiddleware(approval=False)
-    agent = agents.create_agent(model, _tools(counter), middleware=[middleware],
-                                checkpointer=saver)
+    agent = agents.create_agent(model, _tools(counter), middleware=[middleware], checkpointer=saver)
     config = {"configurable": {"thread_id": "mw-async"}}
     await agent.ainvoke({"messages": [HumanMessage("refund o9")]}, config)
     assert counter.count("refund") == 1

@@ -16,8 +16,14 @@ from langgraph_cancel.checkpointers.memory import MemoryCancelSaver
 from langgraph_cancel.testing.fake_model import ScriptedChatModel, tool_call
 
 
-def _agent(saver: MemoryCancelSaver, seconds: float, started: asyncio.Event, done: list[str],
-           *, cancel_timeout: float) -> Any:
+def _agent(
+    saver: MemoryCancelSaver,
+    seconds: float,
+    started: asyncio.Event,
+    done: list[str],
+    *,
+    cancel_timeout: float,
+) -> Any:
     @effect(EffectKind.IRREVERSIBLE, requires_approval=False)
     @tool
     async def charge(amount: int) -> str:
@@ -28,9 +34,13 @@ def _agent(saver: MemoryCancelSaver, seconds: float, started: asyncio.Event, don
         return f"charged {amount}"
 
     model = ScriptedChatModel(
-        [AIMessage("", tool_calls=[tool_call("charge", {"amount": 5}),
-                                   tool_call("charge", {"amount": 7})]),
-         AIMessage("after cancel")],
+        [
+            AIMessage(
+                "",
+                tool_calls=[tool_call("charge", {"amount": 5}), tool_call("charge", {"amount": 7})],
+            ),
+            AIMessage("after cancel"),
+        ],
     )
 
     async def agent(state: MessagesState) -> dict[str, Any]:
@@ -47,8 +57,9 @@ def _agent(saver: MemoryCancelSaver, seconds: float, started: asyncio.Event, don
 
 async def _run_and_cancel(graph: Any, thread: str, started: asyncio.Event) -> None:
     task = asyncio.create_task(
-        graph.ainvoke({"messages": [HumanMessage("charge")]},
-                      {"configurable": {"thread_id": thread}})
+        graph.ainvoke(
+            {"messages": [HumanMessage("charge")]}, {"configurable": {"thread_id": thread}}
+        )
     )
     await asyncio.wait_for(started.wait(), 10)
     task.cancel()
@@ -71,8 +82,9 @@ async def test_in_flight_call_is_awaited_and_recorded_then_the_run_is_cancelled(
     assert [e.args for e in report.permanent] == [{"amount": 5}]
     assert report.unknown == []
     # The next input on the thread works: every call gets an answer first.
-    out = await graph.ainvoke({"messages": [HumanMessage("and now?")]},
-                              {"configurable": {"thread_id": "n1"}})
+    out = await graph.ainvoke(
+        {"messages": [HumanMessage("and now?")]}, {"configurable": {"thread_id": "n1"}}
+    )
     answered = {m.tool_call_id for m in out["messages"] if isinstance(m, ToolMessage)}
     asked = {c["id"] for m in out["messages"] if isinstance(m, AIMessage) for c in m.tool_calls}
     assert asked <= answered

@@ -97,8 +97,9 @@ def test_child_registered_after_the_cancel_starts_cancelled() -> None:
     saver = MemoryCancelSaver()
     run = saver.ledger.start_run("p2")
     saver.ledger.request_cancel("p2", reason="stop", requested_by="t")
-    cfg = child_config({"configurable": {"thread_id": "p2", "langgraph_cancel_ledger": saver.ledger}},
-                       "c2")
+    cfg = child_config(
+        {"configurable": {"thread_id": "p2", "langgraph_cancel_ledger": saver.ledger}}, "c2"
+    )
     assert cfg["configurable"]["thread_id"] == "c2"
     child = saver.ledger.latest_run("c2")
     assert child is not None and child.parent_run_id == run.run_id

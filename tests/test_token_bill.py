@@ -32,7 +32,9 @@ def test_stream_completes_when_not_cancelled() -> None:
     saver = MemoryCancelSaver()
     with OpenAIStub(tokens=5, delay=0.0) as stub:
         graph = _graph(stub.base_url, saver)
-        out = graph.invoke({"messages": [HumanMessage("hi")]}, {"configurable": {"thread_id": "ok"}})
+        out = graph.invoke(
+            {"messages": [HumanMessage("hi")]}, {"configurable": {"thread_id": "ok"}}
+        )
         assert out["messages"][-1].content.split() == [f"tok{i}" for i in range(5)]
         assert stub.state.finished.wait(5)
     assert saver.ledger.latest_run("ok").status.value == "completed"

@@ -21,14 +21,15 @@ from langgraph_cancel.types import EffectRecord, EffectStatus
 RECONCILE_DECISIONS = ("committed", "not_applied", "unknown")
 
 
-def question(effects: list[EffectRecord]) -> dict[str, Any]:
-    """The interrupt payload describing unknown outcomes."""
+def question(effects: list[EffectRecord], error: str | None = None) -> dict[str, Any]:
+    """The interrupt payload describing unknown outcomes (and why the last answer failed)."""
     return {
         "type": "langgraph_cancel.reconcile",
         "message": (
             f"{len(effects)} effect(s) may or may not have happened. Check the external "
             "system by idempotency key and decide each."
         ),
+        "error": error,
         "effects": [
             {
                 "effect_id": e.effect_id,
@@ -81,9 +82,21 @@ def parse_decisions(value: Any, effects: list[EffectRecord]) -> list[dict[str, A
 
 
 def ask_human_about(scope: RunScope, effects: list[EffectRecord]) -> None:
-    """Interrupt with the unknown effects; apply the decisions when resumed."""
-    answer = interrupt(question(effects))
-    decisions = parse_decisions(answer, effects)
+    """Interrupt with the unknown effects; apply the decisions when resumed.
+
+    A malformed answer is not applied: the question is asked again, carrying
+    the error (LangGraph keeps every resume value of a node, so raising would
+    replay the bad answer on the next resume).
+    """
+    error: str | None = None
+    while True:
+        answer = interrupt(question(effects, error))
+        try:
+            decisions = parse_decisions(answer, effects)
+        except InvalidDecisionError as exc:
+            error = str(exc)
+            continue
+        break
     ledger = scope.ledger
     for item in decisions:
         reviewer = str(item.get("reviewer") or "human")

@@ -1,0 +1,150 @@
+"""The reconciliation subgraph: unknown outcomes are settled before anything runs again."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from langchain_core.messages import AIMessage, HumanMessage
+from langchain_core.tools import tool
+from langgraph.graph import START, MessagesState, StateGraph
+from langgraph.prebuilt import tools_condition
+from langgraph.types import Command
+
+from langgraph_cancel import EffectKind, EffectToolNode, Outcome, add_cancellation, effect
+from langgraph_cancel.checkpointers.memory import MemoryCancelSaver
+from langgraph_cancel.errors import InvalidDecisionError
+from langgraph_cancel.testing.fake_model import ScriptedChatModel
+
+
+def _graph(saver: MemoryCancelSaver, outcomes: dict[str, Outcome]) -> Any:
+    def ask_provider(key: str, args: dict[str, Any]) -> Outcome:
+        return outcomes.get(args["order_id"], Outcome.unknown("provider has no answer"))
+
+    @effect(EffectKind.IRREVERSIBLE, requires_approval=False, reconcile=ask_provider)
+    @tool
+    def refund(order_id: str) -> str:
+        """Refund an order."""
+        return f"refunded {order_id}"
+
+    model = ScriptedChatModel([AIMessage("resumed")], on_exhausted="repeat_last")
+
+    def agent(state: MessagesState) -> dict[str, Any]:
+        return {"messages": [model.invoke(state["messages"])]}
+
+    b = StateGraph(MessagesState)
+    b.add_node("agent", agent)
+    b.add_node("tools", EffectToolNode([refund]))
+    b.add_edge(START, "agent")
+    b.add_conditional_edges("agent", tools_condition)
+    b.add_edge("tools", "agent")
+    return add_cancellation(b).compile(checkpointer=saver)
+
+
+def _left_in_flight(saver: MemoryCancelSaver, thread: str, order_id: str) -> str:
+    """What a worker killed between its intent write and the answer leaves behind."""
+    run = saver.ledger.start_run(thread)
+    rec, _ = saver.ledger.plan(
+        thread_id=thread,
+        run_id=run.run_id,
+        tool_call_id=f"c-{order_id}",
+        tool="refund",
+        kind="irreversible",
+        args={"order_id": order_id},
+    )
+    saver.ledger.transition(rec.effect_id, "dispatched", owner="dead-worker")
+    return rec.effect_id
+
+
+def test_the_subgraph_is_visible_in_the_drawn_graph() -> None:
+    graph = _graph(MemoryCancelSaver(), {})
+    nodes = set(graph.get_graph(xray=True).nodes)
+    assert {"reconcile:settle", "reconcile:ask_human", "reconcile:answer_dangling"} <= nodes
+    assert "cancel" in nodes
+
+
+def test_new_input_settles_in_flight_effects_through_the_hook_first() -> None:
+    saver = MemoryCancelSaver()
+    graph = _graph(saver, {"o1": Outcome.committed("refund r-1"), "o2": Outcome.not_applied()})
+    e1 = _left_in_flight(saver, "r1", "o1")
+    e2 = _left_in_flight(saver, "r1", "o2")
+    out = graph.invoke(
+        {"messages": [HumanMessage("continue")]}, {"configurable": {"thread_id": "r1"}}
+    )
+    assert out["messages"][-1].content == "resumed"
+    assert saver.ledger.get_effect(e1).status.value == "committed"
+    assert saver.ledger.get_effect(e1).result["content"] == "refund r-1"
+    assert saver.ledger.get_effect(e2).status.value == "not_applied"
+    audit = saver.ledger.history(e1)
+    assert audit[-1].actor == "reconciler"
+
+
+def test_what_stays_unknown_goes_to_a_human_and_the_decision_is_recorded() -> None:
+    saver = MemoryCancelSaver()
+    graph = _graph(saver, {})
+    effect_id = _left_in_flight(saver, "r2", "o9")
+    config = {"configurable": {"thread_id": "r2"}}
+    out = graph.invoke({"messages": [HumanMessage("continue")]}, config)
+    rec = saver.ledger.get_effect(effect_id)
+    assert rec.status.value == "unknown" and rec.owner and rec.next_action
+    interrupts = out["__interrupt__"]
+    payload = interrupts[0].value
+    assert payload["type"] == "langgraph_cancel.reconcile"
+    assert [e["effect_id"] for e in payload["effects"]] == [effect_id]
+    # A malformed answer is refused with a clear error and the question asked again.
+    out = graph.invoke(Command(resume=[{"effect_id": effect_id, "decision": "maybe"}]), config)
+    again = out["__interrupt__"][0].value
+    assert "decision must be one of" in again["error"]
+    assert saver.ledger.get_effect(effect_id).status.value == "unknown"
+    with pytest.raises(InvalidDecisionError):
+        from langgraph_cancel.nodes.reconcile import parse_decisions
+
+        parse_decisions({"decisions": "nope"}, [saver.ledger.get_effect(effect_id)])
+    out = graph.invoke(
+        Command(
+            resume=[
+                {
+                    "effect_id": effect_id,
+                    "decision": "committed",
+                    "result": "provider shows r-77",
+                    "reviewer": "ops@shop",
+                }
+            ]
+        ),
+        config,
+    )
+    rec = saver.ledger.get_effect(effect_id)
+    assert rec.status.value == "committed"
+    assert saver.ledger.history(effect_id)[-1].actor == "ops@shop"
+    assert out["messages"][-1].content == "resumed"
+
+
+def test_hooks_that_raise_hang_or_return_garbage_leave_unknown_not_a_crash() -> None:
+    import time
+
+    from langgraph_cancel.effects import spec_of
+    from langgraph_cancel.hooks import call_reconcile
+
+    def boom(key: str, args: dict[str, Any]) -> Outcome:
+        raise RuntimeError("provider down")
+
+    def hang(key: str, args: dict[str, Any]) -> Outcome:
+        time.sleep(2)
+        return Outcome.committed()
+
+    def garbage(key: str, args: dict[str, Any]) -> Any:
+        return {"status": "committed"}
+
+    import asyncio
+
+    for hook, words in ((boom, "raised"), (hang, "timed out"), (garbage, "not an Outcome")):
+
+        @effect(EffectKind.IRREVERSIBLE, reconcile=hook, hook_timeout=0.2)
+        @tool
+        def pay(order_id: str) -> str:
+            """Pay."""
+            return "paid"
+
+        outcome = asyncio.run(call_reconcile(spec_of(pay), "k", {"order_id": "x"}))
+        assert outcome.status == "unknown"
+        assert words in (outcome.reason or "")
