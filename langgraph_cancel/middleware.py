@@ -234,7 +234,9 @@ class EffectMiddleware(AgentMiddleware[CancelAgentState, Any, Any]):
             _request.reset(tokens[1])
 
     def wrap_tool_call(
-        self, request: ToolCallRequest, handler: Callable[[ToolCallRequest], ToolMessage | Command[Any]]
+        self,
+        request: ToolCallRequest,
+        handler: Callable[[ToolCallRequest], ToolMessage | Command[Any]],
     ) -> ToolMessage | Command[Any]:
         """Ledger-guarded execution of one tool call (sync agents)."""
         result: ToolMessage | Command[Any] = _run_sync(self._guarded(request, handler, False))
