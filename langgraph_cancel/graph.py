@@ -645,6 +645,7 @@ class CancellableGraph(CompiledStateGraph):  # type: ignore[type-arg]
     ) -> Iterator[Any]:
         """As ``CompiledStateGraph.stream``, inside the run's scope."""
         merged = ensure_config(merge_configs(self.config, config))
+        check_durability(merged, kwargs.get("durability"))  # refuse before any node runs
         if not merged.get("configurable", {}).get("thread_id"):
             yield from super().stream(input, config, **kwargs)
             return
@@ -672,6 +673,7 @@ class CancellableGraph(CompiledStateGraph):  # type: ignore[type-arg]
     ) -> AsyncIterator[Any]:
         """As ``CompiledStateGraph.astream``, inside the run's scope."""
         merged = ensure_config(merge_configs(self.config, config))
+        check_durability(merged, kwargs.get("durability"))  # refuse before any node runs
         if not merged.get("configurable", {}).get("thread_id"):
             async for chunk in super().astream(input, config, **kwargs):
                 yield chunk

@@ -109,14 +109,18 @@ def thread_id_of(config: RunnableConfig | None) -> str:
     return str(thread_id)
 
 
-def check_durability(config: RunnableConfig | None) -> None:
+def check_durability(config: RunnableConfig | None, durability: str | None = None) -> None:
     """Refuse ``durability="exit"``: a crash would lose every tool batch of the run.
+
+    Args:
+        config: A node's config (LangGraph puts the run's durability in it).
+        durability: The ``durability=`` an invocation was given, checked at its start.
 
     Raises:
         DurabilityError: Under ``durability="exit"``.
     """
     conf = (config or {}).get("configurable", {})
-    if conf.get(_CONFIG_KEY_DURABILITY) == "exit":
+    if (durability or conf.get(_CONFIG_KEY_DURABILITY)) == "exit":
         raise DurabilityError(
             'durability="exit" writes one checkpoint at the end of the run, so a crash '
             "loses every tool batch; langgraph-cancel needs a checkpoint after each batch: "
