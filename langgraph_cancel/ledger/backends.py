@@ -87,6 +87,14 @@ class Backend:
         """A context manager yielding a ``Cursor`` inside one transaction."""
         raise NotImplementedError
 
+    def statement(self) -> Any:
+        """A context manager yielding a ``Cursor`` for one self-contained statement.
+
+        PostgreSQL runs it in autocommit (no BEGIN/COMMIT round trips); SQLite
+        runs it in a transaction like any other write.
+        """
+        return self.transaction()
+
     def close(self) -> None:  # pragma: no cover - interface
         """Release connections."""
         raise NotImplementedError
@@ -236,7 +244,6 @@ class PostgresBackend(Backend):
                 max_size=max_size,
                 kwargs={"autocommit": True, "row_factory": dict_row, "prepare_threshold": None},
                 open=True,
-                check=_Pool.check_connection,
                 name="langgraph-cancel-ledger",
             )
             self._conn: _Connection[Any] | None = None
@@ -273,6 +280,18 @@ class PostgresBackend(Backend):
             return
         assert self._conn is not None and self._lock is not None
         with self._lock, self._conn.transaction():
+            yield self._conn.cursor(row_factory=dict_row)
+
+    @contextmanager
+    def statement(self) -> Iterator[Cursor]:
+        from psycopg.rows import dict_row
+
+        if self._pool is not None:
+            with self._pool.connection() as conn:
+                yield conn.cursor(row_factory=dict_row)
+            return
+        assert self._conn is not None and self._lock is not None
+        with self._lock:
             yield self._conn.cursor(row_factory=dict_row)
 
     def close(self) -> None:

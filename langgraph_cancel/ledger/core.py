@@ -573,32 +573,42 @@ class Ledger:
         effect_id = derive_effect_id(thread_id, tool_call_id)
         now = utcnow()
         settles = status not in UNSETTLED_STATUSES
+        params = {
+            "effect_id": effect_id,
+            "thread_id": thread_id,
+            "run_id": run_id,
+            "tool_call_id": tool_call_id,
+            "tool": tool,
+            "kind": kind.value,
+            "status": status.value,
+            "idempotency_key": key,
+            "args": b.json_in(args),
+            "seq": seq,
+            "result": b.json_in(result),
+            "error": error,
+            "owner": owner,
+            "next_action": None,
+            "approval": None,
+            "token": None,
+            "now": b.ts_in(now),
+            "dispatched_at": None,
+            "settled_at": b.ts_in(now) if settles else None,
+            "actor": actor,
+            "detail": b.json_in(detail or {}),
+        }
         try:
+            if b.dialect == "postgres":
+                with b.statement() as cur:
+                    cur.execute(q.PG_INSERT_EFFECT, params)
+                    row = cur.fetchone()
+                    if row is None:
+                        cur.execute(q.SELECT_EFFECT, {"effect_id": effect_id})
+                        existing = cur.fetchone()
+                        assert existing is not None
+                        return self._effect(existing), False
+                    return self._effect(row), True
             with b.transaction() as cur:
-                cur.execute(
-                    q.INSERT_EFFECT,
-                    {
-                        "effect_id": effect_id,
-                        "thread_id": thread_id,
-                        "run_id": run_id,
-                        "tool_call_id": tool_call_id,
-                        "tool": tool,
-                        "kind": kind.value,
-                        "status": status.value,
-                        "idempotency_key": key,
-                        "args": b.json_in(args),
-                        "seq": seq,
-                        "result": b.json_in(result),
-                        "error": error,
-                        "owner": owner,
-                        "next_action": None,
-                        "approval": None,
-                        "token": None,
-                        "now": b.ts_in(now),
-                        "dispatched_at": None,
-                        "settled_at": b.ts_in(now) if settles else None,
-                    },
-                )
+                cur.execute(q.INSERT_EFFECT, params)
                 row = cur.fetchone()
                 if row is None:
                     cur.execute(q.SELECT_EFFECT, {"effect_id": effect_id})
@@ -613,7 +623,7 @@ class Ledger:
                         "to_status": status.value,
                         "now": b.ts_in(now),
                         "actor": actor,
-                        "detail": b.json_in(detail or {}),
+                        "detail": params["detail"],
                     },
                 )
                 return self._effect(row), True
@@ -750,9 +760,23 @@ class Ledger:
                 "settles": 1 if target in _SETTLING else 0,
             }
         )
-        lock = " FOR UPDATE" if b.dialect == "postgres" else ""
+        if b.dialect == "postgres":
+            params.update({"actor": actor, "detail": b.json_in(detail or {})})
+            pg_sql = q.PG_TRANSITION_EFFECT.format(
+                statuses=statuses, guard=q.RUN_ACTIVE_GUARD if guard else ""
+            )
+            with b.statement() as cur:
+                cur.execute(pg_sql, params)
+                row = cur.fetchone()
+                if row is not None:
+                    return self._effect(row)
+                cur.execute(q.SELECT_EFFECT, {"effect_id": effect_id})
+                before = cur.fetchone()
+            if before is None:
+                raise UnknownEffectError(f"no effect {effect_id!r} in the ledger")
+            return self._lost_transition(before, target, allowed, guard, token)
         with b.transaction() as cur:
-            cur.execute(q.SELECT_EFFECT + lock, {"effect_id": effect_id})
+            cur.execute(q.SELECT_EFFECT, {"effect_id": effect_id})
             before = cur.fetchone()
             if before is None:
                 raise UnknownEffectError(f"no effect {effect_id!r} in the ledger")
@@ -775,6 +799,18 @@ class Ledger:
                     },
                 )
                 return self._effect(row)
+        return self._lost_transition(before, target, allowed, guard, token)
+
+    def _lost_transition(
+        self,
+        before: dict[str, Any],
+        target: EffectStatus,
+        allowed: frozenset[EffectStatus],
+        guard: bool,
+        token: str,
+    ) -> EffectRecord:
+        """The compare-and-set did not apply: our own retry, a refusal, or a conflict."""
+        effect_id = before["effect_id"]
         current = self._effect(before)
         if current.status is target and before["last_token"] == token:
             return current  # our own earlier attempt committed; the ack was lost

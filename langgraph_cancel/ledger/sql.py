@@ -228,6 +228,45 @@ UPDATE lgc_effects SET status = %(to)s, version = version + 1, last_token = %(to
 WHERE effect_id = %(effect_id)s AND status IN ({{statuses}}) {{guard}}
 RETURNING {EFFECT_COLUMNS}"""
 
+# PostgreSQL: the compare-and-set and its audit row in ONE statement (one round
+# trip, atomic without BEGIN/COMMIT). ``prev`` locks the row so the audit's
+# "from" status is the one the update replaced.
+PG_TRANSITION_EFFECT = f"""
+WITH prev AS (
+    SELECT effect_id, status AS from_status FROM lgc_effects
+    WHERE effect_id = %(effect_id)s FOR UPDATE
+), upd AS (
+    UPDATE lgc_effects SET status = %(to)s, version = version + 1, last_token = %(token)s,
+        updated_at = %(now)s,
+        result = CASE WHEN %(set_result)s = 1 THEN %(result)s ELSE result END,
+        error = CASE WHEN %(set_error)s = 1 THEN %(error)s ELSE error END,
+        owner = COALESCE(%(owner)s, owner),
+        next_action = CASE WHEN %(set_next_action)s = 1 THEN %(next_action)s
+                           ELSE next_action END,
+        approval = COALESCE(%(approval)s, approval),
+        args = COALESCE(%(args)s, args),
+        dispatched_at = CASE WHEN %(to)s = 'dispatched' THEN %(now)s ELSE dispatched_at END,
+        settled_at = CASE WHEN %(settles)s = 1 THEN %(now)s ELSE settled_at END
+    FROM prev
+    WHERE lgc_effects.effect_id = prev.effect_id AND lgc_effects.status IN ({{statuses}})
+        -- a retry whose first attempt committed (lost ack) must not apply twice
+        AND lgc_effects.last_token IS DISTINCT FROM %(token)s {{guard}}
+    RETURNING {", ".join("lgc_effects." + c.strip() for c in EFFECT_COLUMNS.split(","))},
+        prev.from_status
+), audit AS (
+    INSERT INTO lgc_transitions (effect_id, from_status, to_status, at, actor, detail)
+    SELECT effect_id, from_status, %(to)s, %(now)s, %(actor)s, %(detail)s FROM upd
+)
+SELECT * FROM upd"""
+
+PG_INSERT_EFFECT = f"""
+WITH ins AS ({INSERT_EFFECT}
+), audit AS (
+    INSERT INTO lgc_transitions (effect_id, from_status, to_status, at, actor, detail)
+    SELECT effect_id, NULL, status, %(now)s, %(actor)s, %(detail)s FROM ins
+)
+SELECT * FROM ins"""
+
 RUN_ACTIVE_GUARD = """AND EXISTS (
     SELECT 1 FROM lgc_runs r WHERE r.run_id = lgc_effects.run_id AND r.status = 'running')"""
 
