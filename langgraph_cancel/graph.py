@@ -603,13 +603,26 @@ class _Invocation:
         conf.pop("checkpoint_id", None)
         return {"configurable": conf}
 
+    def _dangling(self) -> list[ToolCall]:
+        """Tool calls the saved state leaves unanswered (none known without a checkpointer)."""
+        if self.graph.checkpointer is None:
+            return []
+        try:
+            snapshot = self.graph.get_state(self._state_config())
+        except Exception:
+            logger.debug("no state to inspect", exc_info=True)
+            return []
+        return dangling_tool_calls(_messages(snapshot.values, self.settings.messages_key))
+
     def _close_run(self) -> None:
         run = self.ledger.get_run(self.scope.run_id)
         if run.terminal:
             return
         if run.cancel_requested:
-            # The signal arrived after the last check: finish the cancel here.
-            _run_sync(finalize_cancel(self.scope, self.settings, []))
+            # The signal arrived after the last check: finish the cancel here. Calls the
+            # saved state leaves unanswered (e.g. paused at an approval interrupt) will
+            # never run: the cancel records them as not run.
+            _run_sync(finalize_cancel(self.scope, self.settings, self._dangling()))
             return
         if self.graph.checkpointer is None:
             return
