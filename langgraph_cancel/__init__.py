@@ -26,7 +26,7 @@ from langgraph_cancel.errors import (
 )
 from langgraph_cancel.graph import CancellableGraph, add_cancellation
 from langgraph_cancel.ledger import Ledger
-from langgraph_cancel.nodes import EffectToolNode
+from langgraph_cancel.nodes import ApprovalGate, EffectToolNode
 from langgraph_cancel.report import CancellationReport
 from langgraph_cancel.runtime import is_cancelled
 from langgraph_cancel.types import CancelPolicy, EffectKind, EffectStatus, RunStatus
@@ -34,6 +34,7 @@ from langgraph_cancel.types import CancelPolicy, EffectKind, EffectStatus, RunSt
 __version__ = "0.1.0"
 
 __all__ = [
+    "ApprovalGate",
     "CancelPolicy",
     "CancellableGraph",
     "CancellationReport",
