@@ -244,7 +244,12 @@ class EffectToolNode(ToolNode):
             if error is not None:
                 outputs[index] = error
             elif planned is not None:
-                (reads if planned.spec.kind is EffectKind.READ_ONLY else effects).append(planned)
+                # A read that needs approval goes the side-effect way: it must be
+                # approved, and its record moves through dispatched like any effect.
+                fast_read = planned.spec.kind is EffectKind.READ_ONLY and not _needs_approval(
+                    planned.spec, planned.call.get("args") or {}
+                )
+                (reads if fast_read else effects).append(planned)
 
         if reads:
             results = await asyncio.gather(
@@ -377,6 +382,8 @@ class EffectToolNode(ToolNode):
         existing = ledger.find_effect(scope.thread_id, p.call["id"])
         if existing is not None and existing.settled:
             return replay_message(existing, p.call)
+        if existing is not None:  # approved or in flight: the full lifecycle applies
+            return await self._run_effect(p, request, input_type, scope)
         if scope.cancel_called():
             scope.signal.observe()
             self._drop(scope, p, existing)
@@ -450,7 +457,7 @@ class EffectToolNode(ToolNode):
         if rec.status is EffectStatus.PENDING_APPROVAL:
             return self._refuse_unapproved(p, rec, scope)
         if rec.status in (EffectStatus.PLANNED, EffectStatus.APPROVED, EffectStatus.NOT_APPLIED):
-            if rec.status is EffectStatus.PLANNED and p.spec.needs_approval(rec.args):
+            if rec.status is EffectStatus.PLANNED and _needs_approval(p.spec, rec.args):
                 return self._refuse_unapproved(p, rec, scope)
             return await self._dispatch(p, rec, input_type, scope)
         return replay_message(rec, p.call)
@@ -717,6 +724,13 @@ class EffectToolNode(ToolNode):
         if not flag or not isinstance(exc, handled):
             raise exc
         return _handle_tool_error(exc, flag=flag)
+
+
+def _needs_approval(spec: EffectSpec, args: dict[str, Any]) -> bool:
+    try:
+        return spec.needs_approval(args)
+    except Exception:  # a predicate that fails cannot waive approval
+        return True
 
 
 def _validate_args(tool: BaseTool, args: Any) -> str | None:
