@@ -8,8 +8,11 @@ effect then stays unknown with an owner instead of the run crashing.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import inspect
 import logging
+import threading
 from typing import Any
 
 from langgraph_cancel.effects import EffectSpec, Outcome
@@ -18,12 +21,42 @@ from langgraph_cancel.errors import HookError
 logger = logging.getLogger("langgraph_cancel.hooks")
 
 
+def _in_daemon_thread(fn: Any, *args: Any) -> asyncio.Future[Any]:
+    """Run ``fn`` in a daemon thread of its own; a future for its result.
+
+    Not ``asyncio.to_thread``: the loop's default executor is joined when the
+    loop closes (``asyncio.run`` does it), so a hook hanging past its timeout
+    would hold the whole run until the hook returned, or forever.
+    """
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[Any] = loop.create_future()
+    ctx = contextvars.copy_context()
+
+    def settle(ok: bool, value: Any) -> None:
+        if not future.done():
+            if ok:
+                future.set_result(value)
+            else:
+                future.set_exception(value)
+
+    def target() -> None:
+        try:
+            ok, value = True, ctx.run(fn, *args)
+        except BaseException as exc:
+            ok, value = False, exc
+        with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits any more
+            loop.call_soon_threadsafe(settle, ok, value)
+
+    threading.Thread(target=target, name="langgraph-cancel-hook", daemon=True).start()
+    return future
+
+
 async def _call(fn: Any, *args: Any, seconds: float) -> Any:
     if inspect.iscoroutinefunction(fn):
         return await asyncio.wait_for(fn(*args), seconds)
     # A sync hook runs in a thread so a hang cannot block the loop; the thread is
     # abandoned (not killed) on timeout, which Python cannot avoid.
-    result = await asyncio.wait_for(asyncio.to_thread(fn, *args), seconds)
+    result = await asyncio.wait_for(_in_daemon_thread(fn, *args), seconds)
     if inspect.isawaitable(result):
         return await asyncio.wait_for(result, seconds)
     return result
