@@ -1,0 +1,743 @@
+"""The effect ledger on every backend (memory, SQLite, PostgreSQL) through ``db_url``.
+
+Covers the lifecycle state machine (every legal and every illegal transition),
+the audit trail, status parsing, idempotency keys, queries, the run lifecycle
+(first reason wins, one terminal transition enforced by the database, no dispatch
+after a cancel request) and thread leases, plus async twins.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from datetime import datetime
+from typing import Any
+
+import pytest
+
+from langgraph_cancel.errors import (
+    DispatchRefusedError,
+    DuplicateIdempotencyKeyError,
+    IllegalTransitionError,
+    ThreadBusyError,
+    TransitionConflictError,
+    UnknownEffectError,
+    UnknownRunError,
+    UnknownStatusError,
+    UnknownThreadError,
+)
+from langgraph_cancel.ledger import Ledger, derive_effect_id, derive_idempotency_key
+from langgraph_cancel.types import (
+    EFFECT_TRANSITIONS,
+    TERMINAL_RUN_STATUSES,
+    UNSETTLED_STATUSES,
+    EffectKind,
+    EffectStatus,
+    RunStatus,
+    utcnow,
+)
+from ledger_util import (
+    NEXT_ACTION,
+    OWNER,
+    integrity_errors,
+    make_effect,
+    new_id,
+    path_to,
+    unknown_kwargs,
+)
+
+ALL_STATUSES: list[EffectStatus] = list(EffectStatus)
+LEGAL_PAIRS: list[tuple[EffectStatus, EffectStatus]] = [
+    (src, dst) for src in ALL_STATUSES for dst in ALL_STATUSES if dst in EFFECT_TRANSITIONS[src]
+]
+ILLEGAL_PAIRS: list[tuple[EffectStatus, EffectStatus]] = [
+    (src, dst) for src in ALL_STATUSES for dst in ALL_STATUSES if dst not in EFFECT_TRANSITIONS[src]
+]
+
+
+@pytest.fixture
+def ledger(db_url: str) -> Iterator[Ledger]:
+    led = Ledger.from_url(db_url)
+    try:
+        yield led
+    finally:
+        led.close()
+
+
+def test_transition_table_is_total_and_reachable() -> None:
+    # Sanity of the table the other tests iterate over.
+    assert set(EFFECT_TRANSITIONS) == set(EffectStatus)
+    assert len(LEGAL_PAIRS) + len(ILLEGAL_PAIRS) == len(ALL_STATUSES) ** 2
+    assert len(ILLEGAL_PAIRS) > 100
+    for status in ALL_STATUSES:
+        if status is not EffectStatus.PLANNED:
+            assert path_to(status)[-1] is status
+
+
+# --------------------------------------------------------------------- transitions
+
+
+def test_every_legal_transition_works_and_is_audited(ledger: Ledger) -> None:
+    thread = new_id("t")
+    run = ledger.start_run(thread)
+    for src, dst in LEGAL_PAIRS:
+        rec = make_effect(ledger, src, thread_id=thread, run_id=run.run_id)
+        before_history = ledger.history(rec.effect_id)
+        detail = {"pair": f"{src.value}->{dst.value}", "n": 1}
+        t0 = utcnow()
+        # A repeat dispatch must be asked for explicitly; everything else uses the default
+        # "any legal predecessor" compare-and-set.
+        expected = [src] if (src, dst) == (EffectStatus.DISPATCHED,) * 2 else None
+        moved = ledger.transition(
+            rec.effect_id,
+            dst,
+            expected=expected,
+            actor="alice",
+            detail=detail,
+            **unknown_kwargs(dst),
+        )
+        t1 = utcnow()
+        assert moved.status is dst, (src, dst)
+        assert moved.version == rec.version + 1
+        stored = ledger.get_effect(rec.effect_id)
+        assert stored == moved
+        if dst is EffectStatus.DISPATCHED:
+            assert moved.dispatched_at is not None and t0 <= moved.dispatched_at <= t1
+        if dst not in UNSETTLED_STATUSES:
+            assert moved.settled_at is not None and t0 <= moved.settled_at <= t1
+            assert moved.settled
+        else:
+            assert not moved.settled
+        if dst is EffectStatus.UNKNOWN:
+            assert (moved.owner, moved.next_action) == (OWNER, NEXT_ACTION)
+
+        history = ledger.history(rec.effect_id)
+        assert len(history) == len(before_history) + 1, (src, dst)
+        last = history[-1]
+        assert last.effect_id == rec.effect_id
+        assert (last.from_status, last.to_status) == (src, dst)
+        assert last.actor == "alice"
+        assert last.detail == detail
+        assert isinstance(last.at, datetime) and last.at.tzinfo is not None
+        assert t0 <= last.at <= t1
+
+
+def test_audit_trail_records_the_whole_path(ledger: Ledger) -> None:
+    thread = new_id("t")
+    run = ledger.start_run(thread)
+    rec = make_effect(ledger, EffectStatus.COMPENSATED, thread_id=thread, run_id=run.run_id)
+    history = ledger.history(rec.effect_id)
+    chain = path_to(EffectStatus.COMPENSATED)
+    assert [h.to_status for h in history] == [EffectStatus.PLANNED, *chain]
+    assert [h.from_status for h in history] == [None, EffectStatus.PLANNED, *chain[:-1]]
+    assert history[0].actor == "test-planner"
+    assert all(h.actor == "test-walker" for h in history[1:])
+    times = [h.at for h in history]
+    assert times == sorted(times)
+    assert rec.version == len(history)
+
+
+def test_every_illegal_transition_raises(ledger: Ledger) -> None:
+    thread = new_id("t")
+    run = ledger.start_run(thread)
+    checked = 0
+    for src in ALL_STATUSES:
+        rec = make_effect(ledger, src, thread_id=thread, run_id=run.run_id)
+        history_len = len(ledger.history(rec.effect_id))
+        for dst in ALL_STATUSES:
+            if dst in EFFECT_TRANSITIONS[src]:
+                continue
+            extra: dict[str, Any] = {"owner": OWNER, "next_action": NEXT_ACTION}
+            # The database's compare-and-set refuses it (default: any legal predecessor).
+            with pytest.raises(IllegalTransitionError) as info:
+                ledger.transition(rec.effect_id, dst, actor="mallory", **extra)
+            assert not isinstance(info.value, TransitionConflictError), (src, dst)
+            assert info.value.record_id == rec.effect_id
+            assert (info.value.current, info.value.requested) == (src.value, dst.value)
+            # Claiming the source status explicitly is refused before touching the database.
+            with pytest.raises(IllegalTransitionError):
+                ledger.transition(rec.effect_id, dst, expected=[src], actor="mallory", **extra)
+            checked += 1
+        after = ledger.get_effect(rec.effect_id)
+        assert after.status is src and after.version == rec.version
+        assert len(ledger.history(rec.effect_id)) == history_len
+    assert checked == len(ILLEGAL_PAIRS)
+
+
+def test_unknown_status_strings_raise(ledger: Ledger) -> None:
+    thread = new_id("t")
+    run = ledger.start_run(thread)
+    rec = make_effect(ledger, EffectStatus.PLANNED, thread_id=thread, run_id=run.run_id)
+    with pytest.raises(UnknownStatusError, match="bogus"):
+        ledger.transition(rec.effect_id, "bogus")
+    with pytest.raises(UnknownStatusError):
+        ledger.transition(rec.effect_id, "APPROVED")  # statuses are lower-case values
+    with pytest.raises(UnknownStatusError):
+        ledger.transition(rec.effect_id, "approved", expected=["planned", "nope"])
+    with pytest.raises(UnknownStatusError):
+        ledger.plan(
+            thread_id=thread,
+            run_id=run.run_id,
+            tool_call_id="c-x",
+            tool="t",
+            kind="irreversible",
+            args={},
+            status="half-done",
+        )
+    with pytest.raises(UnknownStatusError):
+        ledger.plan(
+            thread_id=thread,
+            run_id=run.run_id,
+            tool_call_id="c-y",
+            tool="t",
+            kind="dangerous",
+            args={},
+        )
+    with pytest.raises(UnknownStatusError):
+        ledger.effects_by_status("bogus")
+    with pytest.raises(UnknownStatusError):
+        ledger.runs_by_status("stopped")
+    with pytest.raises(UnknownStatusError):
+        ledger.finish_run(run.run_id, "stopped")
+    # UnknownStatusError is a ValueError too, for callers that catch that.
+    with pytest.raises(ValueError):
+        ledger.transition(rec.effect_id, "")
+    # Nothing was written by any of these.
+    assert ledger.get_effect(rec.effect_id).status is EffectStatus.PLANNED
+    assert ledger.find_effect(thread, "c-x") is None
+    assert ledger.find_effect(thread, "c-y") is None
+    assert ledger.get_run(run.run_id).status is RunStatus.RUNNING
+    # Good strings are accepted, as are enum members.
+    assert ledger.transition(rec.effect_id, "approved").status is EffectStatus.APPROVED
+
+
+def test_plan_only_accepts_initial_statuses(ledger: Ledger) -> None:
+    thread = new_id("t")
+    run = ledger.start_run(thread)
+    for status in (EffectStatus.DISPATCHED, EffectStatus.UNKNOWN, EffectStatus.APPROVED):
+        with pytest.raises(IllegalTransitionError):
+            ledger.plan(
+                thread_id=thread,
+                run_id=run.run_id,
+                tool_call_id=f"c-{status.value}",
+                tool="t",
+                kind=EffectKind.IRREVERSIBLE,
+                args={},
+                status=status,
+            )
+    rec, created = ledger.plan(
+        thread_id=thread,
+        run_id=run.run_id,
+        tool_call_id="c-ro",
+        tool="search",
+        kind=EffectKind.READ_ONLY,
+        args={"q": "x"},
+        status=EffectStatus.COMMITTED,
+        result={"hits": 3},
+        actor="fast-path",
+    )
+    assert created and rec.status is EffectStatus.COMMITTED and rec.settled
+    assert rec.result == {"hits": 3} and rec.settled_at is not None
+    [row] = ledger.history(rec.effect_id)
+    assert (row.from_status, row.to_status, row.actor) == (
+        None,
+        EffectStatus.COMMITTED,
+        "fast-path",
+    )
+
+
+def test_unknown_needs_owner_and_next_action(ledger: Ledger) -> None:
+    thread = new_id("t")
+    run = ledger.start_run(thread)
+    rec = make_effect(ledger, EffectStatus.DISPATCHED, thread_id=thread, run_id=run.run_id)
+    refused: list[dict[str, Any]] = [
+        {},
+        {"owner": OWNER},
+        {"next_action": NEXT_ACTION},
+        {"next_action": None},
+    ]
+    for kwargs in refused:
+        with pytest.raises(IllegalTransitionError, match="owner"):
+            ledger.transition(rec.effect_id, EffectStatus.UNKNOWN, **kwargs)
+    assert ledger.get_effect(rec.effect_id).status is EffectStatus.DISPATCHED
+    assert len(ledger.history(rec.effect_id)) == 2
+
+    # The database refuses it as well (CHECK constraint), whatever Python does.
+    with pytest.raises(integrity_errors()), ledger.backend.transaction() as cur:
+        cur.execute(
+            "UPDATE lgc_effects SET status = 'unknown', owner = NULL, next_action = NULL "
+            "WHERE effect_id = %(id)s",
+            {"id": rec.effect_id},
+        )
+    assert ledger.get_effect(rec.effect_id).status is EffectStatus.DISPATCHED
+
+    moved = ledger.transition(
+        rec.effect_id, EffectStatus.UNKNOWN, owner=OWNER, next_action=NEXT_ACTION, actor="w1"
+    )
+    assert (moved.status, moved.owner, moved.next_action) == (
+        EffectStatus.UNKNOWN,
+        OWNER,
+        NEXT_ACTION,
+    )
+    # Re-labelled with a new owner: still needs both, and keeps them.
+    relabelled = ledger.transition(
+        rec.effect_id, EffectStatus.UNKNOWN, owner="finance", next_action="call the bank"
+    )
+    assert (relabelled.owner, relabelled.next_action) == ("finance", "call the bank")
+
+
+# ------------------------------------------------------------------- idempotency
+
+
+def test_duplicate_idempotency_key_across_effects_raises(ledger: Ledger) -> None:
+    thread = new_id("t")
+    run = ledger.start_run(thread)
+    first, created = ledger.plan(
+        thread_id=thread,
+        run_id=run.run_id,
+        tool_call_id="c1",
+        tool="refund",
+        kind=EffectKind.IRREVERSIBLE,
+        args={"r": 1},
+        idempotency_key="refund-r-4471",
+    )
+    assert created and first.idempotency_key == "refund-r-4471"
+    with pytest.raises(DuplicateIdempotencyKeyError) as info:
+        ledger.plan(
+            thread_id=thread,
+            run_id=run.run_id,
+            tool_call_id="c2",
+            tool="refund",
+            kind=EffectKind.IRREVERSIBLE,
+            args={"r": 1},
+            idempotency_key="refund-r-4471",
+        )
+    assert info.value.key == "refund-r-4471"
+    assert info.value.existing_effect_id == first.effect_id
+    # Unique across threads too.
+    other_thread = new_id("t")
+    other_run = ledger.start_run(other_thread)
+    with pytest.raises(DuplicateIdempotencyKeyError):
+        ledger.plan(
+            thread_id=other_thread,
+            run_id=other_run.run_id,
+            tool_call_id="c1",
+            tool="refund",
+            kind=EffectKind.IRREVERSIBLE,
+            args={},
+            idempotency_key="refund-r-4471",
+        )
+    assert ledger.find_effect(thread, "c2") is None
+    assert ledger.find_effect(other_thread, "c1") is None
+    assert [e.effect_id for e in ledger.effects(thread)] == [first.effect_id]
+    found = ledger.effect_by_key("refund-r-4471")
+    assert found is not None and found.effect_id == first.effect_id
+    # The ledger is still healthy after the refused insert.
+    assert ledger.transition(first.effect_id, "dropped").status is EffectStatus.DROPPED
+
+
+def test_replanning_the_same_tool_call_returns_the_existing_row(ledger: Ledger) -> None:
+    thread = new_id("t")
+    run = ledger.start_run(thread)
+    kwargs = {
+        "thread_id": thread,
+        "run_id": run.run_id,
+        "tool_call_id": "call-7",
+        "tool": "send_email",
+        "kind": EffectKind.IRREVERSIBLE,
+        "args": {"to": "a@b.c"},
+    }
+    rec, created = ledger.plan(**kwargs)  # type: ignore[arg-type]
+    assert created
+    assert rec.effect_id == derive_effect_id(thread, "call-7")
+    assert rec.idempotency_key == derive_idempotency_key(thread, "call-7")
+    approved = ledger.transition(rec.effect_id, EffectStatus.APPROVED)
+    again, created_again = ledger.plan(**kwargs)  # type: ignore[arg-type]
+    assert created_again is False
+    assert again == approved  # the existing row, untouched (status kept)
+    assert len(ledger.effects(thread)) == 1
+    assert len(ledger.history(rec.effect_id)) == 2  # plan + approve, no second plan row
+    # The derived key is stable and distinct per thread and per tool call.
+    assert derive_idempotency_key(thread, "call-7") == rec.idempotency_key
+    assert derive_idempotency_key(thread, "call-8") != rec.idempotency_key
+    assert derive_idempotency_key(new_id("t"), "call-7") != rec.idempotency_key
+
+
+# ----------------------------------------------------------------------- queries
+
+
+def test_queries_by_thread_run_status_and_unsettled(ledger: Ledger) -> None:
+    t_a, t_b = new_id("a"), new_id("b")
+    run_a, run_b = ledger.start_run(t_a), ledger.start_run(t_b)
+    made: dict[str, dict[EffectStatus, str]] = {t_a: {}, t_b: {}}
+    for thread, run in ((t_a, run_a), (t_b, run_b)):
+        for seq, status in enumerate(ALL_STATUSES):
+            rec = make_effect(ledger, status, thread_id=thread, run_id=run.run_id, seq=seq)
+            made[thread][status] = rec.effect_id
+
+    for thread, run in ((t_a, run_a), (t_b, run_b)):
+        expected = [made[thread][s] for s in ALL_STATUSES]  # plan order
+        assert [e.effect_id for e in ledger.effects(thread)] == expected
+        assert [e.effect_id for e in ledger.run_effects(run.run_id)] == expected
+        unsettled = ledger.unsettled(thread)
+        assert [e.effect_id for e in unsettled] == [
+            made[thread][s] for s in ALL_STATUSES if s in UNSETTLED_STATUSES
+        ]
+        assert all(not e.settled for e in unsettled)
+        assert all(e.thread_id == thread for e in unsettled)
+
+    for status in ALL_STATUSES:
+        rows = ledger.effects_by_status(status)
+        assert {e.effect_id for e in rows} == {made[t_a][status], made[t_b][status]}, status
+        assert all(e.status is status for e in rows)
+        assert {e.effect_id for e in ledger.effects_by_status(status.value)} == {
+            e.effect_id for e in rows
+        }
+    assert len(ledger.effects_by_status(EffectStatus.PLANNED, limit=1)) == 1
+
+    # Settling an effect removes it from the unsettled view, and only that one.
+    planned_a = made[t_a][EffectStatus.PLANNED]
+    ledger.transition(planned_a, EffectStatus.DROPPED)
+    assert planned_a not in {e.effect_id for e in ledger.unsettled(t_a)}
+    assert planned_a in {e.effect_id for e in ledger.effects(t_a)}
+    assert made[t_b][EffectStatus.PLANNED] in {e.effect_id for e in ledger.unsettled(t_b)}
+    # Unknown threads and runs simply have nothing.
+    assert ledger.effects("nobody") == []
+    assert ledger.unsettled("nobody") == []
+    assert ledger.run_effects("no-run") == []
+
+    # Point lookups: by tool call and by idempotency key.
+    rec = ledger.get_effect(made[t_b][EffectStatus.COMMITTED])
+    assert ledger.find_effect(t_b, rec.tool_call_id) == rec
+    assert ledger.effect_by_key(rec.idempotency_key) == rec
+    assert ledger.effect_by_key("no-such-key") is None
+    assert ledger.find_effect(t_b, "no-such-call") is None
+    assert rec.args == {"order": "o-88", "amount": 12.5}
+    assert rec.kind is EffectKind.IRREVERSIBLE and rec.tool == "refund"
+
+
+# ------------------------------------------------------------------ run lifecycle
+
+
+def test_start_run_returns_the_live_run(ledger: Ledger) -> None:
+    thread = new_id("t")
+    assert ledger.active_run(thread) is None
+    assert ledger.latest_run(thread) is None
+    run = ledger.start_run(thread, run_id="run-1", owner="w1")
+    assert (run.run_id, run.thread_id, run.status, run.owner) == ("run-1", thread, "running", "w1")
+    assert not run.terminal and not run.cancel_requested
+    again = ledger.start_run(thread, run_id="run-2", owner="w2")
+    assert again == run  # at most one live run per thread
+    assert ledger.active_run(thread) == run
+    assert ledger.get_run("run-1") == run
+    assert ledger.runs(thread) == [run]
+    assert ledger.finish_run("run-1", RunStatus.COMPLETED) is True
+    assert ledger.active_run(thread) is None
+    nxt = ledger.start_run(thread, run_id="run-2")
+    assert nxt.run_id == "run-2" and nxt.status is RunStatus.RUNNING
+    assert [r.run_id for r in ledger.runs(thread)] == ["run-1", "run-2"]
+    assert ledger.latest_run(thread) == nxt
+    with pytest.raises(UnknownRunError):
+        ledger.get_run("no-such-run")
+
+
+def test_request_cancel_first_reason_wins(ledger: Ledger) -> None:
+    thread = new_id("t")
+    run = ledger.start_run(thread)
+    first = ledger.request_cancel(thread, reason="user pressed stop", requested_by="alice")
+    assert first.accepted and first.first
+    assert (first.run_id, first.status, first.reason) == (
+        run.run_id,
+        RunStatus.CANCEL_REQUESTED,
+        "user pressed stop",
+    )
+    second = ledger.request_cancel(thread, reason="deploy", requested_by="bob")
+    assert second.accepted and not second.first
+    assert second.reason == "user pressed stop"
+    stored = ledger.get_run(run.run_id)
+    assert stored.status is RunStatus.CANCEL_REQUESTED and stored.cancel_requested
+    assert (stored.reason, stored.requested_by) == ("user pressed stop", "alice")
+    assert stored.requested_at is not None
+    requested_at = stored.requested_at
+
+    observed = ledger.mark_observed(run.run_id)
+    assert observed.status is RunStatus.CANCELLING and observed.observed_at is not None
+    assert ledger.mark_observed(run.run_id).observed_at == observed.observed_at  # idempotent
+    third = ledger.request_cancel(thread, reason="again", requested_by="carol")
+    assert third.accepted and not third.first and third.reason == "user pressed stop"
+    assert ledger.get_run(run.run_id).requested_at == requested_at
+    assert ledger.runs_by_status(RunStatus.CANCELLING) == [ledger.get_run(run.run_id)]
+
+    assert ledger.finish_run(run.run_id, RunStatus.CANCELLED) is True
+    done = ledger.request_cancel(thread, reason="late", requested_by="dave")
+    assert not done.accepted and not done.first
+    assert done.status is RunStatus.CANCELLED and done.reason == "user pressed stop"
+    assert ledger.get_run(run.run_id).requested_by == "alice"
+
+
+def test_cancelling_a_finished_run_is_a_no_op_answer(ledger: Ledger) -> None:
+    thread = new_id("t")
+    run = ledger.start_run(thread)
+    assert ledger.finish_run(run.run_id, "completed") is True
+    answer = ledger.request_cancel(thread, reason="too late", requested_by="alice")
+    assert not answer.accepted and not answer.first
+    assert answer.run_id == run.run_id and answer.status is RunStatus.COMPLETED
+    assert "completed" in answer.message
+    stored = ledger.get_run(run.run_id)
+    assert stored.status is RunStatus.COMPLETED and stored.reason is None
+    assert stored.requested_at is None
+
+
+def test_unknown_threads_runs_and_effects_raise(ledger: Ledger) -> None:
+    with pytest.raises(UnknownThreadError) as info:
+        ledger.request_cancel("never-seen", reason="x", requested_by="y")
+    assert info.value.thread_id == "never-seen"
+    assert isinstance(info.value, KeyError)
+    with pytest.raises(UnknownThreadError):
+        ledger.require_latest_run("never-seen")
+    with pytest.raises(UnknownRunError):
+        ledger.mark_observed("no-such-run")
+    with pytest.raises(UnknownRunError):
+        ledger.get_run("no-such-run")
+    with pytest.raises(UnknownEffectError):
+        ledger.transition("no-such-effect", EffectStatus.APPROVED)
+    with pytest.raises(UnknownEffectError):
+        ledger.get_effect("no-such-effect")
+
+
+def test_cancel_cascades_to_child_runs(ledger: Ledger) -> None:
+    parent_t, child_t = new_id("p"), new_id("c")
+    parent = ledger.start_run(parent_t)
+    child = ledger.start_run(child_t, parent_run_id=parent.run_id)
+    assert ledger.child_runs(parent.run_id) == [child]
+    ledger.request_cancel(parent_t, reason="stop all", requested_by="alice")
+    got = ledger.get_run(child.run_id)
+    assert got.status is RunStatus.CANCEL_REQUESTED
+    assert got.reason is not None and "stop all" in got.reason
+
+
+def test_finish_run_makes_exactly_one_terminal_transition(ledger: Ledger) -> None:
+    for terminal in sorted(TERMINAL_RUN_STATUSES, key=lambda s: s.value):
+        thread = new_id("t")
+        run = ledger.start_run(thread)
+        if terminal is RunStatus.CANCELLED:
+            ledger.request_cancel(thread, reason="r", requested_by="u")
+        report = {"summary": "nothing permanent"}
+        assert ledger.finish_run(run.run_id, terminal, report=report, tokens_after_cancel=0)
+        stored = ledger.get_run(run.run_id)
+        assert stored.status is terminal and stored.terminal
+        assert stored.report == report
+        for other in TERMINAL_RUN_STATUSES:
+            assert ledger.finish_run(run.run_id, other) is False
+        assert ledger.get_run(run.run_id).status is terminal
+
+        # The database itself refuses to move a terminal run (trigger), whatever the SQL.
+        for target in ("running", "cancel_requested", *(s.value for s in TERMINAL_RUN_STATUSES)):
+            if target == terminal.value:
+                continue
+            with pytest.raises(integrity_errors(), match="already terminal"):  # noqa: SIM117
+                with ledger.backend.transaction() as cur:
+                    cur.execute(
+                        "UPDATE lgc_runs SET status = %(s)s WHERE run_id = %(id)s",
+                        {"s": target, "id": run.run_id},
+                    )
+        assert ledger.get_run(run.run_id).status is terminal
+        assert ledger.active_run(thread) is None
+
+
+def test_finish_run_refuses_non_terminal_and_unreachable_targets(ledger: Ledger) -> None:
+    thread = new_id("t")
+    run = ledger.start_run(thread)
+    with pytest.raises(IllegalTransitionError):
+        ledger.finish_run(run.run_id, RunStatus.CANCELLING)
+    with pytest.raises(IllegalTransitionError):
+        ledger.finish_run(run.run_id, RunStatus.RUNNING)
+    with pytest.raises(IllegalTransitionError):  # running -> cancelled skips the request
+        ledger.finish_run(run.run_id, RunStatus.CANCELLED)
+    ledger.request_cancel(thread, reason="r", requested_by="u")
+    with pytest.raises(IllegalTransitionError):  # a cancel request forbids "completed"
+        ledger.finish_run(run.run_id, RunStatus.COMPLETED)
+    assert ledger.get_run(run.run_id).status is RunStatus.CANCEL_REQUESTED
+    with pytest.raises(UnknownRunError):
+        ledger.finish_run("no-such-run", RunStatus.COMPLETED)
+
+
+def test_dispatch_is_refused_once_cancel_is_requested(ledger: Ledger) -> None:
+    thread = new_id("t")
+    run = ledger.start_run(thread)
+    approved = make_effect(ledger, EffectStatus.APPROVED, thread_id=thread, run_id=run.run_id)
+    planned = make_effect(ledger, EffectStatus.PLANNED, thread_id=thread, run_id=run.run_id)
+    retry = make_effect(ledger, EffectStatus.NOT_APPLIED, thread_id=thread, run_id=run.run_id)
+    ledger.request_cancel(thread, reason="stop", requested_by="alice")
+    for rec in (approved, planned, retry):
+        with pytest.raises(DispatchRefusedError) as info:
+            ledger.transition(rec.effect_id, EffectStatus.DISPATCHED, actor="worker")
+        assert info.value.effect_id == rec.effect_id
+        assert "cancel_requested" in info.value.reason
+        after = ledger.get_effect(rec.effect_id)
+        assert after.status is rec.status and after.dispatched_at == rec.dispatched_at
+        assert len(ledger.history(rec.effect_id)) == rec.version
+    ledger.mark_observed(run.run_id)
+    with pytest.raises(DispatchRefusedError, match="cancelling"):
+        ledger.transition(approved.effect_id, EffectStatus.DISPATCHED)
+    # Cancellation may still settle undispatched work.
+    assert ledger.transition(approved.effect_id, "dropped").status is EffectStatus.DROPPED
+    assert ledger.transition(planned.effect_id, "dropped").status is EffectStatus.DROPPED
+    assert ledger.effects_by_status(EffectStatus.DISPATCHED) == []
+
+    # Nor after the run finished.
+    thread2 = new_id("t")
+    run2 = ledger.start_run(thread2)
+    late = make_effect(ledger, EffectStatus.APPROVED, thread_id=thread2, run_id=run2.run_id)
+    ledger.finish_run(run2.run_id, RunStatus.FAILED)
+    with pytest.raises(DispatchRefusedError, match="failed"):
+        ledger.transition(late.effect_id, EffectStatus.DISPATCHED)
+
+
+def test_repeat_dispatch_must_be_explicit(ledger: Ledger) -> None:
+    thread = new_id("t")
+    run = ledger.start_run(thread)
+    rec = make_effect(ledger, EffectStatus.DISPATCHED, thread_id=thread, run_id=run.run_id)
+    # A plain "dispatch it" on an effect already in flight loses: no silent second dispatch.
+    with pytest.raises(TransitionConflictError):
+        ledger.transition(rec.effect_id, EffectStatus.DISPATCHED, actor="worker-2")
+    assert ledger.get_effect(rec.effect_id).version == rec.version
+    # A retry with the same key is an explicit decision, and it is audited.
+    again = ledger.transition(
+        rec.effect_id,
+        EffectStatus.DISPATCHED,
+        expected=[EffectStatus.DISPATCHED],
+        actor="retrier",
+        detail={"retry_same_key": True},
+    )
+    assert again.status is EffectStatus.DISPATCHED and again.version == rec.version + 1
+    last = ledger.history(rec.effect_id)[-1]
+    assert (last.from_status, last.to_status, last.actor) == (
+        EffectStatus.DISPATCHED,
+        EffectStatus.DISPATCHED,
+        "retrier",
+    )
+
+
+# ------------------------------------------------------------------------- leases
+
+
+def test_lease_acquire_reentrant_busy_heartbeat_release(ledger: Ledger) -> None:
+    thread = new_id("t")
+    assert ledger.lease(thread) is None
+    lease = ledger.acquire_lease(thread, "w1", ttl=30)
+    assert lease.owner == "w1" and lease.expires_at > lease.acquired_at
+    again = ledger.acquire_lease(thread, "w1", ttl=60)  # re-entrant for the same owner
+    assert again.owner == "w1" and again.acquired_at == lease.acquired_at
+    assert again.expires_at > lease.expires_at
+    with pytest.raises(ThreadBusyError) as info:
+        ledger.acquire_lease(thread, "w2", ttl=30)
+    assert (info.value.thread_id, info.value.owner) == (thread, "w1")
+    assert info.value.expires_at == again.expires_at.isoformat()
+
+    assert ledger.heartbeat(thread, "w1", ttl=90) is True
+    beat = ledger.lease(thread)
+    assert beat is not None and beat.expires_at > again.expires_at
+    assert ledger.heartbeat(thread, "w2") is False
+    ledger.release_lease(thread, "w2")  # not the holder: no-op
+    held = ledger.lease(thread)
+    assert held is not None and held.owner == "w1"
+    assert ledger.expired_leases() == []
+
+    ledger.release_lease(thread, "w1")
+    assert ledger.lease(thread) is None
+    assert ledger.heartbeat(thread, "w1") is False
+    taken = ledger.acquire_lease(thread, "w2", ttl=30)
+    assert taken.owner == "w2"
+
+
+def test_expired_lease_can_be_taken_by_another_owner(ledger: Ledger) -> None:
+    thread, other = new_id("t"), new_id("t")
+    ledger.acquire_lease(thread, "w1", ttl=0.05)
+    ledger.acquire_lease(other, "w9", ttl=30)
+    time.sleep(0.1)
+    expired = ledger.expired_leases()
+    assert [(le.thread_id, le.owner) for le in expired] == [(thread, "w1")]
+    taken = ledger.acquire_lease(thread, "w2", ttl=30)
+    assert taken.owner == "w2"
+    assert ledger.heartbeat(thread, "w1") is False  # the old holder lost it
+    assert ledger.expired_leases() == []
+    with pytest.raises(ThreadBusyError):
+        ledger.acquire_lease(thread, "w1", ttl=30)
+    with pytest.raises(ThreadBusyError):
+        ledger.acquire_lease(other, "w2", ttl=30)
+
+
+# ---------------------------------------------------------------------- async twins
+
+
+async def test_async_lifecycle(ledger: Ledger) -> None:
+    thread = new_id("t")
+    run = await ledger.astart_run(thread)
+    assert run == await ledger.aactive_run(thread)
+    rec, created = await ledger.aplan(
+        thread_id=thread,
+        run_id=run.run_id,
+        tool_call_id="c1",
+        tool="refund",
+        kind=EffectKind.IRREVERSIBLE,
+        args={"amount": 3},
+    )
+    assert created
+    again, created_again = await ledger.aplan(
+        thread_id=thread,
+        run_id=run.run_id,
+        tool_call_id="c1",
+        tool="refund",
+        kind=EffectKind.IRREVERSIBLE,
+        args={"amount": 3},
+    )
+    assert not created_again and again.effect_id == rec.effect_id
+    await ledger.atransition(rec.effect_id, EffectStatus.APPROVED, actor="human")
+    sent = await ledger.atransition(rec.effect_id, EffectStatus.DISPATCHED, actor="worker")
+    assert sent.status is EffectStatus.DISPATCHED
+    with pytest.raises(IllegalTransitionError):
+        await ledger.atransition(rec.effect_id, EffectStatus.APPROVED)
+    done = await ledger.atransition(rec.effect_id, "committed", result={"ok": True})
+    assert done.result == {"ok": True}
+    history = await ledger.ahistory(rec.effect_id)
+    assert [h.to_status.value for h in history] == [
+        "planned",
+        "approved",
+        "dispatched",
+        "committed",
+    ]
+    assert await ledger.aeffects(thread) == [done]
+    assert await ledger.aunsettled(thread) == []
+    assert await ledger.aget_effect(rec.effect_id) == done
+    assert await ledger.aeffect_by_key(rec.idempotency_key) == done
+
+    answer = await ledger.arequest_cancel(thread, reason="stop", requested_by="alice")
+    assert answer.first
+    assert (await ledger.amark_observed(run.run_id)).status is RunStatus.CANCELLING
+    assert await ledger.afinish_run(run.run_id, RunStatus.CANCELLED) is True
+    assert await ledger.afinish_run(run.run_id, RunStatus.CANCELLED) is False
+    latest = await ledger.alatest_run(thread)
+    assert latest is not None and latest.status is RunStatus.CANCELLED
+    with pytest.raises(UnknownThreadError):
+        await ledger.arequest_cancel("nobody", reason="x", requested_by="y")
+
+
+async def test_async_concurrent_cancels_and_leases(ledger: Ledger) -> None:
+    thread = new_id("t")
+    run = await ledger.astart_run(thread)
+    answers = await asyncio.gather(
+        *(ledger.arequest_cancel(thread, reason=f"r{i}", requested_by=f"u{i}") for i in range(10))
+    )
+    winners = [a for a in answers if a.first]
+    assert len(winners) == 1
+    assert (await ledger.aget_run(run.run_id)).reason == winners[0].reason
+
+    lease = await ledger.aacquire_lease(thread, "w1", ttl=30)
+    assert lease.owner == "w1"
+    with pytest.raises(ThreadBusyError):
+        await ledger.aacquire_lease(thread, "w2", ttl=30)
+    assert await ledger.aheartbeat(thread, "w1") is True
+    await ledger.arelease_lease(thread, "w1")
+    assert (await ledger.aacquire_lease(thread, "w2")).owner == "w2"
