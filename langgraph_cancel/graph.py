@@ -55,6 +55,7 @@ from langgraph_cancel.nodes.tool_node import (
 )
 from langgraph_cancel.report import CancellationReport, build_report
 from langgraph_cancel.runtime import (
+    CONFIG_KEY_LEDGER,
     WORKER_ID,
     RunScope,
     check_durability,
@@ -641,6 +642,13 @@ class CancellableGraph(CompiledStateGraph):  # type: ignore[type-arg]
 
     cancellation: CancellationSettings
 
+    def _with_bound_ledger(self, config: RunnableConfig | None) -> RunnableConfig | None:
+        """Hand ``add_cancellation(..., ledger=...)`` to every node through the config."""
+        bound = self.cancellation.ledger
+        if bound is None:
+            return config
+        return merge_configs(config, {"configurable": {CONFIG_KEY_LEDGER: bound}})
+
     def copy(self, update: dict[str, Any] | None = None) -> Self:
         """As ``Pregel.copy``, keeping the cancellation settings.
 
@@ -657,6 +665,7 @@ class CancellableGraph(CompiledStateGraph):  # type: ignore[type-arg]
         self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
     ) -> Iterator[Any]:
         """As ``CompiledStateGraph.stream``, inside the run's scope."""
+        config = self._with_bound_ledger(config)
         merged = ensure_config(merge_configs(self.config, config))
         check_durability(merged, kwargs.get("durability"))  # refuse before any node runs
         if not merged.get("configurable", {}).get("thread_id"):
@@ -685,6 +694,7 @@ class CancellableGraph(CompiledStateGraph):  # type: ignore[type-arg]
         self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
     ) -> AsyncIterator[Any]:
         """As ``CompiledStateGraph.astream``, inside the run's scope."""
+        config = self._with_bound_ledger(config)
         merged = ensure_config(merge_configs(self.config, config))
         check_durability(merged, kwargs.get("durability"))  # refuse before any node runs
         if not merged.get("configurable", {}).get("thread_id"):
