@@ -604,6 +604,29 @@ class _Invocation:
         conf.pop("checkpoint_id", None)
         return {"configurable": conf}
 
+    def _settle_state(self, report: CancellationReport | None, dangling: list[ToolCall]) -> None:
+        """Leave a cancelled run's state as the cancel node does: nothing queued, and,
+        when the cancel was finished here, every call answered and the report stored.
+
+        A diverted node's edges still fire, so a run can stop at an interrupt (e.g.
+        ``interrupt_before``) after its cancel node ran; a cancel finished after the
+        last check never reached the cancel node at all.
+        """
+        if self.graph.checkpointer is None:
+            return
+        config = self._state_config()
+        try:
+            if report is None:
+                if self.graph.get_state(config).next:
+                    self.graph.update_state(config, None, as_node=END)
+                return
+            update: dict[str, Any] = {self.settings.report_key: report.model_dump(mode="json")}
+            if dangling:
+                update[self.settings.messages_key] = _answer_dangling(self.scope, dangling)
+            self.graph.update_state(config, update, as_node=CANCEL_NODE)
+        except Exception:
+            logger.warning("could not settle the state of a cancelled run", exc_info=True)
+
     def _dangling(self) -> list[ToolCall]:
         """Tool calls the saved state leaves unanswered (none known without a checkpointer)."""
         if self.graph.checkpointer is None:
@@ -618,12 +641,16 @@ class _Invocation:
     def _close_run(self) -> None:
         run = self.ledger.get_run(self.scope.run_id)
         if run.terminal:
+            if run.status is RunStatus.CANCELLED:
+                self._settle_state(None, [])
             return
         if run.cancel_requested:
             # The signal arrived after the last check: finish the cancel here. Calls the
             # saved state leaves unanswered (e.g. paused at an approval interrupt) will
             # never run: the cancel records them as not run.
-            _run_sync(finalize_cancel(self.scope, self.settings, self._dangling()))
+            dangling = self._dangling()
+            report = _run_sync(finalize_cancel(self.scope, self.settings, dangling))
+            self._settle_state(report, dangling)
             return
         if self.graph.checkpointer is None:
             return
