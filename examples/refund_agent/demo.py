@@ -1,0 +1,297 @@
+"""The moving parts of ``langgraph-cancel demo``: where stop is pressed, and the world's truth.
+
+The demo runs the seed scenario (:func:`examples.refund_agent.graph.seed_script`)
+against fake providers kept in their own SQLite file, presses stop from another
+thread at one of the :data:`STEPS`, and compares the cancellation report with
+what the providers actually did (invariant I6: the report's permanent effects
+equal what the external systems did).
+
+Steps (``--cancel-at``):
+
+========== =====================================================================
+``update`` the seed's moment (default): ``update_order(o-88)`` is in flight (its
+           request hangs for ``--hang`` seconds), four calls are queued behind it.
+           Result: 1 refund and 2 emails permanent, o-88 updated, 4 steps not run.
+``refund`` ``issue_refund(o-88, 40.00)`` is in flight. Result: the refund is
+           permanent (cancel waits for it), both emails not run.
+``email``  the email to the customer is in flight. Result: the refund and that
+           email are permanent, the email to finance not run.
+``plan``   the model is writing turn 2 (nothing of it dispatched yet): the model
+           stream is closed. Result: turn 1's refund and emails are permanent,
+           nothing of turn 2 ran, the tokens after the stop are counted.
+``approval`` the refund is 120.00 (over the approval threshold), so the turn waits
+           for a human at the ``ApprovalGate``; stop is pressed while it waits.
+           Result: nothing permanent, nothing dispatched: zero residue.
+``none``   stop is never pressed: the run completes; every call ran.
+========== =====================================================================
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from langchain_core.messages import AIMessage, BaseMessage
+
+from examples.refund_agent.graph import CUSTOMER_EMAIL, seed_script
+from examples.refund_agent.services import Providers
+from langgraph_cancel.report import CancellationReport, ReportEffect
+from langgraph_cancel.testing import ScriptedChatModel
+from langgraph_cancel.types import EffectRecord, EffectStatus
+
+DEFAULT_STEP = "update"
+DEFAULT_HANG = 1.5
+DEFAULT_THREAD = "refund-demo"
+
+
+@dataclass(frozen=True)
+class Step:
+    """A moment at which the demo presses stop.
+
+    Attributes:
+        name: The ``--cancel-at`` value.
+        when: When stop is pressed, in words.
+        operation: The provider operation made to hang, so the call is in flight.
+        tool: The tool whose call triggers the stop.
+        match: Arguments the triggering call must have.
+        status: The status the triggering call must be in.
+        refund_amount: Turn 1's refund (over 100 needs approval).
+        expect: What the report should say, in words.
+    """
+
+    name: str
+    when: str
+    operation: str | None = None
+    tool: str | None = None
+    match: Mapping[str, Any] = field(default_factory=dict)
+    status: EffectStatus = EffectStatus.DISPATCHED
+    refund_amount: float = 40.0
+    expect: str = ""
+
+
+STEPS: dict[str, Step] = {
+    step.name: step
+    for step in (
+        Step(
+            "update",
+            "while update_order(o-88) is in flight, four calls queued behind it",
+            operation="update_order",
+            tool="update_order",
+            match={"order_id": "o-88"},
+            expect="1 refund and 2 emails permanent; o-88 updated; 4 steps not run",
+        ),
+        Step(
+            "refund",
+            "while issue_refund(o-88, 40.00) is in flight",
+            operation="refund",
+            tool="issue_refund",
+            match={"order_id": "o-88"},
+            expect="the refund is permanent; both emails not run",
+        ),
+        Step(
+            "email",
+            "while the email to the customer is in flight",
+            operation="send_email",
+            tool="send_email",
+            match={"to": CUSTOMER_EMAIL},
+            expect="the refund and one email are permanent; the email to finance not run",
+        ),
+        Step(
+            "plan",
+            "while the model is writing turn 2, before any of its calls exist",
+            expect="the refund and 2 emails are permanent; nothing of turn 2 ran",
+        ),
+        Step(
+            "approval",
+            "while the refund of 120.00 waits for a human's approval",
+            tool="issue_refund",
+            status=EffectStatus.PENDING_APPROVAL,
+            refund_amount=120.0,
+            expect="nothing permanent, nothing dispatched: zero residue",
+        ),
+        Step("none", "never: the run completes", expect="every call ran; nothing dropped"),
+    )
+}
+
+
+def reset_providers(path: str | os.PathLike[str]) -> Providers:
+    """A fresh providers' file at ``path`` (the previous demo's world is deleted)."""
+    base = Path(path)
+    for suffix in ("", "-wal", "-shm", "-journal"):
+        candidate = base.with_name(base.name + suffix)
+        if candidate.exists():
+            candidate.unlink()
+    return Providers(base)
+
+
+def arm(step: Step, providers: Providers, hang: float) -> None:
+    """Make the step's provider request hang, so the call is in flight when stop is pressed."""
+    providers.clear_faults()
+    if step.operation is not None and hang > 0:
+        providers.set_fault(step.operation, f"hang:{hang:g}", times=1)
+
+
+def trigger(step: Step, effects: Iterable[EffectRecord]) -> EffectRecord | None:
+    """The call whose state means "press stop now" (in flight, or awaiting approval)."""
+    if step.tool is None:
+        return None
+    for rec in effects:
+        if (
+            rec.tool == step.tool
+            and rec.status is step.status
+            and all(rec.args.get(k) == v for k, v in step.match.items())
+        ):
+            return rec
+    return None
+
+
+def refund_keys(step: Step) -> list[str]:
+    """The ledger-wide idempotency keys of the script's refunds (one per order and amount)."""
+    from examples.refund_agent.tools import refund_key
+
+    return [
+        refund_key(call["args"])
+        for turn in seed_script(step.refund_amount)
+        for call in turn.tool_calls
+        if call["name"] == "issue_refund"
+    ]
+
+
+def demo_model(step: Step, started: threading.Event) -> ScriptedChatModel:
+    """The seed's scripted model; for ``plan`` it writes slowly and flags turn 2's start."""
+    script = seed_script(step.refund_amount)
+
+    def turn(messages: list[BaseMessage]) -> AIMessage:
+        replies = sum(1 for m in messages if isinstance(m, AIMessage))
+        if replies == 1:
+            started.set()
+        return script[min(replies, len(script) - 1)]
+
+    return ScriptedChatModel(
+        [turn], on_exhausted="repeat_last", delay_per_token=0.1 if step.name == "plan" else 0.0
+    )
+
+
+# ----------------------------------------------------------------------- truth
+_EXPECT_APPLIED = ("permanent", "reversible_committed", "compensated", "compensation_failed")
+_EXPECT_NOT_APPLIED = ("not_run", "rejected")
+
+
+@dataclass
+class TruthCheck:
+    """How the report compares with what the providers did.
+
+    Attributes:
+        agrees: True when every applied key is in the report as applied, and
+            nothing the report says did not run reached a provider.
+        applied: What the providers applied, by kind (``refunds``, ``emails``...).
+        problems: Each disagreement, in words.
+        line: One sentence for people.
+    """
+
+    agrees: bool
+    applied: dict[str, int]
+    problems: list[str]
+    line: str
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def _effects(report: CancellationReport, buckets: Sequence[str]) -> list[ReportEffect]:
+    out: list[ReportEffect] = []
+    for bucket in buckets:
+        out.extend(getattr(report, bucket))
+    return out
+
+
+def check_truth(report: CancellationReport, truth: Mapping[str, Any]) -> TruthCheck:
+    """Compare a report with the providers' truth (``Providers.truth()``)."""
+    keys: Mapping[str, Mapping[str, Any]] = truth.get("keys", {})
+
+    def executions(key: str) -> int:
+        return int(keys.get(key, {}).get("executions", 0))
+
+    problems: list[str] = []
+    reported = {e.idempotency_key for e in _effects(report, _EXPECT_APPLIED)}
+    for e in _effects(report, _EXPECT_APPLIED):
+        if executions(e.idempotency_key) != 1:
+            problems.append(
+                f"{e.tool} {e.idempotency_key} is reported {e.status} but the provider "
+                f"applied it {executions(e.idempotency_key)} times"
+            )
+    for e in _effects(report, _EXPECT_NOT_APPLIED):
+        if executions(e.idempotency_key):
+            problems.append(
+                f"{e.tool} {e.idempotency_key} is reported not run but a provider applied it"
+            )
+    unknown = {e.idempotency_key for e in report.unknown}
+    for key, info in keys.items():
+        if key.startswith("compensate:") or not info.get("executions"):
+            continue
+        if key not in reported and key not in unknown:
+            problems.append(
+                f"the provider applied {info.get('operation')} {key}, not in the report"
+            )
+    applied = {
+        "refunds": len(truth.get("refunds", [])),
+        "emails": len(truth.get("emails", [])),
+        "order updates": len(truth.get("updates", [])),
+        "restores": len(truth.get("restores", [])),
+        "tickets": len(truth.get("tickets", [])),
+        "chat messages": len(truth.get("messages", [])),
+    }
+    words = {
+        "refunds": "refund",
+        "emails": "email",
+        "order updates": "order update",
+        "restores": "order restore",
+        "tickets": "ticket",
+        "chat messages": "chat message",
+    }
+    done = [_plural(n, words[k]) for k, n in applied.items() if n]
+    updates = [
+        f"{u['order_id']} -> {', '.join(f'{k}={v}' for k, v in sorted(u['fields'].items()))}"
+        for u in truth.get("updates", [])
+    ]
+    what = ", ".join(done) if done else "nothing"
+    if updates:
+        what += f" ({'; '.join(updates)})"
+    n_not = len(report.not_run) + len(report.rejected)
+    if problems:
+        line = f"Providers' truth DISAGREES with the report: {'; '.join(problems)}"
+    else:
+        line = f"Providers' truth agrees: they applied {what}"
+        if n_not:
+            line += f"; none of the {n_not} not-run calls reached a provider"
+        if report.unknown:
+            line += f"; {len(report.unknown)} unknown outcome(s) still to settle"
+    return TruthCheck(not problems, applied, problems, line + ".")
+
+
+def tools_in(report: CancellationReport, bucket: str) -> Counter[str]:
+    """How many calls of each tool a report bucket holds."""
+    return Counter(e.tool for e in getattr(report, bucket))
+
+
+__all__ = [
+    "DEFAULT_HANG",
+    "DEFAULT_STEP",
+    "DEFAULT_THREAD",
+    "STEPS",
+    "Step",
+    "TruthCheck",
+    "arm",
+    "check_truth",
+    "demo_model",
+    "refund_keys",
+    "reset_providers",
+    "tools_in",
+    "trigger",
+]
