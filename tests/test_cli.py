@@ -1,0 +1,413 @@
+"""``langgraph-cancel``: every command, run as a subprocess on a database the demo filled.
+
+People get tables, programs get ``--json``; a bad URL or an unknown thread is a
+one-line error with exit code 1, never a traceback; cancelling a finished run is
+a no-op with exit code 0. The crash test kills a worker with SIGKILL mid-call and
+then answers the three questions, reconciles and resumes from the database alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from subprocess import CompletedProcess
+from typing import Any
+
+import pytest
+
+from cli_util import cli_env, ok, ok_json, one_line_error, run_cli, run_main, sqlite_url
+from examples.refund_agent.services import Providers
+from langgraph_cancel import Ledger
+from langgraph_cancel.types import EffectStatus
+
+THREAD = "refund-demo"
+
+
+@dataclass
+class Demo:
+    """A directory where the default demo ran."""
+
+    workdir: Path
+    db: str
+    providers: Path
+    report: dict[str, Any]
+
+    def cli(self, *args: str, subprocess: bool = False) -> CompletedProcess[str]:
+        """Run a command on this database: in-process, or as a real subprocess."""
+        run = run_cli if subprocess else run_main
+        return run(
+            [*args, "--db", self.db],
+            self.workdir,
+            env={"REFUND_AGENT_PROVIDERS_DB": str(self.providers)},
+        )
+
+
+def _run_demo(workdir: Path, db: str | None = None) -> Demo:
+    workdir.mkdir(parents=True, exist_ok=True)
+    db = db or str(workdir / "agent.db")  # a bare path is accepted as a SQLite file
+    providers = workdir / "providers.db"
+    report = ok_json(
+        run_cli(["demo", "--json", "--db", db, "--providers-db", str(providers)], workdir)
+    )
+    return Demo(workdir, db, providers, report)
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> Demo:
+    return _run_demo(tmp_path_factory.mktemp("cli"))
+
+
+# ------------------------------------------------------------------- status
+def test_status_json_answers_the_three_questions(demo: Demo) -> None:
+    data = ok_json(demo.cli("status", THREAD, "--json"))
+    assert data["thread_id"] == THREAD
+    assert data["run"]["status"] == "cancelled"
+    assert data["run"]["reason"] == "user pressed stop"
+    assert data["lease"] is None
+    # 1. what was done
+    assert {(e["tool"], e["status"]) for e in data["done"]} >= {
+        ("lookup_order", "committed"),
+        ("issue_refund", "committed"),
+        ("update_order", "committed"),
+    }
+    assert len(data["not_done"]) == 4
+    # 2. which external side effects were committed, or may have been
+    assert sorted(e["tool"] for e in data["permanent"]) == [
+        "issue_refund",
+        "send_email",
+        "send_email",
+    ]
+    assert len(data["committed"]) == 4
+    assert data["maybe_committed"] == []
+    # 3. the next step
+    assert data["next_steps"][0].startswith("Nothing: the run was cancelled")
+    assert any("compensate" in step for step in data["next_steps"])
+
+
+def test_status_human(demo: Demo) -> None:
+    out = ok(demo.cli("status", THREAD, subprocess=True))
+    for text in (
+        f"Thread {THREAD}: runs",
+        "cancelled",
+        "Lease: none",
+        "1. What was done",
+        "2. External side effects committed, or that may have been",
+        "key refund:o-88:40.00: committed, permanent",
+        "3. Next step",
+        "Nothing: the run was cancelled and every effect is settled.",
+    ):
+        assert text in out, out
+
+
+# ------------------------------------------------------------------ effects
+def test_effects_json(demo: Demo) -> None:
+    effects = ok_json(demo.cli("effects", THREAD, "--json"))
+    assert len(effects) == 9  # the lookup, 3 permanent, the update, 4 not run
+    by_status: dict[str, list[str]] = {}
+    for e in effects:
+        by_status.setdefault(e["status"], []).append(e["tool"])
+        assert e["idempotency_key"]
+        assert e["thread_id"] == THREAD
+        assert "history" not in e
+    assert sorted(by_status["committed"]) == sorted(
+        ["lookup_order", "issue_refund", "send_email", "send_email", "update_order"]
+    )
+    assert len(by_status["dropped"]) == 4
+    refund = next(e for e in effects if e["tool"] == "issue_refund" and e["status"] == "committed")
+    assert refund["idempotency_key"] == "refund:o-88:40.00"
+
+
+def test_effects_history_is_the_audit_trail(demo: Demo) -> None:
+    effects = ok_json(demo.cli("effects", THREAD, "--json", "--history"))
+    update = next(e for e in effects if e["tool"] == "update_order" and e["status"] == "committed")
+    trail = [(h["from_status"], h["to_status"]) for h in update["history"]]
+    assert trail == [(None, "planned"), ("planned", "dispatched"), ("dispatched", "committed")]
+    assert all(h["actor"] and h["at"] for h in update["history"])
+
+
+def test_effects_human(demo: Demo) -> None:
+    out = ok(demo.cli("effects", THREAD, "--history"))
+    assert f"Effects of thread {THREAD}" in out
+    assert "refund:o-88:40.00" in out
+    assert "dispatched → committed" in out
+    assert "planned → dropped" in out
+
+
+# ------------------------------------------------------------------- report
+def test_report_json_is_the_demo_report(demo: Demo) -> None:
+    report = ok_json(demo.cli("report", THREAD, "--json"))
+    assert report == demo.report
+
+
+def test_report_human(demo: Demo) -> None:
+    out = ok(demo.cli("report", THREAD))
+    for text in (
+        "Permanent (3)",
+        "Not run (4)",
+        "Unknown outcome (0)",
+        "cancel latency",
+        "quiescence",
+        "Summary: 1 issue_refund and 2 send_email are permanent",
+    ):
+        assert text in out, out
+
+
+# ------------------------------------------------------------------- cancel
+def test_cancel_of_a_finished_run_is_a_no_op(demo: Demo) -> None:
+    proc = demo.cli("cancel", THREAD, "--reason", "again", "--by", "tester")
+    out = ok(proc)
+    assert "nothing to cancel" in out and "already cancelled" in out
+    assert "no-op" in out
+    result = ok_json(demo.cli("cancel", THREAD, "--reason", "again", "--by", "tester", "--json"))
+    assert result["accepted"] is False
+    assert result["status"] == "cancelled"
+    # The first reason stands.
+    assert ok_json(demo.cli("report", THREAD, "--json"))["reason"] == "user pressed stop"
+
+
+def test_cancel_of_a_live_run(tmp_path: Path) -> None:
+    db = sqlite_url(tmp_path / "live.db")
+    with Ledger.from_url(db) as ledger:
+        run = ledger.start_run("t-live")
+    first = run_main(
+        ["cancel", "t-live", "--reason", "user pressed stop", "--by", "dana", "--db", db], tmp_path
+    )
+    out = ok(first)
+    assert f"cancel requested for run {run.run_id}" in out
+    assert "No worker is running this thread" in out
+    again = ok_json(
+        run_main(
+            ["cancel", "t-live", "--reason", "second", "--by", "sam", "--json", "--db", db],
+            tmp_path,
+        )
+    )
+    assert again["accepted"] is True and again["first"] is False
+    assert again["reason"] == "user pressed stop"  # the first reason wins
+    status = ok_json(run_main(["status", "t-live", "--json", "--db", db], tmp_path))
+    assert status["run"]["status"] == "cancel_requested"
+    assert "resume" in status["next_steps"][0]
+
+
+# ------------------------------------------------------------------- errors
+@pytest.mark.parametrize(
+    "command",
+    [["status"], ["effects"], ["report"], ["cancel"], ["reconcile"], ["compensate"]],
+)
+def test_unknown_thread_is_a_one_line_error(demo: Demo, command: list[str]) -> None:
+    line = one_line_error(demo.cli(*command, "no-such-thread"))
+    assert "unknown thread 'no-such-thread'" in line
+
+
+def test_unknown_thread_from_the_console(demo: Demo) -> None:
+    proc = demo.cli("status", "no-such-thread", subprocess=True)
+    assert "unknown thread 'no-such-thread'" in one_line_error(proc)
+    assert proc.stdout == ""
+
+
+@pytest.mark.parametrize(
+    ("db", "expect"),
+    [
+        ("mysql://root@localhost/x", "unsupported database URL"),
+        ("/nonexistent/dir/agent.db", "no database at"),
+        ("not-a-database.db", "not a database"),
+        ("postgresql://postgres@127.0.0.1:1/nothing", "cannot connect"),
+    ],
+)
+def test_bad_url_is_a_one_line_error(tmp_path: Path, db: str, expect: str) -> None:
+    (tmp_path / "not-a-database.db").write_text("hello, I am a text file\n" * 10)
+    line = one_line_error(run_main(["status", THREAD, "--db", db], tmp_path))
+    assert expect in line, line
+
+
+def test_resume_of_a_finished_thread_is_a_no_op(demo: Demo) -> None:
+    out = ok(demo.cli("resume", THREAD))
+    assert "nothing to resume" in out and "cancelled" in out
+
+
+def test_reconcile_with_nothing_to_settle(demo: Demo) -> None:
+    out = ok(demo.cli("reconcile", THREAD))
+    assert "Nothing to reconcile" in out
+    assert ok_json(demo.cli("reconcile", "--all", "--json")) == []
+
+
+# --------------------------------------------------------------- compensate
+def test_compensate_then_report_now(tmp_path: Path) -> None:
+    demo = _run_demo(tmp_path)
+    result = ok_json(demo.cli("compensate", THREAD, "--json"))
+    assert [(e["tool"], e["status"]) for e in result] == [("update_order", "compensated")]
+    truth = Providers(demo.providers).truth()
+    assert truth["orders"]["o-88"]["status"] == "refund_requested"  # put back
+    assert len(truth["restores"]) == 1
+    # Idempotent: nothing left to undo.
+    assert "Nothing to compensate" in ok(demo.cli("compensate", THREAD))
+    # The stored report is the one written at the cancel; --now shows the ledger today.
+    stored = ok(demo.cli("report", THREAD))
+    assert "report THREAD --now".replace("THREAD", THREAD) in stored
+    now = ok_json(demo.cli("report", THREAD, "--json", "--now"))
+    assert [e["tool"] for e in now["compensated"]] == ["update_order"]
+    assert now["reversible_committed"] == []
+    assert len(now["permanent"]) == 3  # the refund and the emails stay permanent
+
+
+# -------------------------------------------------------------------- crash
+_WORKER = textwrap.dedent(
+    """
+    import sys
+    from examples.refund_agent import tools
+    from examples.refund_agent.graph import build_builder, scripted_model, seed_input
+    from examples.refund_agent.services import Providers
+    from langgraph_cancel.checkpointers.sqlite import SqliteCancelSaver
+
+    db, providers, thread = sys.argv[1:4]
+    tools.set_providers_path(providers)
+    Providers(providers).set_fault("update_order", "hang:3", times=1)
+    with SqliteCancelSaver.from_conn_string(db) as saver:
+        saver.setup()
+        graph = build_builder(scripted_model()).compile(checkpointer=saver)
+        for _ in graph.stream(seed_input(), {"configurable": {"thread_id": thread}}):
+            pass
+    """
+)
+
+
+def _wait_for(predicate: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+@pytest.mark.slow
+def test_kill9_status_reconcile_resume(tmp_path: Path) -> None:
+    db_path = tmp_path / "agent.db"
+    db = sqlite_url(db_path)
+    providers = tmp_path / "providers.db"
+    thread = "crashy"
+    script = tmp_path / "worker.py"
+    script.write_text(_WORKER)
+    worker = subprocess.Popen(
+        [sys.executable, str(script), str(db_path), str(providers), thread],
+        cwd=tmp_path,
+        env=cli_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+    def in_flight() -> Any:
+        if worker.poll() is not None:
+            err = worker.stderr.read() if worker.stderr else ""
+            raise AssertionError(f"worker exited early: {err}")
+        if not db_path.exists():
+            return None
+        with Ledger.from_url(db) as ledger:
+            return next(
+                (
+                    e
+                    for e in ledger.effects(thread)
+                    if e.tool == "update_order" and e.status is EffectStatus.DISPATCHED
+                ),
+                None,
+            )
+
+    try:
+        _wait_for(in_flight, 120, "update_order(o-88) in flight")
+    finally:
+        os.kill(worker.pid, signal.SIGKILL)
+        worker.wait(timeout=30)
+        if worker.stderr:
+            worker.stderr.close()
+    env = {"REFUND_AGENT_PROVIDERS_DB": str(providers)}
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return run_main([*args, "--db", db], tmp_path, env=env)
+
+    # The database alone answers the three questions.
+    status = ok_json(cli("status", thread, "--json"))
+    assert status["run"]["status"] == "running"
+    assert sorted(e["tool"] for e in status["permanent"]) == [
+        "issue_refund",
+        "send_email",
+        "send_email",
+    ]
+    assert [(e["tool"], e["status"]) for e in status["maybe_committed"]] == [
+        ("update_order", "dispatched")
+    ]
+    assert status["lease"]["live"] is True  # the dead worker's lease has not expired yet
+    # A reconcile now would race a live worker: it skips the thread.
+    busy = ok_json(cli("reconcile", thread, "--json"))
+    assert busy[0]["busy"] and busy[0]["effects"] == []
+
+    # The lease expires (its worker stopped heartbeating), and the provider's own
+    # in-flight window for the request passes.
+    with sqlite3.connect(db_path) as conn:
+        conn.execute("UPDATE lgc_leases SET expires_at = '2000-01-01T00:00:00.000000+00:00'")
+    effects = ok_json(cli("effects", thread, "--json"))
+    in_flight_key = next(e["idempotency_key"] for e in effects if e["status"] == "dispatched")
+    _wait_for(lambda: not Providers(providers).pending(in_flight_key), 30, "provider window")
+    human = ok(cli("status", thread))
+    assert "EXPIRED" in human
+    assert "MAY have been committed: in flight, no outcome recorded" in human
+    assert "langgraph-cancel reconcile crashy" in human
+
+    settled = ok_json(cli("reconcile", "--all", "--json"))
+    (entry,) = [r for r in settled if r["thread_id"] == thread]
+    assert entry["reaped_lease_of"]
+    assert [(e["tool"], e["before"], e["status"]) for e in entry["effects"]] == [
+        ("update_order", "dispatched", "not_applied")
+    ]
+
+    resumed = ok_json(cli("resume", thread, "--json"))
+    assert resumed["resumed"] is True
+    assert resumed["run"]["status"] == "completed"
+    truth = Providers(providers).truth()
+    assert all(info["executions"] <= 1 for info in truth["keys"].values())  # nothing doubled
+    assert truth["keys"][in_flight_key]["executions"] == 1  # redispatched with the same key
+    assert [r["order_id"] for r in truth["refunds"]] == ["o-88", "o-91"]
+    after = ok_json(cli("status", thread, "--json"))
+    assert after["run"]["status"] == "completed"
+    assert after["maybe_committed"] == []
+    assert after["next_steps"] == ["Nothing: the run completed and every effect is settled."]
+
+
+# ---------------------------------------------------------------- postgres
+@pytest.mark.postgres
+def test_commands_on_postgres(tmp_path: Path, pg_url: str) -> None:
+    demo = _run_demo(tmp_path, pg_url)
+    assert demo.report["status"] == "cancelled"
+    status = ok_json(demo.cli("status", THREAD, "--json"))
+    assert status["run"]["status"] == "cancelled"
+    assert len(ok_json(demo.cli("effects", THREAD, "--json"))) == 9
+    assert ok_json(demo.cli("report", THREAD, "--json")) == demo.report
+    assert "nothing to cancel" in ok(demo.cli("cancel", THREAD))
+    one_line_error(demo.cli("status", "no-such-thread"))
+
+
+def test_every_command_takes_db_and_data_commands_take_json() -> None:
+    from langgraph_cancel.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    assert set(sub.choices) == {
+        "demo",
+        "status",
+        "effects",
+        "cancel",
+        "report",
+        "compensate",
+        "resume",
+        "reconcile",
+    }
+    for name, command in sub.choices.items():
+        flags = {f for a in command._actions for f in a.option_strings}
+        assert "--db" in flags, name
+        assert "--json" in flags, name

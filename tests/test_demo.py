@@ -1,0 +1,190 @@
+"""``langgraph-cancel demo``: the seed scenario end to end, run as a user runs it.
+
+Each test starts the CLI as a subprocess in a temporary directory with no setup
+(the embedded SQLite default) and checks the report against the fake providers'
+own truth (invariant I6), not against what the agent believes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cli_util import ok, ok_json, run_cli
+from examples.refund_agent.services import Providers
+from langgraph_cancel.report import CancellationReport
+
+QUEUED = {"create_ticket", "send_email", "update_order", "issue_refund"}
+
+
+@dataclass
+class DemoRun:
+    """One finished ``demo --json`` run."""
+
+    workdir: Path
+    report: dict[str, Any]
+    truth: dict[str, Any]
+
+
+def _demo(workdir: Path, *args: str) -> DemoRun:
+    workdir.mkdir(parents=True, exist_ok=True)
+    report = ok_json(run_cli(["demo", "--json", *args], workdir))
+    providers = workdir / "refund-providers.db"
+    if "--providers-db" in args:
+        providers = Path(args[args.index("--providers-db") + 1])
+    return DemoRun(workdir, report, Providers(providers).truth())
+
+
+@pytest.fixture(scope="module")
+def seed(tmp_path_factory: pytest.TempPathFactory) -> DemoRun:
+    """The default demo: no --db, no --providers-db, a fresh directory."""
+    return _demo(tmp_path_factory.mktemp("demo"))
+
+
+def _tools(effects: list[dict[str, Any]]) -> list[str]:
+    return sorted(e["tool"] for e in effects)
+
+
+def _executions(truth: dict[str, Any], key: str) -> int:
+    return int(truth["keys"].get(key, {}).get("executions", 0))
+
+
+def assert_seed_report(report: dict[str, Any]) -> None:
+    """The seed's outcome: what the report must say."""
+    CancellationReport.model_validate(report)
+    assert report["status"] == "cancelled"
+    assert report["reason"] == "user pressed stop"
+    assert _tools(report["permanent"]) == ["issue_refund", "send_email", "send_email"]
+    assert all(e["status"] == "committed" for e in report["permanent"])
+    assert [(e["tool"], e["args"]["order_id"]) for e in report["reversible_committed"]] == [
+        ("update_order", "o-88")
+    ]
+    assert report["reversible_committed"][0]["args"]["status"] == "refunded"
+    assert len(report["not_run"]) == 4
+    assert {e["tool"] for e in report["not_run"]} == QUEUED
+    assert all(e["dispatched_at"] is None for e in report["not_run"])
+    assert report["unknown"] == []
+    assert report["compensated"] == [] and report["compensation_failed"] == []
+    assert report["rejected"] == []
+    assert report["dispatched_after_cancel"] == 0
+    assert report["orphans"] == 0
+    assert report["requested_at"] and report["observed_at"] and report["quiesced_at"]
+    assert report["cancel_latency_ms"] is not None and report["quiescence_ms"] is not None
+    assert report["summary"] == (
+        "1 issue_refund and 2 send_email are permanent; 1 update_order committed "
+        "(reversible); 4 steps not run"
+    )
+
+
+def assert_seed_truth(report: dict[str, Any], truth: dict[str, Any]) -> None:
+    """The providers did exactly what the report says (I6), each key at most once (I2)."""
+    assert [(r["order_id"], r["amount"]) for r in truth["refunds"]] == [("o-88", 40.0)]
+    assert sorted(e["to_addr"] for e in truth["emails"]) == [
+        "dana@example.com",
+        "finance@example.com",
+    ]
+    assert [(u["order_id"], u["fields"]) for u in truth["updates"]] == [
+        ("o-88", {"status": "refunded"})
+    ]
+    assert truth["orders"]["o-88"]["status"] == "refunded"
+    assert truth["orders"]["o-91"]["status"] == "delivered"  # the queued update never ran
+    assert truth["tickets"] == [] and truth["messages"] == [] and truth["restores"] == []
+    for e in report["permanent"] + report["reversible_committed"]:
+        assert _executions(truth, e["idempotency_key"]) == 1, e
+    for e in report["not_run"]:
+        assert _executions(truth, e["idempotency_key"]) == 0, e
+    assert all(info["executions"] <= 1 for info in truth["keys"].values())
+
+
+def test_seed_report(seed: DemoRun) -> None:
+    assert_seed_report(seed.report)
+
+
+def test_seed_providers_truth_agrees(seed: DemoRun) -> None:
+    assert_seed_truth(seed.report, seed.truth)
+
+
+def test_seed_needs_no_setup(seed: DemoRun) -> None:
+    # The embedded defaults, in the working directory: the agent's database and the
+    # providers' own file, apart from it.
+    assert (seed.workdir / ".langgraph-cancel.db").is_file()
+    assert (seed.workdir / "refund-providers.db").is_file()
+
+
+def test_demo_is_repeatable(tmp_path: Path) -> None:
+    # A second demo on the same database resets its thread and its providers.
+    first = _demo(tmp_path)
+    second = _demo(tmp_path)
+    assert second.report["run_id"] != first.report["run_id"]
+    assert_seed_report(second.report)
+    assert_seed_truth(second.report, second.truth)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("step", "permanent", "not_run", "applied"),
+    [
+        ("refund", ["issue_refund"], 2, {"refunds": 1, "emails": 0, "updates": 0}),
+        ("email", ["issue_refund", "send_email"], 1, {"refunds": 1, "emails": 1, "updates": 0}),
+        ("approval", [], 3, {"refunds": 0, "emails": 0, "updates": 0}),
+    ],
+)
+def test_cancel_at(
+    tmp_path: Path, step: str, permanent: list[str], not_run: int, applied: dict[str, int]
+) -> None:
+    run = _demo(tmp_path, "--cancel-at", step)
+    report = run.report
+    assert report["status"] == "cancelled"
+    assert _tools(report["permanent"]) == permanent
+    assert len(report["not_run"]) == not_run
+    assert report["unknown"] == [] and report["dispatched_after_cancel"] == 0
+    assert {k: len(run.truth[k]) for k in applied} == applied
+    for e in report["not_run"]:
+        assert _executions(run.truth, e["idempotency_key"]) == 0
+
+
+@pytest.mark.slow
+def test_cancel_at_plan_closes_the_model_stream(tmp_path: Path) -> None:
+    report = _demo(tmp_path, "--cancel-at", "plan").report
+    assert report["status"] == "cancelled"
+    assert _tools(report["permanent"]) == ["issue_refund", "send_email", "send_email"]
+    assert report["reversible_committed"] == []  # nothing of turn 2 was dispatched
+    assert report["dispatched_after_cancel"] == 0
+    assert report["tokens_after_cancel"] is not None
+
+
+@pytest.mark.slow
+def test_without_stop_the_run_completes(tmp_path: Path) -> None:
+    run = _demo(tmp_path, "--cancel-at", "none")
+    assert run.report["status"] == "completed"
+    assert run.report["not_run"] == [] and run.report["unknown"] == []
+    assert len(run.truth["refunds"]) == 2 and len(run.truth["emails"]) == 3
+    assert len(run.truth["updates"]) == 2 and len(run.truth["tickets"]) == 1
+
+
+def test_human_output(tmp_path: Path) -> None:
+    proc = run_cli(["demo"], tmp_path)
+    out = ok(proc)
+    for text in (
+        "Permanent (3)",
+        "Reversible, committed (1)",
+        "Unknown outcome (0)",
+        "Not run (4)",
+        "dispatched after cancel",
+        "Summary: 1 issue_refund and 2 send_email are permanent; 1 update_order committed "
+        "(reversible); 4 steps not run",
+        "Providers' truth agrees",
+    ):
+        assert text in out, out
+    # Progress goes to stderr: the stop is pressed while the update is in flight.
+    assert "STOP pressed while update_order(o-88) is in flight" in proc.stderr, proc.stderr
+
+
+@pytest.mark.postgres
+def test_demo_on_postgres(tmp_path: Path, pg_url: str) -> None:
+    run = _demo(tmp_path, "--db", pg_url, "--providers-db", str(tmp_path / "providers.db"))
+    assert_seed_report(run.report)
+    assert_seed_truth(run.report, run.truth)
