@@ -6,6 +6,8 @@ same database; cancel requests are announced with ``NOTIFY lgc_cancel``.
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any
@@ -19,6 +21,10 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from langgraph_cancel.checkpointers.base import LedgerOwner, ThreadedAsyncMixin
 from langgraph_cancel.ledger import Ledger, PostgresBackend
+
+#: Advisory lock key serializing checkpoint migrations across workers.
+_SETUP_LOCK = 7231900119
+_TRY_LOCK = "SELECT pg_try_advisory_lock(%s)"
 
 
 def _conninfo(conn: Any) -> str:
@@ -86,8 +92,21 @@ class PostgresCancelSaver(ThreadedAsyncMixin, PostgresSaver, LedgerOwner):
                 ledger.close()
 
     def setup(self) -> None:
-        """Run the checkpoint migrations and the ledger migrations (idempotent)."""
-        super().setup()
+        """Run the checkpoint migrations and the ledger migrations (idempotent).
+
+        Safe for many workers starting at once on a fresh database: LangGraph's
+        own migrations are not (two concurrent ``CREATE TABLE IF NOT EXISTS``
+        collide on ``pg_type``), so they run under an advisory lock.
+        """
+        with Connection.connect(_conninfo(self.conn), autocommit=True) as lock:
+            # Poll, never block: a session waiting inside pg_advisory_lock() holds a
+            # snapshot, and the holder's CREATE INDEX CONCURRENTLY would wait for it.
+            while True:
+                row = lock.execute(_TRY_LOCK, (_SETUP_LOCK,)).fetchone()
+                if row is not None and row[0]:
+                    break
+                time.sleep(0.05)
+            super().setup()
         self.setup_ledger()
 
     def delete_thread(self, thread_id: str) -> None:
@@ -145,8 +164,17 @@ class AsyncPostgresCancelSaver(AsyncPostgresSaver, LedgerOwner):
                 ledger.close()
 
     async def setup(self) -> None:
-        """Run the checkpoint migrations and the ledger migrations (idempotent)."""
-        await super().setup()
+        """Run the checkpoint migrations and the ledger migrations (idempotent).
+
+        Serialized across workers with an advisory lock, as ``PostgresCancelSaver.setup``.
+        """
+        async with await AsyncConnection.connect(_conninfo(self.conn), autocommit=True) as lock:
+            while True:
+                row = await (await lock.execute(_TRY_LOCK, (_SETUP_LOCK,))).fetchone()
+                if row is not None and row[0]:
+                    break
+                await asyncio.sleep(0.05)
+            await super().setup()
         await self.ledger.asetup()
 
     async def adelete_thread(self, thread_id: str) -> None:
