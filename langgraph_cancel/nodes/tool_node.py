@@ -547,7 +547,7 @@ class EffectToolNode(ToolNode):
         )
         task = asyncio.ensure_future(self._invoke(planned, input_type, retry=p.spec.retry_safe))
         try:
-            msg = await asyncio.shield(task)
+            msg = await _await_in_flight(task, scope)
         except asyncio.CancelledError:
             # Our task was cancelled (runs.cancel, disconnect, Ctrl-C). The request has
             # left the process: wait for its outcome within the timeout, record it, then
@@ -724,6 +724,22 @@ class EffectToolNode(ToolNode):
         if not flag or not isinstance(exc, handled):
             raise exc
         return _handle_tool_error(exc, flag=flag)
+
+
+async def _await_in_flight(task: asyncio.Future[Any], scope: RunScope) -> Any:
+    """Wait for a dispatched call, noting the cancel signal the moment it arrives.
+
+    The call is never abandoned: a cancel only gets *observed* (the report's
+    ``cancel_latency_ms``), then the wait goes on, since the request has left
+    the process and the external system will process it.
+    """
+    observed = False
+    while not task.done():
+        await asyncio.wait({task}, timeout=0.05)  # checks the flag; polls are throttled
+        if not observed and not task.done() and scope.cancel_called():
+            observed = True
+            await asyncio.to_thread(scope.signal.observe)
+    return await task
 
 
 def _needs_approval(spec: EffectSpec, args: dict[str, Any]) -> bool:
