@@ -1,0 +1,515 @@
+"""End to end through a real LangGraph API server (``langgraph dev``), as Studio drives it.
+
+One ``langgraph dev`` per ledger backend serves the repository's
+``langgraph.json`` (the refund-agent example, as Studio sees it) for the whole
+module. The tests drive it with the ``langgraph_sdk`` async client and check
+the truth in two places the server cannot fake: the ledger (opened from this
+process with ``Ledger.from_url``) and the fake providers' own SQLite file
+(reset before each test).
+
+1. Approval: "refund 120 USD" stops on our approval interrupt; resuming with
+   ``{"decisions": [{"type": "approve"}]}`` dispatches the refund exactly once,
+   and the ledger holds it committed with the reviewer.
+2. ``runs.cancel`` (the server's stop button) while the approved refund is in
+   flight: the effect ends ``committed`` (provider agrees) or ``unknown`` with an
+   owner and a next action, never ``dispatched`` or lost; continuing the thread
+   then finishes the cancel (report, nothing dispatched again).
+3. Our durable cancel (``request_cancel`` from this process) during the seed
+   run, while ``update_order`` hangs: the run finishes through the cancel node
+   and the thread state holds the ``cancellation_report`` (status ``cancelled``,
+   what is permanent, what did not run), which the providers' truth confirms.
+
+The servers run with ``--allow-blocking``: the library's async nodes still call
+the (synchronous) ledger on the event loop, which ``langgraph dev`` otherwise
+rejects with ``BlockingError``; ``test_served_graph_without_allow_blocking``
+tracks that (strict xfail). A last test stops a run with ``runs.cancel`` and
+types again, as a Studio user would: the interrupted calls are answered before
+the new message (chat APIs reject any other order) and nothing is dispatched
+twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from conftest import require_or_skip, selected_backends, with_dbname
+from examples.refund_agent.services import Providers
+from examples.refund_agent.tools import refund_key
+from langgraph_cancel import EffectStatus, Ledger, request_cancel
+from langgraph_cancel.types import EffectRecord, RunStatus
+from server_util import REPO_ROOT, LangGraphServer, langgraph_dev
+
+pytestmark = pytest.mark.timeout(110)
+
+REPO_CONFIG = REPO_ROOT / "langgraph.json"
+EXAMPLE_GRAPH_FILE = "examples/refund_agent/graph.py"
+REVIEWER = "alice@example.com"
+#: The library's async nodes do blocking ledger I/O on the event loop (see module doc).
+ALLOW_BLOCKING = True
+
+T = TypeVar("T")
+
+
+def example_graph_id() -> str:
+    """The id under which the repository's ``langgraph.json`` serves the refund agent."""
+    if not REPO_CONFIG.exists():
+        pytest.fail(f"{REPO_CONFIG} is missing: the example graph must be served to Studio")
+    graphs = json.loads(REPO_CONFIG.read_text()).get("graphs", {})
+    for graph_id, spec in graphs.items():
+        path = spec if isinstance(spec, str) else spec.get("path", "")
+        if EXAMPLE_GRAPH_FILE in path:
+            return str(graph_id)
+    pytest.fail(f"{REPO_CONFIG} serves no {EXAMPLE_GRAPH_FILE} graph: {graphs}")
+
+
+# ------------------------------------------------------------------ fixtures
+@dataclass
+class Served:
+    """The running server, the graph id it serves, and the two sources of truth."""
+
+    server: LangGraphServer
+    backend: str
+    graph_id: str
+    ledger_url: str
+    ledger: Ledger
+    providers_db: Path
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    @property
+    def providers(self) -> Providers:
+        return Providers(self.providers_db)
+
+
+def reset_providers(path: Path) -> Providers:
+    """A fresh, seeded providers' file (the server opens it per call, so this is safe)."""
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{path}{suffix}").unlink(missing_ok=True)
+    return Providers(path)
+
+
+@contextlib.contextmanager
+def _ledger_url(request: pytest.FixtureRequest, backend: str, root: Path) -> Iterator[str]:
+    """A ledger URL on ``backend``: a SQLite file, or a fresh PostgreSQL database."""
+    if backend == "sqlite":
+        yield "sqlite:///" + str((root / "ledger.db").resolve())
+        return
+    from conftest import _admin_execute
+
+    dsn: str = request.getfixturevalue("pg_dsn")  # skipped locally / failed in CI without it
+    dbname = f"lgc_srv_{uuid.uuid4().hex[:10]}"
+    _admin_execute(dsn, "CREATE DATABASE {}", dbname)
+    try:
+        yield with_dbname(dsn, dbname)
+    finally:
+        _admin_execute(dsn, "DROP DATABASE IF EXISTS {} WITH (FORCE)", dbname)
+
+
+@pytest.fixture(
+    scope="module",
+    params=[
+        pytest.param(b, id=b, marks=[pytest.mark.postgres] if b == "postgres" else [])
+        for b in selected_backends()
+        if b in ("sqlite", "postgres")
+    ],
+)
+def served(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Served]:
+    """``langgraph dev`` serving the repository's ``langgraph.json``, ledger on one backend."""
+    try:
+        import langgraph_api  # noqa: F401
+    except ImportError:
+        require_or_skip("needs langgraph-cli[inmem] (the 'server' extra)")
+    graph_id = example_graph_id()
+    backend: str = request.param
+    root = tmp_path_factory.mktemp(f"langgraph_dev_{backend}")
+    providers_db = root / "providers.db"
+    reset_providers(providers_db)
+    with _ledger_url(request, backend, root) as ledger_url:
+        env = {
+            "LANGGRAPH_CANCEL_DB": ledger_url,
+            "REFUND_AGENT_PROVIDERS_DB": str(providers_db),
+        }
+        ledger = Ledger.from_url(ledger_url)
+        try:
+            with langgraph_dev(
+                REPO_CONFIG, workdir=root / "server", env=env, allow_blocking=ALLOW_BLOCKING
+            ) as server:
+                print(f"[{backend}] langgraph dev up in {server.started_in:.2f}s at {server.url}")
+                yield Served(server, backend, graph_id, ledger_url, ledger, providers_db)
+            print(f"[{backend}] langgraph dev stopped in {server.stopped_in:.2f}s")
+        finally:
+            ledger.close()
+
+
+@pytest.fixture
+def client(served: Served, request: pytest.FixtureRequest) -> Iterator[Any]:
+    """An async ``langgraph_sdk`` client on a fresh providers' file.
+
+    Prints the server log if the test failed.
+    """
+    from langgraph_sdk import get_client
+
+    reset_providers(served.providers_db)
+    failed_before = request.session.testsfailed
+    yield get_client(url=served.url)
+    if request.session.testsfailed > failed_before:
+        served.server.dump_log(f"langgraph dev log after {request.node.name} failed")
+
+
+@pytest.fixture
+async def thread_id(served: Served, client: Any) -> Any:
+    """A new server thread, forgotten by the ledger after the test.
+
+    The example's refund keys are per order and amount, unique across threads,
+    so each test starts from a ledger without the previous tests' effects.
+    """
+    tid = str((await client.threads.create())["thread_id"])
+    yield tid
+    await asyncio.to_thread(served.ledger.delete_thread, tid)
+
+
+# ------------------------------------------------------------------- helpers
+def human(text: str) -> dict[str, Any]:
+    return {"messages": [{"role": "user", "content": text}]}
+
+
+def refund_request(amount: float) -> str:
+    return f"Order o-88 arrived with a damaged item. Please refund {amount:.0f} USD."
+
+
+def approve(*, n: int = 1) -> dict[str, Any]:
+    return {"resume": {"decisions": [{"type": "approve"}] * n, "reviewer": REVIEWER}}
+
+
+def interrupts_of(state: dict[str, Any]) -> list[dict[str, Any]]:
+    """The pending interrupts of a thread state (top level, else per task)."""
+    found = state.get("interrupts")
+    if found:
+        return list(found)
+    return [i for task in state.get("tasks", []) for i in task.get("interrupts", [])]
+
+
+async def wait_for(
+    what: str, probe: Callable[[], T | None], *, timeout: float = 20.0, interval: float = 0.05
+) -> T:
+    """Poll ``probe()`` (sync, run in a thread) until it returns something truthy."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = await asyncio.to_thread(probe)
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        await asyncio.sleep(interval)
+
+
+def in_status(ledger: Ledger, key: str, *statuses: EffectStatus) -> EffectRecord | None:
+    rec = ledger.effect_by_key(key)
+    return rec if rec is not None and rec.status in statuses else None
+
+
+def settled_from_flight(ledger: Ledger, key: str) -> EffectRecord | None:
+    rec = ledger.effect_by_key(key)
+    return rec if rec is not None and rec.status is not EffectStatus.DISPATCHED else None
+
+
+def dispatch_count(ledger: Ledger, rec: EffectRecord) -> int:
+    return sum(1 for t in ledger.history(rec.effect_id) if t.to_status is EffectStatus.DISPATCHED)
+
+
+def no_dangling_calls(messages: list[dict[str, Any]]) -> None:
+    """Invariant I5: every tool call in the history has its ToolMessage."""
+    calls = {c["id"] for m in messages if m["type"] == "ai" for c in m.get("tool_calls") or []}
+    answered = {m["tool_call_id"] for m in messages if m["type"] == "tool"}
+    assert calls <= answered, f"unanswered tool calls: {calls - answered}"
+
+
+def tool_answers_follow_their_calls(messages: list[dict[str, Any]]) -> None:
+    """Chat-API order: an AI message's tool calls are answered before any other message."""
+    waiting: set[str] = set()
+    for m in messages:
+        if m["type"] == "tool":
+            waiting.discard(m["tool_call_id"])
+            continue
+        assert not waiting, f"{m['type']} message before the answers to {sorted(waiting)}"
+        if m["type"] == "ai":
+            waiting = {c["id"] for c in m.get("tool_calls") or []}
+
+
+async def interrupted_on_refund(served: Served, client: Any, thread_id: str, amount: float) -> str:
+    """Run the agent until it stops on our approval interrupt; return the refund's key."""
+    key = refund_key({"order_id": "o-88", "amount": amount})
+    await client.runs.wait(thread_id, served.graph_id, input=human(refund_request(amount)))
+    state = await client.threads.get_state(thread_id)
+    pending = interrupts_of(state)
+    assert len(pending) == 1, state
+    value = pending[0]["value"]
+    # Only the refund over 100 needs a human; the read and the emails do not.
+    assert [a["name"] for a in value["action_requests"]] == ["issue_refund"], value
+    action = value["action_requests"][0]
+    assert action["args"] == {"order_id": "o-88", "amount": amount}
+    assert action["idempotency_key"] == key
+    assert action["effect_kind"] == "irreversible"
+    assert action["why_permanent"]
+    review = value["review_configs"][0]
+    assert review["action_name"] == "issue_refund"
+    assert set(review["allowed_decisions"]) == {"approve", "edit", "reject"}
+    assert state["next"] == ["approval"]
+    assert (await client.threads.get(thread_id))["status"] == "interrupted"
+    # Nothing irreversible left the process while the human decides.
+    assert served.providers.attempts(key) == 0
+    assert in_status(served.ledger, key, EffectStatus.PENDING_APPROVAL)
+    return key
+
+
+# --------------------------------------------------------------------- tests
+def test_served_copy_keeps_cancellation_settings() -> None:
+    """The server runs ``graph.copy(update={"checkpointer": ..., "store": ...})``."""
+    from langgraph.checkpoint.memory import InMemorySaver
+    from langgraph.graph import START, MessagesState, StateGraph
+
+    from langgraph_cancel import CancellableGraph, add_cancellation
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("noop", lambda state: None)
+    builder.add_edge(START, "noop")
+    graph = add_cancellation(builder, ledger="memory://").compile()
+    copied = graph.copy(update={"checkpointer": InMemorySaver()})
+    assert isinstance(copied, CancellableGraph)
+    assert copied.cancellation is graph.cancellation
+    assert graph.with_config(tags=["x"]).cancellation is graph.cancellation
+
+
+@pytest.mark.server
+async def test_approval_interrupt_then_resume_dispatches_once(
+    served: Served, client: Any, thread_id: str
+) -> None:
+    key = await interrupted_on_refund(served, client, thread_id, 120.0)
+
+    result = await client.runs.wait(thread_id, served.graph_id, command=approve())
+
+    providers = served.providers
+    assert providers.executions(key) == 1
+    assert providers.attempts(key) == 1
+    assert providers.find_refund(key) is not None
+    rec = served.ledger.effect_by_key(key)
+    assert rec is not None and rec.status is EffectStatus.COMMITTED, rec
+    assert dispatch_count(served.ledger, rec) == 1
+    assert rec.approval is not None, rec
+    assert rec.approval.get("reviewer") == REVIEWER, rec.approval
+    assert rec.approval.get("decision", rec.approval.get("type")) == "approve", rec.approval
+    # The run went on to the end of the script; every effect happened once.
+    for effect in served.ledger.effects(thread_id):
+        if effect.kind.value != "read_only":
+            assert effect.status is EffectStatus.COMMITTED, effect
+            assert providers.executions(effect.idempotency_key) == 1, effect
+    final = result["messages"][-1]
+    assert final["type"] == "ai" and final["content"].startswith("Done: refunded 120.00"), final
+    no_dangling_calls(result["messages"])
+    assert "cancellation_report" not in result or result["cancellation_report"] is None
+    assert (await client.threads.get(thread_id))["status"] == "idle"
+
+
+@pytest.mark.server
+async def test_runs_cancel_while_approved_refund_in_flight(
+    served: Served, client: Any, thread_id: str
+) -> None:
+    key = await interrupted_on_refund(served, client, thread_id, 150.0)
+
+    served.providers.set_fault("refund", "hang:3", times=1)
+    run = await client.runs.create(thread_id, served.graph_id, command=approve())
+    await wait_for(
+        "the approved refund to be dispatched",
+        lambda: in_status(served.ledger, key, EffectStatus.DISPATCHED),
+    )
+    await asyncio.sleep(1.0)  # ~1 s into the 3 s call
+    t0 = time.monotonic()
+    await client.runs.cancel(thread_id, run["run_id"], action="interrupt", wait=True)
+    cancel_took = time.monotonic() - t0
+
+    rec = await wait_for(
+        "the in-flight refund to settle", lambda: settled_from_flight(served.ledger, key)
+    )
+    print(
+        f"[{served.backend}] runs.cancel took {cancel_took:.2f}s; refund ended {rec.status.value}"
+    )
+    assert rec.status in (EffectStatus.COMMITTED, EffectStatus.UNKNOWN), rec
+    if rec.status is EffectStatus.UNKNOWN:
+        assert rec.owner and rec.next_action, rec
+    else:
+        assert served.providers.executions(key) == 1
+        assert served.providers.find_refund(key) is not None
+    assert dispatch_count(served.ledger, rec) == 1
+    assert served.providers.attempts(key) == 1
+    assert (await client.runs.get(thread_id, run["run_id"]))["status"] == "interrupted"
+    ledger_run = served.ledger.latest_run(thread_id)
+    assert ledger_run is not None and ledger_run.cancel_requested, ledger_run
+    # The emails queued behind the refund never left.
+    emails = [e for e in served.ledger.effects(thread_id) if e.tool == "send_email"]
+    assert all(served.providers.attempts(e.idempotency_key) == 0 for e in emails), emails
+
+    # Continuing the stopped thread finishes the cancel instead of running the tools again.
+    values = await client.runs.wait(thread_id, served.graph_id)
+    report = values.get("cancellation_report")
+    assert report is not None and report["status"] == "cancelled", values
+    assert report["dispatched_after_cancel"] == 0
+    settled_as = "permanent" if rec.status is EffectStatus.COMMITTED else "unknown"
+    assert [e["idempotency_key"] for e in report[settled_as]] == [key]
+    assert sorted(e["tool"] for e in report["not_run"]) == ["send_email", "send_email"]
+    assert served.providers.attempts(key) == 1
+    assert served.providers.truth()["emails"] == []
+    no_dangling_calls(values["messages"])
+
+
+@pytest.mark.server
+async def test_durable_cancel_of_seed_run_reports_in_thread_state(
+    served: Served, client: Any, thread_id: str
+) -> None:
+    """The seed scenario, stop pressed (``request_cancel``) while ``update_order`` hangs."""
+    from examples.refund_agent.graph import QUEUED_CALLS, SEED_REQUEST
+
+    def update_in_flight() -> EffectRecord | None:
+        for rec in served.ledger.effects(thread_id):
+            if rec.tool == "update_order" and rec.status is EffectStatus.DISPATCHED:
+                return rec
+        return None
+
+    served.providers.set_fault("update_order", "hang:2", times=1)
+    run = await client.runs.create(thread_id, served.graph_id, input=human(SEED_REQUEST))
+    in_flight = await wait_for("update_order(o-88) to be in flight", update_in_flight)
+    assert in_flight.args["order_id"] == "o-88"
+    answer = await asyncio.to_thread(
+        request_cancel, served.ledger_url, thread_id, reason="stop pressed", requested_by="studio"
+    )
+    assert answer.accepted, answer
+    await asyncio.wait_for(client.runs.join(thread_id, run["run_id"]), timeout=30)
+
+    assert (await client.runs.get(thread_id, run["run_id"]))["status"] == "success"
+    state = await client.threads.get_state(thread_id)
+    assert state["next"] == []
+    report = state["values"].get("cancellation_report")
+    assert report is not None, sorted(state["values"])
+    assert report["status"] == "cancelled"
+    assert report["reason"] == "stop pressed"
+    assert report["requested_by"] == "studio"
+    assert report["dispatched_after_cancel"] == 0
+    assert sorted(e["tool"] for e in report["permanent"]) == [
+        "issue_refund",
+        "send_email",
+        "send_email",
+    ]
+    assert [(e["tool"], e["args"]["order_id"]) for e in report["reversible_committed"]] == [
+        ("update_order", "o-88")
+    ]
+    assert sorted(e["tool"] for e in report["not_run"]) == sorted(QUEUED_CALLS)
+    assert report["unknown"] == []
+    ledger_run = served.ledger.latest_run(thread_id)
+    assert ledger_run is not None and ledger_run.status is RunStatus.CANCELLED
+    # Invariant I6: the report's permanent effects are what the providers did.
+    providers = served.providers
+    for e in report["permanent"] + report["reversible_committed"]:
+        assert providers.executions(e["idempotency_key"]) == 1, e
+    for e in report["not_run"]:
+        assert providers.attempts(e["idempotency_key"]) == 0, e
+    truth = providers.truth()
+    assert [r["amount"] for r in truth["refunds"]] == [40.0]
+    assert len(truth["emails"]) == 2
+    assert truth["orders"]["o-88"]["status"] == "refunded"
+    assert truth["orders"]["o-91"]["status"] == "delivered"
+    assert truth["tickets"] == []
+    no_dangling_calls(state["values"]["messages"])
+
+
+@pytest.mark.server
+async def test_new_input_after_runs_cancel_keeps_tool_answers_in_order(
+    served: Served, client: Any, thread_id: str
+) -> None:
+    """Stop (``runs.cancel``) mid-batch, then type again, as a Studio user would."""
+    key = refund_key({"order_id": "o-88", "amount": 45.0})  # under 100: no approval
+    served.providers.set_fault("refund", "hang:2", times=1)
+    run = await client.runs.create(thread_id, served.graph_id, input=human(refund_request(45)))
+    await wait_for(
+        "the refund to be in flight", lambda: in_status(served.ledger, key, EffectStatus.DISPATCHED)
+    )
+    await client.runs.cancel(thread_id, run["run_id"], action="interrupt", wait=True)
+    rec = await wait_for("the refund to settle", lambda: settled_from_flight(served.ledger, key))
+
+    values = await client.runs.wait(
+        thread_id, served.graph_id, input=human("Thanks. Did that go through?")
+    )
+
+    assert served.providers.attempts(key) == 1
+    messages = values["messages"]
+    no_dangling_calls(messages)
+    # Chat APIs reject ai(tool_calls) -> human -> tool: the answers come first.
+    tool_answers_follow_their_calls(messages)
+    answer = next(m for m in messages if m.get("tool_call_id") == rec.tool_call_id)
+    if rec.status is EffectStatus.COMMITTED:
+        assert json.loads(answer["content"])["amount"] == 45.0, answer
+    cancelled = served.ledger.runs(thread_id)[0]
+    assert cancelled.status is RunStatus.CANCELLED, cancelled
+
+
+@pytest.mark.server
+@pytest.mark.xfail(
+    strict=True,
+    raises=Exception,
+    reason="async nodes call the synchronous ledger on the event loop; plain `langgraph dev` "
+    "raises BlockingError (the e2e servers run with --allow-blocking until that I/O is "
+    "offloaded to threads)",
+)
+def test_served_graph_without_allow_blocking(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The dev server's own blocking-call detector, in-process, around one approval run.
+
+    ``langgraph dev`` without ``--allow-blocking`` runs every graph under
+    ``langgraph_runtime_inmem.queue._enable_blockbuster()``; this applies exactly
+    that to the example graph (compiled as ``langgraph.json`` serves it, copied
+    with an in-memory saver as the server does) and drives it through the
+    approval interrupt to the end.
+    """
+    queue = pytest.importorskip("langgraph_runtime_inmem.queue")
+    from langgraph.checkpoint.memory import InMemorySaver
+    from langgraph.types import Command
+
+    from examples.refund_agent.graph import build_builder, scripted_model
+
+    ledger_url = "sqlite:///" + str(tmp_path / "ledger.db")
+    monkeypatch.setenv("LANGGRAPH_CANCEL_DB", ledger_url)
+    monkeypatch.setenv("REFUND_AGENT_PROVIDERS_DB", str(tmp_path / "providers.db"))
+    reset_providers(tmp_path / "providers.db")
+    Ledger.from_url(ledger_url).close()
+    # The served graph as `langgraph dev` runs it, with the no-key model whatever the env.
+    served_graph = build_builder(scripted_model()).compile(name="refund_agent")
+    graph = served_graph.copy(update={"checkpointer": InMemorySaver()})
+    config = {"configurable": {"thread_id": str(uuid.uuid4())}}
+
+    async def scenario() -> dict[str, Any]:
+        await graph.ainvoke(human(refund_request(130)), config)
+        return dict(await graph.ainvoke(Command(resume=approve()["resume"]), config))
+
+    detector = queue._enable_blockbuster()
+    try:
+        values = asyncio.run(scenario())
+    except Exception as exc:
+        if type(exc).__name__ != "BlockingError":
+            pytest.fail(f"the run failed for another reason than blocking I/O: {exc!r}")
+        raise
+    finally:
+        detector.deactivate()
+    assert values["messages"][-1].content.startswith("Done: refunded 130.00")
