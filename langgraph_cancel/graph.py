@@ -748,9 +748,7 @@ class CancellableGraph(CompiledStateGraph):  # type: ignore[type-arg]
             raise
         finally:
             closing = asyncio.ensure_future(
-                asyncio.to_thread(
-                    inv.end, drained=drained, failed=failed, interrupted=interrupted
-                )
+                asyncio.to_thread(inv.end, drained=drained, failed=failed, interrupted=interrupted)
             )
             await asyncio.shield(closing)
 

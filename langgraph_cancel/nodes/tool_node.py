@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import json
 import logging
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, cast
+from typing import Any, Literal, TypeVar, cast
 
 from langchain_core.messages import AIMessage, AnyMessage, ToolCall, ToolMessage
 from langchain_core.runnables import RunnableConfig
@@ -46,6 +47,7 @@ from langgraph_cancel.effects import (
 )
 from langgraph_cancel.errors import (
     DispatchRefusedError,
+    DuplicateIdempotencyKeyError,
     IllegalTransitionError,
     TransitionConflictError,
 )
@@ -55,6 +57,8 @@ from langgraph_cancel.runtime import RunScope, check_durability, current_scope, 
 from langgraph_cancel.types import EffectKind, EffectRecord, EffectStatus
 
 logger = logging.getLogger("langgraph_cancel.tools")
+
+T = TypeVar("T")
 
 HandleToolErrors = bool | str | Callable[..., str] | type[Exception] | tuple[type[Exception], ...]
 
@@ -196,7 +200,7 @@ class EffectToolNode(ToolNode):
         config: RunnableConfig,
         runtime: Runtime[Any],
     ) -> Any:
-        return _run_sync(self._afunc(input, config, runtime))
+        return _run_sync(self._abatch(input, config, runtime))
 
     async def _afunc(
         self,
@@ -204,9 +208,21 @@ class EffectToolNode(ToolNode):
         config: RunnableConfig,
         runtime: Runtime[Any],
     ) -> Any:
+        token = _offload.set(True)
+        try:
+            return await self._abatch(input, config, runtime)
+        finally:
+            _offload.reset(token)
+
+    async def _abatch(
+        self,
+        input: list[AnyMessage] | dict[str, Any] | BaseModel,
+        config: RunnableConfig,
+        runtime: Runtime[Any],
+    ) -> Any:
         check_durability(config)
         tool_calls, input_type = self._parse_input(input)
-        scope = scope_for(config, ledger=self.ledger)
+        scope = await _db(scope_for, config, ledger=self.ledger)
         token = current_scope.set(scope)
         try:
             outputs = await self._run_batch(input, config, runtime, tool_calls, input_type, scope)
@@ -240,7 +256,7 @@ class EffectToolNode(ToolNode):
                 execution_info=runtime.execution_info,
                 server_info=runtime.server_info,
             )
-            planned, error = self._classify(index, call, tool_runtime, scope)
+            planned, error = await _db(self._classify, index, call, tool_runtime, scope)
             if error is not None:
                 outputs[index] = error
             elif planned is not None:
@@ -379,14 +395,14 @@ class EffectToolNode(ToolNode):
         scope: RunScope,
     ) -> Any:
         ledger = scope.ledger
-        existing = ledger.find_effect(scope.thread_id, p.call["id"])
+        existing = await _db(ledger.find_effect, scope.thread_id, p.call_id)
         if existing is not None and existing.settled:
             return replay_message(existing, p.call)
         if existing is not None:  # approved or in flight: the full lifecycle applies
             return await self._run_effect(p, request, input_type, scope)
-        if scope.cancel_called():
-            scope.signal.observe()
-            self._drop(scope, p, existing)
+        if await _db(scope.cancel_called):
+            await _db(scope.signal.observe)
+            await _db(self._drop, scope, p, existing)
             return ToolMessage(
                 NOT_RUN_CANCELLED, name=p.tool.name, tool_call_id=p.call_id, status="error"
             )
@@ -396,7 +412,8 @@ class EffectToolNode(ToolNode):
             raise
         except Exception as exc:
             content = self._error_content(exc)
-            ledger.plan(
+            await _db(
+                ledger.plan,
                 thread_id=scope.thread_id,
                 run_id=scope.run_id,
                 tool_call_id=p.call_id,
@@ -412,7 +429,8 @@ class EffectToolNode(ToolNode):
             )
             return ToolMessage(content, name=p.tool.name, tool_call_id=p.call_id, status="error")
         if isinstance(msg, ToolMessage):
-            ledger.plan(
+            await _db(
+                ledger.plan,
                 thread_id=scope.thread_id,
                 run_id=scope.run_id,
                 tool_call_id=p.call_id,
@@ -436,31 +454,77 @@ class EffectToolNode(ToolNode):
         input_type: Literal["list", "dict", "tool_calls"],
         scope: RunScope,
     ) -> Any:
-        ledger = scope.ledger
-        rec, _created = ledger.plan(
-            thread_id=scope.thread_id,
-            run_id=scope.run_id,
-            tool_call_id=p.call_id,
-            tool=p.tool.name,
-            kind=p.spec.kind,
-            args=p.call["args"],
-            idempotency_key=p.key,
-            seq=p.index,
-            owner=scope.owner,
-            actor=scope.owner,
-        )
+        planned = await _db(self._plan_effect, p, scope)
+        if isinstance(planned, ToolMessage):
+            return planned  # the key belongs to another effect: not dispatched
+        rec = planned
         if rec.status is EffectStatus.DISPATCHED:
             # Left in flight by an earlier attempt (crash, cancelled task): settle it first.
             rec = await self._settle_in_flight(p, rec, scope)
             if rec.status is EffectStatus.DISPATCHED:
                 return await self._dispatch(p, rec, input_type, scope, redispatch=True)
         if rec.status is EffectStatus.PENDING_APPROVAL:
-            return self._refuse_unapproved(p, rec, scope)
+            return await _db(self._refuse_unapproved, p, rec, scope)
         if rec.status in (EffectStatus.PLANNED, EffectStatus.APPROVED, EffectStatus.NOT_APPLIED):
             if rec.status is EffectStatus.PLANNED and _needs_approval(p.spec, rec.args):
-                return self._refuse_unapproved(p, rec, scope)
+                return await _db(self._refuse_unapproved, p, rec, scope)
             return await self._dispatch(p, rec, input_type, scope)
         return replay_message(rec, p.call)
+
+    def _plan_effect(self, p: _Planned, scope: RunScope) -> EffectRecord | ToolMessage:
+        """The call's record (new or from an earlier attempt), or why it cannot have one.
+
+        An idempotency key already held by another effect (the same refund asked
+        for again, maybe in another thread) means the external system would
+        treat this call as that one: it is not dispatched, and the model is told.
+        """
+        ledger = scope.ledger
+        try:
+            rec, _created = ledger.plan(
+                thread_id=scope.thread_id,
+                run_id=scope.run_id,
+                tool_call_id=p.call_id,
+                tool=p.tool.name,
+                kind=p.spec.kind,
+                args=p.call["args"],
+                idempotency_key=p.key,
+                seq=p.index,
+                owner=scope.owner,
+                actor=scope.owner,
+            )
+        except DuplicateIdempotencyKeyError as exc:
+            holder = ledger.effect_by_key(p.key)
+            where = (
+                f"effect {holder.effect_id} (thread {holder.thread_id}, {holder.status.value})"
+                if holder is not None
+                else "another effect"
+            )
+            text = (
+                f"Not run: idempotency key {p.key!r} already belongs to {where}; the external "
+                "system would treat this call as that one. "
+                + (
+                    f"Its recorded result: {replay_message(holder).content}"
+                    if holder is not None and holder.status is EffectStatus.COMMITTED
+                    else "Check that effect before asking again."
+                )
+            )
+            ledger.plan(
+                thread_id=scope.thread_id,
+                run_id=scope.run_id,
+                tool_call_id=p.call_id,
+                tool=p.tool.name,
+                kind=p.spec.kind,
+                args=p.call["args"],
+                idempotency_key=f"{p.key}#duplicate:{scope.thread_id}:{p.call_id}",
+                seq=p.index,
+                status=EffectStatus.FAILED,
+                error=text,
+                owner=scope.owner,
+                actor=scope.owner,
+                detail={"duplicate_of": getattr(holder, "effect_id", None), "error": str(exc)},
+            )
+            return ToolMessage(text, name=p.tool.name, tool_call_id=p.call_id, status="error")
+        return rec
 
     def _refuse_unapproved(self, p: _Planned, rec: EffectRecord, scope: RunScope) -> ToolMessage:
         text = (
@@ -520,27 +584,10 @@ class EffectToolNode(ToolNode):
         redispatch: bool = False,
     ) -> Any:
         ledger = scope.ledger
-        if scope.cancel_called():
-            scope.signal.observe()
-            self._drop(scope, p, rec)
-            return replay_message(ledger.get_effect(rec.effect_id), p.call)
-        if not redispatch:
-            try:
-                rec = ledger.transition(
-                    rec.effect_id,
-                    EffectStatus.DISPATCHED,
-                    actor=scope.owner,
-                    owner=scope.owner,
-                    detail={"idempotency_key": rec.idempotency_key},
-                )
-            except DispatchRefusedError:
-                scope.signal.set()
-                scope.signal.observe()
-                self._drop(scope, p, rec)
-                return replay_message(ledger.get_effect(rec.effect_id), p.call)
-            except TransitionConflictError:
-                # Another task moved it (a cancel node dropped it): report what it is.
-                return replay_message(ledger.get_effect(rec.effect_id), p.call)
+        begun = await _db(self._begin_dispatch, p, rec, scope, redispatch)
+        if isinstance(begun, ToolMessage):
+            return begun
+        rec = begun
         call = {**p.call, "args": rec.args}
         planned = _Planned(
             p.index, cast(ToolCall, call), p.tool, p.spec, rec.idempotency_key, p.runtime
@@ -558,7 +605,8 @@ class EffectToolNode(ToolNode):
             # interrupt() inside the tool: the call paused before it finished, and
             # LangGraph re-runs it from its start on resume. Left "dispatched", the
             # re-run would declare it unknown and never deliver the answer.
-            ledger.transition(
+            await _db(
+                ledger.transition,
                 rec.effect_id,
                 EffectStatus.NOT_APPLIED,
                 expected=[EffectStatus.DISPATCHED],
@@ -570,7 +618,35 @@ class EffectToolNode(ToolNode):
             raise
         except Exception as exc:
             return await self._record_failure(planned, rec, exc, scope)
-        return self._record_success(planned, rec, msg, scope)
+        return await _db(self._record_success, planned, rec, msg, scope)
+
+    def _begin_dispatch(
+        self, p: _Planned, rec: EffectRecord, scope: RunScope, redispatch: bool
+    ) -> EffectRecord | ToolMessage:
+        """The check before acting: cancelled? then the durable intent, or why not."""
+        ledger = scope.ledger
+        if scope.cancel_called():
+            scope.signal.observe()
+            self._drop(scope, p, rec)
+            return replay_message(ledger.get_effect(rec.effect_id), p.call)
+        if redispatch:
+            return rec
+        try:
+            return ledger.transition(
+                rec.effect_id,
+                EffectStatus.DISPATCHED,
+                actor=scope.owner,
+                owner=scope.owner,
+                detail={"idempotency_key": rec.idempotency_key},
+            )
+        except DispatchRefusedError:
+            scope.signal.set()
+            scope.signal.observe()
+            self._drop(scope, p, rec)
+            return replay_message(ledger.get_effect(rec.effect_id), p.call)
+        except TransitionConflictError:
+            # Another task moved it (a cancel node dropped it): report what it is.
+            return replay_message(ledger.get_effect(rec.effect_id), p.call)
 
     def _record_success(self, p: _Planned, rec: EffectRecord, msg: Any, scope: RunScope) -> Any:
         result = (
@@ -596,7 +672,8 @@ class EffectToolNode(ToolNode):
             outcome = await call_reconcile(p.spec, rec.idempotency_key, rec.args)
             if outcome.status == "committed":
                 result = {"content": _result_text(outcome.result), "status": "success"}
-                ledger.transition(
+                await _db(
+                    ledger.transition,
                     rec.effect_id,
                     EffectStatus.COMMITTED,
                     actor="reconciler",
@@ -605,7 +682,8 @@ class EffectToolNode(ToolNode):
                 )
                 return ToolMessage(result["content"], name=p.tool.name, tool_call_id=p.call_id)
             if outcome.status == "not_applied":
-                ledger.transition(
+                await _db(
+                    ledger.transition,
                     rec.effect_id,
                     EffectStatus.NOT_APPLIED,
                     actor="reconciler",
@@ -616,7 +694,7 @@ class EffectToolNode(ToolNode):
                 return ToolMessage(
                     content, name=p.tool.name, tool_call_id=p.call_id, status="error"
                 )
-            rec = mark_unknown(ledger, rec, p.spec, f"{exc!r}; {outcome.reason}")
+            rec = await _db(mark_unknown, ledger, rec, p.spec, f"{exc!r}; {outcome.reason}")
             return replay_message(rec, p.call)
         try:
             content = self._failure_content(exc)
@@ -624,7 +702,8 @@ class EffectToolNode(ToolNode):
             # Propagating (handle_tool_errors does not cover it): the call raised, so it
             # did not apply. Say so before the error leaves, or the record stays
             # "dispatched" and a re-run (RetryPolicy, resume) declares it unknown.
-            ledger.transition(
+            await _db(
+                ledger.transition,
                 rec.effect_id,
                 EffectStatus.NOT_APPLIED,
                 actor=scope.owner,
@@ -632,7 +711,9 @@ class EffectToolNode(ToolNode):
                 detail={"propagated": True},
             )
             raise
-        ledger.transition(rec.effect_id, EffectStatus.FAILED, actor=scope.owner, error=content)
+        await _db(
+            ledger.transition, rec.effect_id, EffectStatus.FAILED, actor=scope.owner, error=content
+        )
         return ToolMessage(content, name=p.tool.name, tool_call_id=p.call_id, status="error")
 
     async def _settle_after_task_cancel(
@@ -640,8 +721,11 @@ class EffectToolNode(ToolNode):
     ) -> None:
         timeout = p.spec.cancel_timeout or self.cancel_timeout
         try:
-            scope.ledger.request_cancel(
-                scope.thread_id, reason="run task cancelled", requested_by="asyncio"
+            await _db(
+                scope.ledger.request_cancel,
+                scope.thread_id,
+                reason="run task cancelled",
+                requested_by="asyncio",
             )
         except Exception:  # the outcome record below matters more than the flag
             logger.warning("could not flag run %s as cancel_requested", scope.run_id, exc_info=True)
@@ -650,15 +734,19 @@ class EffectToolNode(ToolNode):
             exc = task.exception()
             try:
                 if exc is None:
-                    self._record_success(p, rec, task.result(), scope)
+                    await _db(self._record_success, p, rec, task.result(), scope)
                 elif isinstance(exc, Exception):
                     await self._record_failure(p, rec, exc, scope)
             except Exception:
                 logger.exception("could not record the outcome of %s", rec.effect_id)
             return
         task.cancel()
-        mark_unknown(
-            scope.ledger, rec, p.spec, f"still in flight {timeout:.0f}s after the run was cancelled"
+        await _db(
+            mark_unknown,
+            scope.ledger,
+            rec,
+            p.spec,
+            f"still in flight {timeout:.0f}s after the run was cancelled",
         )
 
     async def _settle_in_flight(
@@ -668,7 +756,8 @@ class EffectToolNode(ToolNode):
         ledger = scope.ledger
         if p.spec.reconcile is None:
             if p.spec.retry_safe:
-                return ledger.transition(
+                return await _db(
+                    ledger.transition,
                     rec.effect_id,
                     EffectStatus.DISPATCHED,
                     expected=[EffectStatus.DISPATCHED],
@@ -676,9 +765,11 @@ class EffectToolNode(ToolNode):
                     owner=scope.owner,
                     detail={"retry_same_key": True, "idempotency_key": rec.idempotency_key},
                 )
-            return mark_unknown(ledger, rec, p.spec, "left in flight by an earlier attempt")
+            return await _db(
+                mark_unknown, ledger, rec, p.spec, "left in flight by an earlier attempt"
+            )
         outcome = await call_reconcile(p.spec, rec.idempotency_key, rec.args)
-        return apply_outcome(ledger, rec, p.spec, outcome, actor="reconciler")
+        return await _db(apply_outcome, ledger, rec, p.spec, outcome, actor="reconciler")
 
     # ---------------------------------------------------------------- calls
     async def _invoke(
@@ -726,6 +817,22 @@ class EffectToolNode(ToolNode):
         return _handle_tool_error(exc, flag=flag)
 
 
+_offload: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "langgraph_cancel_offload", default=False
+)
+
+
+async def _db(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """Run a blocking ledger call: in a worker thread when on the graph's event loop.
+
+    Async graphs (a LangGraph server's included) must not block their loop; sync
+    graphs run this code on a private loop where a thread hop only costs time.
+    """
+    if _offload.get():
+        return await asyncio.to_thread(fn, *args, **kwargs)
+    return fn(*args, **kwargs)
+
+
 async def _await_in_flight(task: asyncio.Future[Any], scope: RunScope) -> Any:
     """Wait for a dispatched call, noting the cancel signal the moment it arrives.
 
@@ -736,9 +843,9 @@ async def _await_in_flight(task: asyncio.Future[Any], scope: RunScope) -> Any:
     observed = False
     while not task.done():
         await asyncio.wait({task}, timeout=0.05)  # checks the flag; polls are throttled
-        if not observed and not task.done() and scope.cancel_called():
+        if not observed and not task.done() and await _db(scope.cancel_called):
             observed = True
-            await asyncio.to_thread(scope.signal.observe)
+            await _db(scope.signal.observe)
     return await task
 
 
@@ -845,8 +952,6 @@ def _run_sync(coro: Any) -> Any:
             result.append(asyncio.run(coro))
         except BaseException as exc:
             error.append(exc)
-
-    import contextvars
 
     ctx = contextvars.copy_context()
     thread = threading.Thread(target=ctx.run, args=(target,))
