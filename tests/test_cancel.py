@@ -1,0 +1,662 @@
+"""The cancellation protocol (issue 4): request, cancelling, cancelled, a drained queue, a report.
+
+Real compiled graphs on memory, SQLite and PostgreSQL; the stop button is
+pressed from another thread (or another process) while the run works, and
+what the run did is checked against what the external systems did.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import operator
+import subprocess
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Annotated, Any, TypedDict
+
+import pytest
+from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, ToolMessage
+from langgraph.graph import START, StateGraph
+from langgraph.graph.message import add_messages
+
+import langgraph_cancel
+from examples.refund_agent import tools as refund_tools
+from examples.refund_agent.services import Providers
+from graphs import (
+    ExecutionLog,
+    agent_builder,
+    backend_params,
+    calls,
+    cancellable,
+    config_for,
+    counting_tool,
+    dangling_calls,
+    module_database,
+    new_thread,
+    open_saver,
+    scripted,
+    send_agent_builder,
+    wait_until,
+    worker_command,
+    worker_env,
+)
+from langgraph_cancel import (
+    CancellationReport,
+    EffectKind,
+    EffectStatus,
+    EffectToolNode,
+    UnknownThreadError,
+    add_cancellation,
+    get_report,
+    request_cancel,
+)
+from langgraph_cancel.ledger import Ledger
+from langgraph_cancel.runtime import ledger_for_url
+from langgraph_cancel.testing import tool_call
+from langgraph_cancel.types import RunStatus
+
+TIMEOUT = 60.0
+
+
+@pytest.fixture
+def providers_path(tmp_path: Path) -> Iterator[str]:
+    path = str(tmp_path / "providers.db")
+    Providers(path)
+    refund_tools.set_providers_path(path)
+    try:
+        yield path
+    finally:
+        refund_tools.set_providers_path(None)
+
+
+@pytest.fixture
+def log(providers_path: str) -> ExecutionLog:
+    return ExecutionLog(providers_path)
+
+
+@pytest.fixture(scope="module", params=backend_params())
+def db_url(request: pytest.FixtureRequest) -> Iterator[str]:
+    """memory, SQLite, PostgreSQL: one database per module (tests use their own threads)."""
+    with module_database(request) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def saver(db_url: str) -> Iterator[Any]:
+    with open_saver(db_url) as s:
+        yield s
+
+
+@pytest.fixture
+def url_ledgers() -> Iterator[list[str]]:
+    """URLs given to the API in this test; their process-wide ledgers are closed after it."""
+    urls: list[str] = []
+    yield urls
+    from langgraph_cancel import runtime
+
+    for url in urls:
+        opened = runtime._ledgers_by_url.pop(url, None)
+        if opened is not None:
+            opened.close()
+
+
+class Background:
+    """Run a graph invocation in a thread; join it with a timeout, re-raising its error."""
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self._result: list[Any] = []
+        self._error: list[BaseException] = []
+
+        def target() -> None:
+            try:
+                self._result.append(fn())
+            except BaseException as exc:  # handed to the test thread
+                self._error.append(exc)
+
+        self._thread = threading.Thread(target=target, daemon=True)
+        self._thread.start()
+
+    def wait_for(self, predicate: Callable[[], Any], what: str) -> Any:
+        """Poll ``predicate`` while the run works; fail at once if the run ends first."""
+
+        def check() -> Any:
+            value = predicate()
+            if not value and not self._thread.is_alive():
+                error = self._error[0] if self._error else None
+                raise AssertionError(f"the run ended before {what}: {error!r}") from error
+            return value
+
+        return wait_until(check, timeout=TIMEOUT, what=what)
+
+    def result(self, timeout: float = TIMEOUT) -> Any:
+        self._thread.join(timeout)
+        assert not self._thread.is_alive(), f"the run did not finish within {timeout}s"
+        if self._error:
+            raise self._error[0]
+        return self._result[0]
+
+
+def collect_custom(graph: Any, inp: Any, cfg: dict[str, Any], *, use_async: bool) -> list[Any]:
+    """Run to the end streaming ``custom`` events; return them."""
+    if use_async:
+
+        async def go() -> list[Any]:
+            return [c async for c in graph.astream(inp, cfg, stream_mode="custom")]
+
+        return asyncio.run(go())
+    return list(graph.stream(inp, cfg, stream_mode="custom"))
+
+
+def cancelled_events(events: list[Any]) -> list[dict[str, Any]]:
+    return [
+        e["langgraph_cancel"]
+        for e in events
+        if isinstance(e, dict) and e.get("langgraph_cancel", {}).get("event") == "cancelled"
+    ]
+
+
+def state_report(graph: Any, thread_id: str) -> CancellationReport:
+    values = graph.get_state(config_for(thread_id)).values
+    return CancellationReport.model_validate(values["cancellation_report"])
+
+
+def assert_report_from_database(saver: Any, db_url: str, thread_id: str, expected: Any) -> None:
+    """get_report from the saver and from a fresh connection to the URL equals ``expected``."""
+    assert get_report(saver, thread_id) == expected
+    if not db_url.startswith("memory://"):
+        with Ledger.from_url(db_url) as fresh:
+            assert get_report(fresh, thread_id) == expected
+
+
+def summary_of(effects: list[Any]) -> list[tuple[str, str]]:
+    return sorted((e.tool, json.dumps(e.args, sort_keys=True)) for e in effects)
+
+
+# ----------------------------------------------------------------------------- the seed
+
+
+@pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])
+def test_seed_scenario(saver: Any, db_url: str, providers_path: str, use_async: bool) -> None:
+    """Refund and two emails done; update_order(o-88) in flight; four calls queued; stop."""
+    systems = Providers(providers_path)
+    amount = 41 if use_async else 40  # refund keys are global in the module's ledger
+    email = {"to": "dana@example.com", "subject": "Refund", "body": f"We refunded {amount}."}
+    turn1 = AIMessage(
+        "",
+        tool_calls=[
+            tool_call("issue_refund", {"order_id": "o-88", "amount": amount}, id="s1"),
+            tool_call("send_email", email, id="s2"),
+            tool_call("send_email", {**email, "subject": "Receipt"}, id="s3"),
+        ],
+    )
+    queued = {
+        "s5": tool_call(
+            "create_ticket", {"order_id": "o-88", "subject": "Damaged", "body": "Check."}, id="s5"
+        ),
+        "s6": tool_call("send_email", {**email, "subject": "Order updated"}, id="s6"),
+        "s7": tool_call("issue_refund", {"order_id": "o-91", "amount": amount - 30}, id="s7"),
+        "s8": tool_call("send_email", {**email, "to": "sam@example.com"}, id="s8"),
+    }
+    turn2 = AIMessage(
+        "",
+        tool_calls=[
+            tool_call("update_order", {"order_id": "o-88", "status": "refunded"}, id="s4"),
+            *queued.values(),
+        ],
+    )
+    model = scripted(turn1, turn2, "Stopped as you asked; here is where things stand.")
+    graph = cancellable(agent_builder(model, EffectToolNode(refund_tools.TOOLS)), saver)
+    thread_id = new_thread()
+    cfg = config_for(thread_id)
+    systems.set_fault("update_order", "hang:2", times=1)
+    run = Background(
+        lambda: collect_custom(
+            graph, {"messages": [HumanMessage("refund o-88")]}, cfg, use_async=use_async
+        )
+    )
+
+    ledger = saver.ledger
+
+    def update_in_flight() -> Any:
+        rec = ledger.find_effect(thread_id, "s4")
+        return rec is not None and rec.status is EffectStatus.DISPATCHED and rec
+
+    update = run.wait_for(update_in_flight, "update_order in flight")
+    run.wait_for(lambda: systems.pending(update.idempotency_key), "the provider to hold it")
+    answer = request_cancel(saver, thread_id, reason="user pressed stop", requested_by="alice")
+    assert answer.accepted and answer.first
+    # The stop was pressed while o-88 was really in flight at the provider.
+    assert systems.pending(update.idempotency_key)
+    events = run.result()
+
+    # --- the world: exactly the refund, two emails and the o-88 update happened
+    truth = systems.truth()
+    assert [(r["order_id"], r["amount"]) for r in truth["refunds"]] == [("o-88", amount)]
+    assert sorted(e["subject"] for e in truth["emails"]) == ["Receipt", "Refund"]
+    assert [u["order_id"] for u in truth["updates"]] == ["o-88"]
+    assert truth["tickets"] == [] and truth["messages"] == []
+    assert truth["orders"]["o-88"]["status"] == "refunded"
+
+    # --- the ledger: four calls dropped and never attempted; o-88 awaited and committed
+    for call_id in queued:
+        rec = ledger.find_effect(thread_id, call_id)
+        assert rec is not None and rec.status is EffectStatus.DROPPED, call_id
+        assert rec.dispatched_at is None
+        assert systems.attempts(rec.idempotency_key) == 0
+    assert ledger.find_effect(thread_id, "s4").status is EffectStatus.COMMITTED
+    run_rec = ledger.latest_run(thread_id)
+    assert run_rec.status is RunStatus.CANCELLED
+    assert run_rec.reason == "user pressed stop" and run_rec.requested_by == "alice"
+
+    # --- the report
+    report = state_report(graph, thread_id)
+    assert report.status == "cancelled"
+    assert summary_of(report.permanent) == sorted(
+        (t, json.dumps(a, sort_keys=True))
+        for t, a in [
+            ("issue_refund", {"order_id": "o-88", "amount": amount}),
+            ("send_email", email),
+            ("send_email", {**email, "subject": "Receipt"}),
+        ]
+    )
+    assert report.unknown == []
+    assert [e.tool_call_id for e in report.reversible_committed] == ["s4"]
+    assert sorted(e.tool_call_id for e in report.not_run) == sorted(queued)
+    assert report.dispatched_after_cancel == 0
+    assert report.orphans == 0
+    assert report.reason == "user pressed stop"
+    assert report.cancel_latency_ms is not None and report.quiescence_ms is not None
+    assert report.quiescence_ms >= report.cancel_latency_ms
+    assert "4 steps not run" in report.summary
+    assert_report_from_database(saver, db_url, thread_id, report)
+    # streamed as a custom event, once
+    streamed = cancelled_events(events)
+    assert len(streamed) == 1
+    assert CancellationReport.model_validate(streamed[0]["report"]) == report
+
+    # --- every call in the history is answered; the next model call works
+    messages = graph.get_state(cfg).values["messages"]
+    assert dangling_calls(messages) == []
+    answers = {m.tool_call_id: m for m in messages if isinstance(m, ToolMessage)}
+    assert answers["s4"].status == "success" and "o-88" in str(answers["s4"].content)
+    assert all(answers[c].status == "error" for c in queued)
+    calls_before = model.calls
+    out = graph.invoke({"messages": [HumanMessage("what happened?")]}, cfg)
+    assert model.calls == calls_before + 1
+    assert out["messages"][-1].content == "Stopped as you asked; here is where things stand."
+    assert dangling_calls(model.inputs[-1]) == []
+    assert ledger.latest_run(thread_id).status is RunStatus.COMPLETED
+    # The cancelled run's report stays as it was.
+    assert get_report(saver, thread_id, run_id=run_rec.run_id) == report
+
+
+# ----------------------------------------------------------------------------- races
+
+
+def test_cancel_before_a_call(saver: Any, log: ExecutionLog) -> None:
+    """Stop pressed while the run waits before its tools: nothing is ever dispatched."""
+    tools = [
+        counting_tool(log, "w1", EffectKind.IRREVERSIBLE),
+        counting_tool(log, "u1", EffectKind.REVERSIBLE),
+        counting_tool(log, "r1", EffectKind.READ_ONLY),
+    ]
+    model = scripted(calls(("w1", "a", "b1"), ("u1", "b", "b2"), ("r1", "c", "b3")), "after")
+    builder = agent_builder(model, EffectToolNode(tools))
+    graph = add_cancellation(builder).compile(checkpointer=saver, interrupt_before=["tools"])
+    thread_id = new_thread()
+    cfg = config_for(thread_id)
+    graph.invoke({"messages": [HumanMessage("go")]}, cfg)
+    assert graph.get_state(cfg).next == ("tools",)
+    answer = request_cancel(saver, thread_id, reason="changed my mind", requested_by="bob")
+    assert answer.accepted and answer.first
+    graph.invoke(None, cfg)  # whoever resumes it must not start the calls
+    assert log.rows() == []
+    ledger = saver.ledger
+    assert {e.tool_call_id: e.status for e in ledger.effects(thread_id)} == {
+        "b1": EffectStatus.DROPPED,
+        "b2": EffectStatus.DROPPED,
+        "b3": EffectStatus.DROPPED,
+    }
+    report = state_report(graph, thread_id)
+    assert report.status == "cancelled"
+    assert report.permanent == [] and report.unknown == []
+    assert sorted(e.tool_call_id for e in report.not_run) == ["b1", "b2"]  # reads cost nothing
+    assert report.dispatched_after_cancel == 0
+    assert dangling_calls(graph.get_state(cfg).values["messages"]) == []
+    assert graph.get_state(cfg).next == ()
+    # A second resume of the cancelled run starts nothing either.
+    graph.invoke(None, cfg)
+    assert log.rows() == []
+
+
+def test_cancel_during_a_read(saver: Any, log: ExecutionLog) -> None:
+    tools = [
+        counting_tool(log, "slow_read", EffectKind.READ_ONLY),
+        counting_tool(log, "w1", EffectKind.IRREVERSIBLE),
+        counting_tool(log, "u1", EffectKind.REVERSIBLE),
+    ]
+    model = scripted(calls(("w1", "a", "d1"), ("slow_read", "b", "d2"), ("u1", "c", "d3")))
+    graph = cancellable(agent_builder(model, EffectToolNode(tools)), saver)
+    thread_id = new_thread()
+    log.arm("slow_read")
+    run = Background(
+        lambda: graph.invoke({"messages": [HumanMessage("go")]}, config_for(thread_id))
+    )
+    run.wait_for(lambda: log.started("slow_read"), "the read to start")
+    assert request_cancel(saver, thread_id, reason="stop", requested_by="t").first
+    log.release("slow_read")
+    run.result()
+    assert log.attempts("w1") == 0 and log.attempts("u1") == 0
+    ledger = saver.ledger
+    assert ledger.find_effect(thread_id, "d1").status is EffectStatus.DROPPED
+    assert ledger.find_effect(thread_id, "d3").status is EffectStatus.DROPPED
+    report = state_report(graph, thread_id)
+    assert report.status == "cancelled"
+    assert sorted(e.tool_call_id for e in report.not_run) == ["d1", "d3"]
+    assert report.permanent == [] and report.reversible_committed == [] and report.unknown == []
+    assert report.dispatched_after_cancel == 0
+    assert dangling_calls(graph.get_state(config_for(thread_id)).values["messages"]) == []
+
+
+def test_cancel_right_after_a_write_is_acknowledged(saver: Any, log: ExecutionLog) -> None:
+    """The provider applied w1 and answered; the stop arrives before the node records it."""
+    thread_id = new_thread()
+
+    def stop(_item: str) -> None:
+        request_cancel(saver, thread_id, reason="stop", requested_by="t")
+
+    tools = [
+        counting_tool(log, "w1", EffectKind.IRREVERSIBLE, after=stop),
+        counting_tool(log, "w2", EffectKind.IRREVERSIBLE),
+        counting_tool(log, "u1", EffectKind.REVERSIBLE),
+    ]
+    model = scripted(calls(("w1", "a", "k1"), ("w2", "b", "k2")), calls(("u1", "c", "k3")))
+    graph = cancellable(agent_builder(model, EffectToolNode(tools)), saver)
+    graph.invoke({"messages": [HumanMessage("go")]}, config_for(thread_id))
+    assert log.applied("w1") == 1 and log.attempts("w2") == 0 and log.attempts("u1") == 0
+    assert model.calls == 1  # no model turn after the stop
+    ledger = saver.ledger
+    assert ledger.find_effect(thread_id, "k1").status is EffectStatus.COMMITTED
+    assert ledger.find_effect(thread_id, "k2").status is EffectStatus.DROPPED
+    report = state_report(graph, thread_id)
+    assert [e.tool_call_id for e in report.permanent] == ["k1"]
+    assert [e.tool_call_id for e in report.not_run] == ["k2"]
+    assert report.unknown == [] and report.dispatched_after_cancel == 0
+
+
+def test_cancel_during_compensation(saver: Any, log: ExecutionLog) -> None:
+    """compensate_on_cancel: a slow undo, and a second stop request while it runs."""
+    thread_id = new_thread()
+
+    def stop(_item: str) -> None:
+        request_cancel(saver, thread_id, reason="first reason", requested_by="alice")
+
+    tools = [
+        counting_tool(log, "u1", EffectKind.REVERSIBLE),
+        counting_tool(log, "u2", EffectKind.REVERSIBLE, after=stop),
+        counting_tool(log, "w3", EffectKind.IRREVERSIBLE),
+    ]
+    model = scripted(calls(("u1", "a", "c1"), ("u2", "b", "c2"), ("w3", "c", "c3")))
+    graph = cancellable(
+        agent_builder(model, EffectToolNode(tools)), saver, compensate_on_cancel=True
+    )
+    log.arm("u2", "undo")
+    run = Background(
+        lambda: graph.invoke({"messages": [HumanMessage("go")]}, config_for(thread_id))
+    )
+    run.wait_for(lambda: log.started("undo:u2"), "the undo of u2 to start")
+    ledger = saver.ledger
+    # Mid-compensation: newest first; u2 has its intent written, u1 has not started.
+    assert ledger.find_effect(thread_id, "c2").status is EffectStatus.COMPENSATING
+    assert ledger.find_effect(thread_id, "c1").status is EffectStatus.COMMITTED
+    assert log.applied("undo:u2") == 0 and log.attempts("undo:u1") == 0
+    again = request_cancel(saver, thread_id, reason="second reason", requested_by="bob")
+    assert again.accepted and not again.first and again.reason == "first reason"
+    log.release("u2", "undo")
+    run.result()
+    # Each undo ran exactly once and the ledger agrees with the world.
+    assert log.applied("undo:u2") == 1 and log.attempts("undo:u2") == 1
+    assert log.applied("undo:u1") == 1 and log.attempts("undo:u1") == 1
+    order = [r["tool"] for r in log.rows() if r["tool"].startswith("undo:")]
+    assert order == ["undo:u2", "undo:u1"]
+    for call_id in ("c1", "c2"):
+        assert ledger.find_effect(thread_id, call_id).status is EffectStatus.COMPENSATED
+    assert log.attempts("w3") == 0
+    report = state_report(graph, thread_id)
+    assert sorted(e.tool_call_id for e in report.compensated) == ["c1", "c2"]
+    assert report.reversible_committed == [] and report.compensation_failed == []
+    assert report.unknown == [] and [e.tool_call_id for e in report.not_run] == ["c3"]
+    assert report.reason == "first reason" and report.requested_by == "alice"
+    assert ledger.latest_run(thread_id).status is RunStatus.CANCELLED
+
+
+def test_hundred_concurrent_cancels_make_one_terminal_transition(
+    saver: Any, log: ExecutionLog
+) -> None:
+    tools = [
+        counting_tool(log, "slow", EffectKind.REVERSIBLE),
+        counting_tool(log, "w1", EffectKind.IRREVERSIBLE),
+    ]
+    model = scripted(calls(("slow", "a", "h1"), ("w1", "b", "h2")))
+    graph = cancellable(agent_builder(model, EffectToolNode(tools)), saver)
+    thread_id = new_thread()
+    cfg = config_for(thread_id)
+    log.arm("slow")
+    run = Background(
+        lambda: collect_custom(graph, {"messages": [HumanMessage("go")]}, cfg, use_async=False)
+    )
+    run.wait_for(lambda: log.started("slow"), "slow to start")
+    barrier = threading.Barrier(100, timeout=TIMEOUT)
+    answers: list[Any] = [None] * 100
+
+    def press(i: int) -> None:
+        barrier.wait()
+        answers[i] = request_cancel(saver, thread_id, reason=f"reason {i}", requested_by=f"u{i}")
+
+    pressers = [threading.Thread(target=press, args=(i,)) for i in range(100)]
+    for t in pressers:
+        t.start()
+    for t in pressers:
+        t.join(TIMEOUT)
+    assert all(a is not None and a.accepted for a in answers)
+    firsts = [a for a in answers if a.first]
+    assert len(firsts) == 1
+    winner = firsts[0].reason
+    assert {a.reason for a in answers} == {winner}
+    log.release("slow")
+    events = run.result()
+    assert len(cancelled_events(events)) == 1
+    ledger = saver.ledger
+    runs = ledger.runs(thread_id)
+    assert len(runs) == 1 and runs[0].status is RunStatus.CANCELLED
+    assert runs[0].reason == winner
+    assert ledger.finish_run(runs[0].run_id, RunStatus.CANCELLED) is False
+    report = state_report(graph, thread_id)
+    assert report.reason == winner
+    assert [e.tool_call_id for e in report.not_run] == ["h2"] and log.attempts("w1") == 0
+
+
+def test_cancelling_a_finished_run_is_a_no_op(saver: Any, log: ExecutionLog) -> None:
+    model = scripted(calls(("w1", "a", "f1")), "fin")
+    graph = cancellable(
+        agent_builder(model, EffectToolNode([counting_tool(log, "w1", EffectKind.IRREVERSIBLE)])),
+        saver,
+    )
+    thread_id = new_thread()
+    graph.invoke({"messages": [HumanMessage("go")]}, config_for(thread_id))
+    run = saver.ledger.latest_run(thread_id)
+    assert run.status is RunStatus.COMPLETED
+    answer = request_cancel(saver, thread_id, reason="too late", requested_by="t")
+    assert not answer.accepted and not answer.first
+    assert answer.status is RunStatus.COMPLETED and "nothing to cancel" in answer.message
+    assert saver.ledger.latest_run(thread_id).status is RunStatus.COMPLETED
+    assert saver.ledger.latest_run(thread_id).reason is None
+    with pytest.raises(UnknownThreadError):
+        request_cancel(saver, new_thread(), reason="who?", requested_by="t")
+
+
+# ----------------------------------------------------------------------------- second process
+
+
+@pytest.fixture(scope="module", params=backend_params(durable_only=True))
+def durable_url(request: pytest.FixtureRequest) -> Iterator[str]:
+    """SQLite and PostgreSQL only: what survives the death of a process."""
+    with module_database(request) as url:
+        yield url
+
+
+@pytest.mark.slow
+def test_cancel_from_a_second_process(
+    durable_url: str, providers_path: str, log: ExecutionLog, url_ledgers: list[str]
+) -> None:
+    thread_id = new_thread()
+    with open_saver(durable_url):
+        pass  # schema ready before the worker starts
+    log.arm("slow")
+    proc = subprocess.Popen(
+        worker_command("slow", durable_url, providers_path, [thread_id], f"w-{thread_id}"),
+        env=worker_env(providers_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+
+        def slow_started() -> bool:
+            if proc.poll() is not None:
+                raise AssertionError(f"worker exited early: {proc.communicate()[1][-3000:]}")
+            return log.started("slow")
+
+        wait_until(slow_started, timeout=90, what="the worker's slow call")
+        url_ledgers.append(durable_url)
+        answer = langgraph_cancel.request_cancel(
+            durable_url, thread_id, reason="ops pressed stop", requested_by="ops"
+        )
+        assert answer.accepted and answer.first
+        log.release("slow")
+        out, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err[-3000:]
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result["status"] == "cancelled"
+    assert result["dangling"] == []
+    report = CancellationReport.model_validate(result["report"])
+    assert report.status == "cancelled" and report.reason == "ops pressed stop"
+    assert len(report.not_run) == 3 and report.dispatched_after_cancel == 0
+    assert report.cancel_latency_ms is not None
+    assert [e.tool_call_id for e in report.reversible_committed] == ["x0"]
+    # The world: slow happened once, the three queued writes never did.
+    assert log.applied("slow") == 1
+    assert [log.attempts(t) for t in ("w1", "w2", "w3")] == [0, 0, 0]
+    # Any process reads the same report from the database alone.
+    assert get_report(ledger_for_url(durable_url), thread_id) == report
+
+
+# ----------------------------------------------------------------------------- the queue
+
+
+def test_queued_sends_are_drained(saver: Any, log: ExecutionLog) -> None:
+    """Stop pressed during the fan-out step: the queued Send tasks never dispatch."""
+    tools = [
+        counting_tool(log, "w1", EffectKind.IRREVERSIBLE),
+        counting_tool(log, "w2", EffectKind.IRREVERSIBLE),
+        counting_tool(log, "u1", EffectKind.REVERSIBLE),
+    ]
+    model = scripted(calls(("w1", "a", "q1"), ("w2", "b", "q2"), ("u1", "c", "q3")))
+    thread_id = new_thread()
+
+    def agent(state: dict[str, Any]) -> dict[str, Any]:
+        reply = model.invoke(state["messages"])
+        if reply.tool_calls:  # the stop button is pressed while the model answers
+            request_cancel(saver, thread_id, reason="stop", requested_by="t")
+        return {"messages": [reply]}
+
+    graph = cancellable(send_agent_builder(model, EffectToolNode(tools), agent=agent), saver)
+    cfg = config_for(thread_id)
+    graph.invoke({"messages": [HumanMessage("go")]}, cfg)
+    assert log.rows() == []
+    ledger = saver.ledger
+    assert {e.tool_call_id: e.status for e in ledger.effects(thread_id)} == {
+        "q1": EffectStatus.DROPPED,
+        "q2": EffectStatus.DROPPED,
+        "q3": EffectStatus.DROPPED,
+    }
+    snapshot = graph.get_state(cfg)
+    assert snapshot.next == ()
+    assert dangling_calls(snapshot.values["messages"]) == []
+    report = state_report(graph, thread_id)
+    assert sorted(e.tool_call_id for e in report.not_run) == ["q1", "q2", "q3"]
+    assert report.dispatched_after_cancel == 0
+    assert model.calls == 1
+
+
+# ----------------------------------------------------------------------------- every check
+
+
+class ChainState(TypedDict):
+    messages: Annotated[list[AnyMessage], add_messages]
+    trace: Annotated[list[str], operator.add]
+
+
+def test_every_node_checks_the_signal(saver: Any) -> None:
+    """A chain of plain nodes: whichever node presses stop, no later node runs."""
+    n = 5
+    for k in range(n):
+        thread_id = new_thread()
+
+        def make(i: int, thread_id: str = thread_id, k: int = k) -> Callable[..., Any]:
+            def node(state: ChainState) -> dict[str, Any]:
+                if i == k:
+                    request_cancel(saver, thread_id, reason=f"stop at {k}", requested_by="t")
+                return {"trace": [f"n{i}"]}
+
+            return node
+
+        builder = StateGraph(ChainState)
+        for i in range(n):
+            builder.add_node(f"n{i}", make(i))
+        builder.add_edge(START, "n0")
+        for i in range(n - 1):
+            builder.add_edge(f"n{i}", f"n{i + 1}")
+        graph = cancellable(builder, saver)
+        cfg = config_for(thread_id)
+        graph.invoke({"messages": [HumanMessage("go")], "trace": []}, cfg)
+        values = graph.get_state(cfg).values
+        assert values["trace"] == [f"n{i}" for i in range(k + 1)], k
+        assert values["cancellation_report"]["status"] == "cancelled"
+        assert saver.ledger.latest_run(thread_id).status is RunStatus.CANCELLED
+
+
+def test_every_dispatch_checks_the_signal(saver: Any, log: ExecutionLog) -> None:
+    """The first tool of a batch presses stop: no later call of the batch is dispatched."""
+    thread_id = new_thread()
+
+    def stop(_item: str) -> None:
+        request_cancel(saver, thread_id, reason="stop", requested_by="t")
+
+    tools = [
+        counting_tool(log, "first", EffectKind.REVERSIBLE, before=stop),
+        counting_tool(log, "u2", EffectKind.REVERSIBLE),
+        counting_tool(log, "w1", EffectKind.IRREVERSIBLE),
+        counting_tool(log, "w2", EffectKind.IRREVERSIBLE),
+    ]
+    model = scripted(
+        calls(("w1", "a", "e1"), ("first", "b", "e2"), ("w2", "c", "e3"), ("u2", "d", "e4"))
+    )
+    graph = cancellable(agent_builder(model, EffectToolNode(tools)), saver)
+    graph.invoke({"messages": [HumanMessage("go")]}, config_for(thread_id))
+    # The call in flight when stop was pressed finished and is recorded; nothing after it.
+    assert log.order() == ["first"]
+    ledger = saver.ledger
+    assert ledger.find_effect(thread_id, "e2").status is EffectStatus.COMMITTED
+    for call_id in ("e1", "e3", "e4"):
+        assert ledger.find_effect(thread_id, call_id).status is EffectStatus.DROPPED
+    report = state_report(graph, thread_id)
+    assert [e.tool_call_id for e in report.reversible_committed] == ["e2"]
+    assert sorted(e.tool_call_id for e in report.not_run) == ["e1", "e3", "e4"]
+    assert report.dispatched_after_cancel == 0
