@@ -162,10 +162,14 @@ def state_report(graph: Any, thread_id: str) -> CancellationReport:
     return CancellationReport.model_validate(values["cancellation_report"])
 
 
-def assert_report_from_database(saver: Any, db_url: str, thread_id: str, expected: Any) -> None:
-    """get_report from the saver and from a fresh connection to the URL equals ``expected``."""
+def assert_report_from_database(
+    saver: Any, db_url: str, thread_id: str, expected: Any, url_ledgers: list[str]
+) -> None:
+    """get_report from the saver, from the URL and from a fresh connection equals ``expected``."""
     assert get_report(saver, thread_id) == expected
     if not db_url.startswith("memory://"):
+        url_ledgers.append(db_url)
+        assert get_report(db_url, thread_id) == expected
         with Ledger.from_url(db_url) as fresh:
             assert get_report(fresh, thread_id) == expected
 
@@ -178,7 +182,9 @@ def summary_of(effects: list[Any]) -> list[tuple[str, str]]:
 
 
 @pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])
-def test_seed_scenario(saver: Any, db_url: str, providers_path: str, use_async: bool) -> None:
+def test_seed_scenario(
+    saver: Any, db_url: str, providers_path: str, use_async: bool, url_ledgers: list[str]
+) -> None:
     """Refund and two emails done; update_order(o-88) in flight; four calls queued; stop."""
     systems = Providers(providers_path)
     amount = 41 if use_async else 40  # refund keys are global in the module's ledger
@@ -270,7 +276,7 @@ def test_seed_scenario(saver: Any, db_url: str, providers_path: str, use_async: 
     assert report.cancel_latency_ms is not None and report.quiescence_ms is not None
     assert report.quiescence_ms >= report.cancel_latency_ms
     assert "4 steps not run" in report.summary
-    assert_report_from_database(saver, db_url, thread_id, report)
+    assert_report_from_database(saver, db_url, thread_id, report, url_ledgers)
     # streamed as a custom event, once
     streamed = cancelled_events(events)
     assert len(streamed) == 1
