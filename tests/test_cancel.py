@@ -579,6 +579,15 @@ def test_cancel_from_a_second_process(
             durable_url, thread_id, reason="ops pressed stop", requested_by="ops"
         )
         assert answer.accepted and answer.first
+        # The busy worker notices the request from this process while its call is
+        # still in flight (PostgreSQL: LISTEN/NOTIFY; SQLite: a cheap poll).
+        watcher = ledger_for_url(durable_url)
+        wait_until(
+            lambda: watcher.latest_run(thread_id).observed_at is not None,
+            timeout=TIMEOUT,
+            what="the worker to observe the cancel",
+        )
+        assert log.applied("slow") == 0
         log.release("slow")
         out, err = proc.communicate(timeout=90)
     finally:
