@@ -56,7 +56,6 @@ from langgraph_cancel.nodes.tool_node import (
 from langgraph_cancel.report import CancellationReport, build_report
 from langgraph_cancel.runtime import (
     CONFIG_KEY_LEDGER,
-    WORKER_ID,
     RunScope,
     check_durability,
     current_scope,
@@ -64,6 +63,7 @@ from langgraph_cancel.runtime import (
     resolve_ledger,
     scope_for,
     thread_id_of,
+    worker_id,
 )
 from langgraph_cancel.types import (
     UNDISPATCHED_STATUSES,
@@ -521,7 +521,7 @@ class _Invocation:
         self.settings = graph.cancellation
         check_durability(config)
         conf = config.get("configurable", {})
-        owner = str(conf.get(CONFIG_KEY_WORKER) or WORKER_ID)
+        owner = str(conf.get(CONFIG_KEY_WORKER) or worker_id())
         continuation = input is None or isinstance(input, Command)
         bound = self.settings.ledger
         if bound is None and isinstance(getattr(graph.checkpointer, "ledger", None), Ledger):

@@ -21,7 +21,7 @@ from langchain_core.tools import BaseTool
 
 from langgraph_cancel.errors import ThreadBusyError
 from langgraph_cancel.ledger import Ledger
-from langgraph_cancel.runtime import WORKER_ID, CancelSignal, RunScope, coerce_ledger
+from langgraph_cancel.runtime import CancelSignal, RunScope, coerce_ledger, worker_id
 from langgraph_cancel.types import (
     EffectRecord,
     EffectStatus,
@@ -181,7 +181,7 @@ async def areconcile(
     """
     ledger = coerce_ledger(target)
     known = _tools(tools)
-    me = owner or WORKER_ID
+    me = owner or worker_id()
     if thread_id is not None:
         return [await _reconcile_thread(ledger, thread_id, known, me)]
     reaped = {lease.thread_id: lease.owner for lease in reap_expired_leases(ledger)}

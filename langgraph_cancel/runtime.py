@@ -31,8 +31,25 @@ CONFIG_KEY_LEDGER = "langgraph_cancel_ledger"
 _CONFIG_KEY_CHECKPOINTER = "__pregel_checkpointer"
 _CONFIG_KEY_DURABILITY = "__pregel_durability"
 
-#: This process's worker identity (lease owner, effect owner).
+#: This process's worker identity (lease owner, effect owner). Renewed in a forked
+#: child: processes forked from one parent that imported the library (Celery prefork,
+#: gunicorn --preload, a multiprocessing fork server) are different workers, and two
+#: workers sharing an identity would share a thread's lease. Read it when needed
+#: (``worker_id()``), not once at import.
 WORKER_ID = default_owner()
+
+
+def worker_id() -> str:
+    """This process's worker identity (see ``WORKER_ID``)."""
+    return WORKER_ID
+
+
+def _renew_worker_id() -> None:
+    global WORKER_ID
+    WORKER_ID = default_owner()
+
+
+os.register_at_fork(after_in_child=_renew_worker_id)
 
 _ledgers_by_url: dict[str, Ledger] = {}
 _ledgers_lock = threading.Lock()
@@ -386,4 +403,5 @@ __all__ = [
     "resolve_ledger",
     "scope_for",
     "thread_id_of",
+    "worker_id",
 ]
