@@ -97,14 +97,14 @@ async def acompensate(
     if ledger.latest_run(thread_id) is None:
         raise UnknownThreadError(thread_id)
     known = dict(tools) if tools is not None else dict(TOOL_REGISTRY)
-    return await compensate_run(ledger, ledger.effects(thread_id), known)
+    return await asyncio.to_thread(compensate_run, ledger, ledger.effects(thread_id), known)
 
 
 def compensate(
     target: Target, thread_id: str, *, tools: Mapping[str, BaseTool] | None = None
 ) -> list[EffectRecord]:
     """Sync ``acompensate``."""
-    from langgraph_cancel.nodes.tool_node import _run_sync
+    from langgraph_cancel.hooks import run_sync as _run_sync
 
     result: list[EffectRecord] = _run_sync(acompensate(target, thread_id, tools=tools))
     return result

@@ -14,11 +14,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from langchain_core.tools import BaseTool
-from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
+from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from langgraph_cancel.effects import EffectSpec, spec_of
 from langgraph_cancel.errors import HookError, IllegalTransitionError
-from langgraph_cancel.hooks import call_compensate
+from langgraph_cancel.hooks import call_compensate, run_sync
 from langgraph_cancel.ledger import Ledger
 from langgraph_cancel.types import EffectKind, EffectRecord, EffectStatus
 
@@ -37,10 +37,14 @@ def _stored_result(rec: EffectRecord) -> Any:
     return result
 
 
-async def compensate_effect(
+def compensate_effect(
     ledger: Ledger, rec: EffectRecord, spec: EffectSpec, *, actor: str, attempts: int = 3
 ) -> EffectRecord:
-    """Undo one committed (or half-compensated) reversible effect, recording each step."""
+    """Undo one committed (or half-compensated) reversible effect, recording each step.
+
+    Blocking (database I/O, the hook, retries): call it from a worker thread in
+    async code.
+    """
     if rec.status is EffectStatus.COMMITTED or rec.status is EffectStatus.COMPENSATION_FAILED:
         try:
             rec = ledger.transition(rec.effect_id, EffectStatus.COMPENSATING, actor=actor)
@@ -49,14 +53,14 @@ async def compensate_effect(
     elif rec.status is not EffectStatus.COMPENSATING:
         return rec
     try:
-        async for attempt in AsyncRetrying(
+        for attempt in Retrying(
             retry=retry_if_exception_type(HookError),
             stop=stop_after_attempt(attempts),
             wait=wait_exponential(multiplier=0.05, max=1.0),
             reraise=True,
         ):
             with attempt:
-                await call_compensate(spec, rec.idempotency_key, rec.args, _stored_result(rec))
+                run_sync(call_compensate(spec, rec.idempotency_key, rec.args, _stored_result(rec)))
     except HookError as exc:
         logger.warning("compensation of %s failed: %s", rec.effect_id, exc)
         return ledger.transition(
@@ -69,7 +73,7 @@ async def compensate_effect(
     return ledger.transition(rec.effect_id, EffectStatus.COMPENSATED, actor=actor)
 
 
-async def compensate_run(
+def compensate_run(
     ledger: Ledger,
     effects: list[EffectRecord],
     tools: Mapping[str, BaseTool],
@@ -95,7 +99,7 @@ async def compensate_run(
         if spec is None or spec.compensate is None:
             logger.warning("no compensate hook known for %s (%s)", rec.tool, rec.effect_id)
             continue
-        done.append(await compensate_effect(ledger, rec, spec, actor=actor))
+        done.append(compensate_effect(ledger, rec, spec, actor=actor))
     return done
 
 

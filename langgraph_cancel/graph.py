@@ -39,15 +39,19 @@ from langgraph.runtime import RunControl, Runtime
 from langgraph.types import Command
 
 from langgraph_cancel.compensation import compensate_run
-from langgraph_cancel.effects import EffectSpec, spec_of
-from langgraph_cancel.errors import ConfigurationError, IllegalTransitionError
+from langgraph_cancel.effects import EffectSpec, Outcome, spec_of
+from langgraph_cancel.errors import (
+    ConfigurationError,
+    DuplicateIdempotencyKeyError,
+    IllegalTransitionError,
+)
 from langgraph_cancel.hooks import call_reconcile
+from langgraph_cancel.hooks import run_sync as _run_sync
 from langgraph_cancel.ledger import Ledger
 from langgraph_cancel.nodes.tool_node import (
     NOT_RUN_CANCELLED,
     TOOL_REGISTRY,
     EffectToolNode,
-    _run_sync,
     apply_outcome,
     dangling_tool_calls,
     mark_unknown,
@@ -121,25 +125,33 @@ def _messages(state: Any, key: str) -> list[Any]:
 
 
 def _plan_dropped(scope: RunScope, settings: CancellationSettings, call: ToolCall) -> None:
-    spec = settings.spec(call.get("name", ""))
+    raw_name = call.get("name")
+    name = raw_name if isinstance(raw_name, str) else "" if raw_name is None else str(raw_name)
+    spec = settings.spec(name)
     args = call.get("args")
-    scope.ledger.plan(
-        thread_id=scope.thread_id,
-        run_id=scope.run_id,
-        tool_call_id=str(call["id"]),
-        tool=call.get("name") or "(none)",
-        kind=spec.kind if spec is not None else EffectKind.IRREVERSIBLE,
-        args=args if isinstance(args, dict) else {"__raw__": repr(args)},
-        status=EffectStatus.DROPPED,
-        error=NOT_RUN_CANCELLED,
-        owner=scope.owner,
-        actor="cancel",
-        idempotency_key=(
-            str(spec.idempotency_key(args))
-            if spec is not None and spec.idempotency_key is not None and isinstance(args, dict)
-            else None
-        ),
-    )
+    key: str | None = None
+    if spec is not None and spec.idempotency_key is not None and isinstance(args, dict):
+        # The call never runs: a key function rejecting its arguments must not fail the cancel.
+        with contextlib.suppress(Exception):
+            key = str(spec.idempotency_key(args))
+    fields: dict[str, Any] = {
+        "thread_id": scope.thread_id,
+        "run_id": scope.run_id,
+        "tool_call_id": str(call["id"]),
+        "tool": name or "(none)",
+        "kind": spec.kind if spec is not None else EffectKind.IRREVERSIBLE,
+        "args": args if isinstance(args, dict) else {"__raw__": repr(args)},
+        "status": EffectStatus.DROPPED,
+        "error": NOT_RUN_CANCELLED,
+        "owner": scope.owner,
+        "actor": "cancel",
+    }
+    try:
+        scope.ledger.plan(**fields, idempotency_key=key)
+    except DuplicateIdempotencyKeyError:
+        # A repeated call (same tool, same arguments) holds the tool's key: this one is
+        # recorded, never run, under the key derived from its own id.
+        scope.ledger.plan(**fields, idempotency_key=None)
 
 
 def _drop(scope: RunScope, rec: EffectRecord) -> None:
@@ -180,7 +192,7 @@ def _guard(name: str, inner: Any, settings: CancellationSettings) -> RunnableCal
         return inner.invoke(state, config)
 
     async def afunc(state: Any, config: RunnableConfig) -> Any:
-        if diverted(state, config):
+        if await asyncio.to_thread(diverted, state, config):  # ledger I/O off the loop
             return Command(goto=CANCEL_NODE)
         return await inner.ainvoke(state, config)
 
@@ -188,7 +200,7 @@ def _guard(name: str, inner: Any, settings: CancellationSettings) -> RunnableCal
 
 
 # --------------------------------------------------------- the cancel node
-async def _settle_dispatched(
+def _settle_dispatched(
     scope: RunScope, settings: CancellationSettings, effects: list[EffectRecord]
 ) -> None:
     """Wait for in-flight calls (per tool policy, bounded), then reconcile what is left."""
@@ -206,13 +218,13 @@ async def _settle_dispatched(
         pending = [ledger.get_effect(e.effect_id) for e in in_flight]
         if all(p.status is not EffectStatus.DISPATCHED for p in pending):
             return
-        await asyncio.sleep(0.02)
+        time.sleep(0.02)
     for e in in_flight:
         rec = ledger.get_effect(e.effect_id)
         if rec.status is not EffectStatus.DISPATCHED:
             continue
         spec = settings.spec(rec.tool) or spec_of_unknown()
-        outcome = await call_reconcile(spec, rec.idempotency_key, rec.args)
+        outcome = reconcile_now(spec, rec.idempotency_key, rec.args)
         if outcome.status == "unknown":
             mark_unknown(
                 ledger, rec, spec, f"in flight when the run was cancelled; {outcome.reason}"
@@ -221,13 +233,19 @@ async def _settle_dispatched(
             apply_outcome(ledger, rec, spec, outcome, actor="cancel")
 
 
-async def _wait_for_children(scope: RunScope, seconds: float) -> None:
+def _wait_for_children(scope: RunScope, seconds: float) -> None:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         children = scope.ledger.child_runs(scope.run_id)
         if all(c.terminal for c in children):
             return
-        await asyncio.sleep(0.02)
+        time.sleep(0.02)
+
+
+def reconcile_now(spec: EffectSpec, key: str, args: dict[str, Any]) -> Outcome:
+    """Ask a reconcile hook, from sync code (the hook gets a private event loop)."""
+    outcome: Outcome = _run_sync(call_reconcile(spec, key, args))
+    return outcome
 
 
 def spec_of_unknown() -> EffectSpec:
@@ -235,12 +253,14 @@ def spec_of_unknown() -> EffectSpec:
     return EffectSpec(kind=EffectKind.IRREVERSIBLE, classified=False)
 
 
-async def finalize_cancel(
+def finalize_cancel(
     scope: RunScope, settings: CancellationSettings, dangling: list[ToolCall]
 ) -> CancellationReport:
     """Drain, settle, compensate and make the run's one ``cancelled`` transition.
 
-    Idempotent: a second call (or a racing worker) returns the stored report.
+    Blocking (database I/O, bounded waits): call it from a worker thread in
+    async code. Idempotent: a second call (or a racing worker) returns the
+    stored report.
     """
     ledger = scope.ledger
     run = scope.refresh()
@@ -258,12 +278,12 @@ async def finalize_cancel(
             if ledger.find_effect(scope.thread_id, call["id"]) is None:
                 _plan_dropped(scope, settings, call)
         # 2. In flight: wait within the timeout, then reconcile or record unknown.
-        await _settle_dispatched(scope, settings, ledger.run_effects(run.run_id))
+        _settle_dispatched(scope, settings, ledger.run_effects(run.run_id))
         # 3. Children (sub-agents) stop too: wait, bounded, for each to end.
-        await _wait_for_children(scope, settings.cancel_timeout)
+        _wait_for_children(scope, settings.cancel_timeout)
         # 4. Compensation, when asked for.
         if settings.compensate_on_cancel:
-            await compensate_run(ledger, ledger.run_effects(run.run_id), settings.all_tools())
+            compensate_run(ledger, ledger.run_effects(run.run_id), settings.all_tools())
         quiesced = utcnow()
         current = ledger.get_run(run.run_id)
         report = build_report(
@@ -305,12 +325,16 @@ def _answer_dangling(scope: RunScope, dangling: list[ToolCall]) -> list[ToolMess
 
 
 def _make_cancel_node(settings: CancellationSettings) -> RunnableCallable:
-    async def acancel(state: Any, config: RunnableConfig, runtime: Runtime[Any]) -> Any:
+    def settle(state: Any, config: RunnableConfig) -> tuple[CancellationReport, list[ToolMessage]]:
         scope = scope_for(config, ledger=settings.ledger, new_run=False)
         scope.signal.set()
         dangling = dangling_tool_calls(_messages(state, settings.messages_key))
-        report = await finalize_cancel(scope, settings, dangling)
-        answers = _answer_dangling(scope, dangling)
+        report = finalize_cancel(scope, settings, dangling)
+        return report, _answer_dangling(scope, dangling)
+
+    async def acancel(state: Any, config: RunnableConfig, runtime: Runtime[Any]) -> Any:
+        # The ledger work (and waiting for in-flight calls) runs off the event loop.
+        report, answers = await asyncio.to_thread(settle, state, config)
         payload = report.model_dump(mode="json")
         try:
             runtime.stream_writer({"langgraph_cancel": {"event": "cancelled", "report": payload}})
@@ -321,16 +345,27 @@ def _make_cancel_node(settings: CancellationSettings) -> RunnableCallable:
         return {settings.messages_key: answers, settings.report_key: payload}
 
     def cancel(state: Any, config: RunnableConfig, runtime: Runtime[Any]) -> Any:
-        return _run_sync(acancel(state, config, runtime))
+        report, answers = settle(state, config)
+        payload = report.model_dump(mode="json")
+        try:
+            runtime.stream_writer({"langgraph_cancel": {"event": "cancelled", "report": payload}})
+        except Exception:  # a missing stream consumer must not fail the cancel
+            logger.debug("could not stream the report", exc_info=True)
+        if runtime.control is not None:
+            runtime.control.request_drain(DRAIN_REASON)
+        return {settings.messages_key: answers, settings.report_key: payload}
 
     return RunnableCallable(cancel, acancel, name=CANCEL_NODE)
 
 
 # ------------------------------------------------------ the reconcile node
-async def reconcile_thread(
+def reconcile_thread(
     scope: RunScope, settings: CancellationSettings, *, interactive: bool
 ) -> list[EffectRecord]:
-    """Settle a thread's unsettled effects through their hooks; return what stays unknown."""
+    """Settle a thread's unsettled effects through their hooks; return what stays unknown.
+
+    Blocking: call it from a worker thread in async code.
+    """
     from langgraph_cancel.compensation import compensate_effect
 
     ledger = scope.ledger
@@ -339,10 +374,10 @@ async def reconcile_thread(
         spec = settings.spec(rec.tool) or spec_of_unknown()
         if rec.status is EffectStatus.COMPENSATING:
             if spec.compensate is not None:
-                await compensate_effect(ledger, rec, spec, actor="reconciler")
+                compensate_effect(ledger, rec, spec, actor="reconciler")
             continue
         if rec.status in (EffectStatus.DISPATCHED, EffectStatus.UNKNOWN):
-            outcome = await call_reconcile(spec, rec.idempotency_key, rec.args)
+            outcome = reconcile_now(spec, rec.idempotency_key, rec.args)
             if outcome.status == "unknown" and rec.status is EffectStatus.UNKNOWN:
                 left.append(rec)
                 continue
@@ -360,13 +395,13 @@ def _make_reconcile_subgraph(settings: CancellationSettings, state_schema: Any) 
     """
     from langgraph_cancel.nodes.reconcile import ask_human_about
 
-    async def asettle(state: Any, config: RunnableConfig) -> Any:
+    def settle(state: Any, config: RunnableConfig) -> Any:
         scope = scope_for(config, ledger=settings.ledger, new_run=False)
-        await reconcile_thread(scope, settings, interactive=False)
+        reconcile_thread(scope, settings, interactive=False)
         return None
 
-    def settle(state: Any, config: RunnableConfig) -> Any:
-        return _run_sync(asettle(state, config))
+    async def asettle(state: Any, config: RunnableConfig) -> Any:
+        return await asyncio.to_thread(settle, state, config)  # ledger I/O off the loop
 
     def ask_human(state: Any, config: RunnableConfig) -> Any:
         if not settings.reconcile_interactive:
@@ -649,7 +684,7 @@ class _Invocation:
             # saved state leaves unanswered (e.g. paused at an approval interrupt) will
             # never run: the cancel records them as not run.
             dangling = self._dangling()
-            report = _run_sync(finalize_cancel(self.scope, self.settings, dangling))
+            report = finalize_cancel(self.scope, self.settings, dangling)
             self._settle_state(report, dangling)
             return
         if self.graph.checkpointer is None:

@@ -98,4 +98,50 @@ async def call_compensate(spec: EffectSpec, key: str, args: dict[str, Any], resu
         raise HookError(f"compensate hook raised {exc!r}") from exc
 
 
-__all__ = ["call_compensate", "call_reconcile"]
+def _run_on_private_loop(coro: Any) -> Any:
+    """``asyncio.run`` without waiting for the default executor's threads.
+
+    A read-only call abandoned on cancel may still be running in an executor
+    thread; ``asyncio.run`` would join it, holding the cancel hostage.
+    """
+    loop = asyncio.new_event_loop()
+    try:
+        asyncio.set_event_loop(loop)
+        return loop.run_until_complete(coro)
+    finally:
+        try:
+            pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+            for task in pending:
+                task.cancel()
+            if pending:
+                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        finally:
+            asyncio.set_event_loop(None)
+            loop.close()  # shuts the default executor down without waiting
+
+
+def run_sync(coro: Any) -> Any:
+    """Run a coroutine from sync code, even when this thread already has a loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return _run_on_private_loop(coro)
+    result: list[Any] = []
+    error: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            result.append(_run_on_private_loop(coro))
+        except BaseException as exc:
+            error.append(exc)
+
+    ctx = contextvars.copy_context()
+    thread = threading.Thread(target=ctx.run, args=(target,))
+    thread.start()
+    thread.join()
+    if error:
+        raise error[0]
+    return result[0]
+
+__all__ = ["call_compensate", "call_reconcile", "run_sync"]

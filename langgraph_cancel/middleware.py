@@ -42,11 +42,11 @@ from langgraph_cancel.graph import (
     finalize_cancel,
     reconcile_thread,
 )
+from langgraph_cancel.hooks import run_sync as _run_sync
 from langgraph_cancel.ledger import Ledger
 from langgraph_cancel.nodes.tool_node import (
     EffectToolNode,
     _Planned,
-    _run_sync,
     dangling_tool_calls,
 )
 from langgraph_cancel.runtime import RunScope, check_durability, scope_for
@@ -143,7 +143,7 @@ class EffectMiddleware(AgentMiddleware[CancelAgentState, Any, Any]):
     def before_agent(self, state: CancelAgentState, runtime: Runtime[Any]) -> dict[str, Any] | None:
         """Start (or continue) the thread's run and settle what an earlier run left unknown."""
         scope = self._scope(new_run=True)
-        _run_sync(reconcile_thread(scope, self.settings, interactive=False))
+        reconcile_thread(scope, self.settings, interactive=False)
         return None
 
     async def abefore_agent(
@@ -160,7 +160,7 @@ class EffectMiddleware(AgentMiddleware[CancelAgentState, Any, Any]):
             return None
         scope.signal.observe()
         dangling = dangling_tool_calls(_messages(state, "messages"))
-        report = _run_sync(finalize_cancel(scope, self.settings, dangling))
+        report = finalize_cancel(scope, self.settings, dangling)
         return {
             "messages": _answer_dangling(scope, dangling),
             REPORT_KEY: report.model_dump(mode="json"),
@@ -191,7 +191,7 @@ class EffectMiddleware(AgentMiddleware[CancelAgentState, Any, Any]):
         if run.status is RunStatus.RUNNING:
             scope.ledger.finish_run(run.run_id, RunStatus.COMPLETED)
         elif not run.terminal:
-            _run_sync(finalize_cancel(scope, self.settings, []))
+            finalize_cancel(scope, self.settings, [])
         return None
 
     async def aafter_agent(
@@ -216,11 +216,18 @@ class EffectMiddleware(AgentMiddleware[CancelAgentState, Any, Any]):
             result = handler(request)
             return await result if is_async else result
         executor = self._executor(tool)
-        scope = scope_for(request.runtime.config, ledger=self.ledger, new_run=False)
-        planned, error = executor._classify(0, request.tool_call, request.runtime, scope)
+        scope = await asyncio.to_thread(
+            scope_for, request.runtime.config, ledger=self.ledger, new_run=False
+        )
+        planned, error = await asyncio.to_thread(
+            executor._classify, 0, request.tool_call, request.runtime, scope
+        )
         if error is not None:
             return error
         assert planned is not None
+        from langgraph_cancel.nodes.tool_node import _offload
+
+        _offload.set(is_async)  # async agents: ledger I/O off the event loop
         tokens = (_handler.set((handler, is_async)), _request.set(request))
         try:
             runner = (

@@ -14,6 +14,7 @@ it, after reaping expired leases (workers that stopped heartbeating: a crash).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -146,7 +147,9 @@ async def _reconcile_thread(
             owner=owner,
             signal=CancelSignal(ledger, run.run_id, poll_interval=1.0),
         )
-        await reconcile_thread(scope, CancellationSettings(tools=tools), interactive=False)
+        await asyncio.to_thread(
+            reconcile_thread, scope, CancellationSettings(tools=tools), interactive=False
+        )
         for effect_id, status in before.items():
             out.effects.append(SettledEffect(ledger.get_effect(effect_id), status))
     finally:
@@ -202,7 +205,7 @@ def reconcile(
     owner: str | None = None,
 ) -> list[ThreadReconciliation]:
     """Sync :func:`areconcile`."""
-    from langgraph_cancel.nodes.tool_node import _run_sync
+    from langgraph_cancel.hooks import run_sync as _run_sync
 
     result: list[ThreadReconciliation] = _run_sync(
         areconcile(target, thread_id, tools=tools, owner=owner)

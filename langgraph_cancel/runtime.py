@@ -8,6 +8,7 @@ PostgreSQL ``LISTEN`` thread, or by a throttled poll of the run row.
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import logging
 import os
@@ -184,6 +185,14 @@ class CancelSignal:
                 self._event.set()
                 return True
         return False
+
+    async def acancel_called(self) -> bool:
+        """``cancel_called`` for event loops: the flag inline, a due poll in a thread."""
+        if self._event.is_set():
+            return True
+        if time.monotonic() - self._last_poll < self.poll_interval:
+            return False
+        return await asyncio.to_thread(lambda: self.cancel_called)
 
     def observe(self) -> RunRecord | None:
         """Record, once, that the run saw its signal (``cancel_requested -> cancelling``)."""

@@ -370,12 +370,6 @@ def test_cancel_during_a_read(saver: Any, log: ExecutionLog) -> None:
     assert dangling_calls(graph.get_state(config_for(thread_id)).values["messages"]) == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="spec gap: issue 4 says in-flight read-only calls are abandoned on cancel; "
-    "EffectToolNode awaits every in-flight call to its end (_await_in_flight only "
-    "observes the signal), so a hung read holds the cancel",
-)
 def test_in_flight_read_is_abandoned_on_cancel(log: ExecutionLog) -> None:
     tools = [
         counting_tool(log, "hung_read", EffectKind.READ_ONLY),

@@ -103,3 +103,37 @@ async def test_call_outliving_the_timeout_is_recorded_unknown_with_an_owner() ->
     report = get_report(saver, "n2")
     assert report.status == "cancelled"
     assert [e.effect_id for e in report.unknown] == [rec.effect_id]
+
+
+async def test_a_cancelled_run_stops_waiting_after_the_tools_timeout_then_settles_late() -> None:
+    saver = MemoryCancelSaver()
+    started, done = asyncio.Event(), []
+    graph = _agent(saver, 1.5, started, done, cancel_timeout=0.2)
+    thread = "n3"
+
+    async def stop() -> None:
+        await asyncio.wait_for(started.wait(), 10)
+        await asyncio.to_thread(
+            saver.ledger.request_cancel, thread, reason="stop", requested_by="test"
+        )
+
+    stopper = asyncio.create_task(stop())
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    await graph.ainvoke(
+        {"messages": [HumanMessage("charge")]}, {"configurable": {"thread_id": thread}}
+    )
+    elapsed = loop.time() - t0
+    await stopper
+    assert elapsed < 1.4, "the cancel waited past the tool's cancel_timeout"
+    rec = next(e for e in saver.ledger.effects(thread) if e.args["amount"] == 5)
+    assert rec.status.value == "unknown" and rec.owner and rec.next_action
+    report = get_report(saver, thread)
+    assert [e.effect_id for e in report.unknown] == [rec.effect_id]
+    # The call was never abandoned: when it finishes, its outcome is recorded.
+    for _ in range(100):
+        if saver.ledger.get_effect(rec.effect_id).status.value == "committed":
+            break
+        await asyncio.sleep(0.05)
+    assert saver.ledger.get_effect(rec.effect_id).status.value == "committed"
+    assert done == ["charged 5"]

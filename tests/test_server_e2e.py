@@ -19,10 +19,9 @@ process with ``Ledger.from_url``) and the fake providers' own SQLite file
    and the thread state holds the ``cancellation_report`` (status ``cancelled``,
    what is permanent, what did not run), which the providers' truth confirms.
 
-The servers run with ``--allow-blocking``: the library's async nodes still call
-the (synchronous) ledger on the event loop, which ``langgraph dev`` otherwise
-rejects with ``BlockingError``; ``test_served_graph_without_allow_blocking``
-tracks that (strict xfail). A last test stops a run with ``runs.cancel`` and
+The servers run without ``--allow-blocking``: the library's async nodes do their
+ledger I/O in worker threads, and ``test_served_graph_without_allow_blocking``
+runs the example under the dev server's own blocking-call detector. A last test stops a run with ``runs.cancel`` and
 types again, as a Studio user would: the interrupted calls are answered before
 the new message (chat APIs reject any other order) and nothing is dispatched
 twice.
@@ -55,7 +54,7 @@ REPO_CONFIG = REPO_ROOT / "langgraph.json"
 EXAMPLE_GRAPH_FILE = "examples/refund_agent/graph.py"
 REVIEWER = "alice@example.com"
 #: The library's async nodes do blocking ledger I/O on the event loop (see module doc).
-ALLOW_BLOCKING = True
+ALLOW_BLOCKING = False
 
 T = TypeVar("T")
 
@@ -465,13 +464,6 @@ async def test_new_input_after_runs_cancel_keeps_tool_answers_in_order(
 
 
 @pytest.mark.server
-@pytest.mark.xfail(
-    strict=True,
-    raises=Exception,
-    reason="async nodes call the synchronous ledger on the event loop; plain `langgraph dev` "
-    "raises BlockingError (the e2e servers run with --allow-blocking until that I/O is "
-    "offloaded to threads)",
-)
 def test_served_graph_without_allow_blocking(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -11,6 +11,7 @@ report cannot undo that, and says so.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -82,9 +83,10 @@ async def acall_model(
         config: The node's config (it names the thread).
         scope: The run scope (default: found through ``config``).
     """
-    scope = scope or scope_for(config, new_run=False)
-    if scope.cancel_called():
-        scope.signal.observe()
+    if scope is None:
+        scope = await asyncio.to_thread(scope_for, config, new_run=False)
+    if await scope.signal.acancel_called():
+        await asyncio.to_thread(scope.signal.observe)
         return ModelCallResult(None, True, 0, 0)
     acc: AIMessageChunk | None = None
     chunks = 0
@@ -98,7 +100,7 @@ async def acall_model(
                 arrivals.append((time.time(), _tokens_in(chunk)))
             if isinstance(chunk, AIMessageChunk):
                 acc = chunk if acc is None else acc + chunk
-            if scope.cancel_called():
+            if await scope.signal.acancel_called():
                 cancelled = True
                 break
     finally:
@@ -108,10 +110,10 @@ async def acall_model(
     if not cancelled:
         message = _finish(acc)
         return ModelCallResult(message, False, chunks, 0)
-    scope.signal.observe()
-    requested = _requested_epoch(scope)
+    await asyncio.to_thread(scope.signal.observe)
+    requested = await asyncio.to_thread(_requested_epoch, scope)
     after = sum(n for (t, n) in arrivals if requested is not None and t >= requested)
-    scope.ledger.add_tokens_after_cancel(scope.run_id, after)
+    await asyncio.to_thread(scope.ledger.add_tokens_after_cancel, scope.run_id, after)
     return ModelCallResult(None, True, chunks, after)
 
 
@@ -137,7 +139,7 @@ def call_model(
     scope: RunScope | None = None,
 ) -> ModelCallResult:
     """Sync ``acall_model``."""
-    from langgraph_cancel.nodes.tool_node import _run_sync
+    from langgraph_cancel.hooks import run_sync as _run_sync
 
     result: ModelCallResult = _run_sync(acall_model(model, messages, config, scope=scope))
     return result
@@ -197,7 +199,7 @@ class CancellableModelNode(RunnableCallable):
         return {self.messages_key: [result.message]}
 
     def _call(self, state: Any, config: RunnableConfig) -> Any:
-        from langgraph_cancel.nodes.tool_node import _run_sync
+        from langgraph_cancel.hooks import run_sync as _run_sync
 
         return _run_sync(self._acall(state, config))
 

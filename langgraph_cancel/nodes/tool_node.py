@@ -17,7 +17,8 @@ import contextvars
 import json
 import logging
 import threading
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar, cast
 
@@ -52,9 +53,10 @@ from langgraph_cancel.errors import (
     TransitionConflictError,
 )
 from langgraph_cancel.hooks import call_reconcile
+from langgraph_cancel.hooks import run_sync as _run_sync
 from langgraph_cancel.ledger import Ledger, derive_idempotency_key
 from langgraph_cancel.runtime import RunScope, check_durability, current_scope, scope_for
-from langgraph_cancel.types import EffectKind, EffectRecord, EffectStatus
+from langgraph_cancel.types import CancelPolicy, EffectKind, EffectRecord, EffectStatus
 
 logger = logging.getLogger("langgraph_cancel.tools")
 
@@ -63,6 +65,10 @@ T = TypeVar("T")
 HandleToolErrors = bool | str | Callable[..., str] | type[Exception] | tuple[type[Exception], ...]
 
 NOT_RUN_CANCELLED = "Not run: the run was cancelled before this call was dispatched."
+ABANDONED_READ = (
+    "Not completed: the run was cancelled while this read-only call was in flight; "
+    "it was abandoned (no side effect)."
+)
 _KIND_ORDER = {EffectKind.READ_ONLY: 0, EffectKind.REVERSIBLE: 1, EffectKind.IRREVERSIBLE: 2}
 DEFAULT_CANCEL_TIMEOUT = 30.0
 
@@ -240,6 +246,7 @@ class EffectToolNode(ToolNode):
         input_type: Literal["list", "dict", "tool_calls"],
         scope: RunScope,
     ) -> list[Any]:
+        tool_calls = [_as_tool_call(call) for call in tool_calls]
         config_list = get_config_list(config, len(tool_calls))
         outputs: list[Any] = [None] * len(tool_calls)
         reads: list[_Planned] = []
@@ -407,9 +414,31 @@ class EffectToolNode(ToolNode):
                 NOT_RUN_CANCELLED, name=p.tool.name, tool_call_id=p.call_id, status="error"
             )
         try:
-            msg = await self._invoke(p, input_type, retry=True)
+            msg = await _await_read(
+                asyncio.ensure_future(self._invoke(p, input_type, retry=True)), scope, p.spec
+            )
         except GraphBubbleUp:
             raise
+        except _Abandoned:
+            await _db(
+                ledger.plan,
+                thread_id=scope.thread_id,
+                run_id=scope.run_id,
+                tool_call_id=p.call_id,
+                tool=p.tool.name,
+                kind=p.spec.kind,
+                args=p.call["args"],
+                idempotency_key=p.key,
+                seq=p.index,
+                status=EffectStatus.FAILED,
+                error=ABANDONED_READ,
+                owner=scope.owner,
+                actor=scope.owner,
+                detail={"abandoned": True},
+            )
+            return ToolMessage(
+                ABANDONED_READ, name=p.tool.name, tool_call_id=p.call_id, status="error"
+            )
         except Exception as exc:
             content = self._error_content(exc)
             await _db(
@@ -594,7 +623,9 @@ class EffectToolNode(ToolNode):
         )
         task = asyncio.ensure_future(self._invoke(planned, input_type, retry=p.spec.retry_safe))
         try:
-            msg = await _await_in_flight(task, scope)
+            msg = await _await_in_flight(task, scope, self._grace(p.spec))
+        except _StoppedWaiting as stop:
+            return await self._stop_waiting(planned, rec, task, scope, stop)
         except asyncio.CancelledError:
             # Our task was cancelled (runs.cancel, disconnect, Ctrl-C). The request has
             # left the process: wait for its outcome within the timeout, record it, then
@@ -619,6 +650,51 @@ class EffectToolNode(ToolNode):
         except Exception as exc:
             return await self._record_failure(planned, rec, exc, scope)
         return await _db(self._record_success, planned, rec, msg, scope)
+
+    def _grace(self, spec: EffectSpec) -> float:
+        """How long a cancelled run still waits for this tool's in-flight call."""
+        if spec.cancel_policy is CancelPolicy.RECONCILE:
+            return 0.0
+        return spec.cancel_timeout if spec.cancel_timeout is not None else self.cancel_timeout
+
+    async def _stop_waiting(
+        self,
+        p: _Planned,
+        rec: EffectRecord,
+        task: asyncio.Future[Any],
+        scope: RunScope,
+        stop: _StoppedWaiting,
+    ) -> ToolMessage:
+        """Record the still-running call as unknown; settle it if it finishes later."""
+        ledger = scope.ledger
+        unknown = await _db(mark_unknown, ledger, rec, p.spec, str(stop))
+
+        def settle_late(done: asyncio.Future[Any]) -> None:
+            if done.cancelled() or done.exception() is not None:
+                return  # still unknown: reconciliation (or a person) settles it
+            msg = done.result()
+            result = (
+                message_payload(msg)
+                if isinstance(msg, ToolMessage)
+                else {"content": f"(tool returned {type(msg).__name__})", "status": "success"}
+            )
+
+            def record() -> None:
+                with contextlib.suppress(Exception):
+                    ledger.transition(
+                        rec.effect_id,
+                        EffectStatus.COMMITTED,
+                        expected=[EffectStatus.UNKNOWN],
+                        actor=scope.owner,
+                        result=result,
+                        detail={"settled_late": True},
+                    )
+
+            # Off the event loop: the callback runs on it.
+            threading.Thread(target=record, name="langgraph-cancel-late", daemon=True).start()
+
+        task.add_done_callback(settle_late)
+        return replay_message(unknown, p.call)
 
     def _begin_dispatch(
         self, p: _Planned, rec: EffectRecord, scope: RunScope, redispatch: bool
@@ -833,20 +909,81 @@ async def _db(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     return fn(*args, **kwargs)
 
 
-async def _await_in_flight(task: asyncio.Future[Any], scope: RunScope) -> Any:
+class _Abandoned(Exception):
+    """A read-only call given up on because the run was cancelled."""
+
+
+async def _await_read(task: asyncio.Future[Any], scope: RunScope, spec: EffectSpec) -> Any:
+    """Wait for a read; abandon it (cancel the wait) when the run is cancelled.
+
+    Abandoning is only allowed for read-only tools (``cancel_policy='abandon'``,
+    their default): nothing outside changes, so there is nothing to wait for.
+    """
+    if spec.cancel_policy is not CancelPolicy.ABANDON:
+        return await _await_in_flight(task, scope)
+    try:
+        while not task.done():
+            await asyncio.wait({task}, timeout=0.05)  # checks the flag; polls are throttled
+            if not task.done() and await _db(scope.cancel_called):
+                task.cancel()
+                await _db(scope.signal.observe)
+                raise _Abandoned
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    return await task
+
+
+class _StoppedWaiting(Exception):
+    """A cancelled run stopped waiting for an in-flight side effect (it still runs)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        super().__init__(f"still in flight {seconds:g}s after the run was cancelled")
+
+
+async def _await_in_flight(
+    task: asyncio.Future[Any], scope: RunScope, grace: float | None = None
+) -> Any:
     """Wait for a dispatched call, noting the cancel signal the moment it arrives.
 
-    The call is never abandoned: a cancel only gets *observed* (the report's
-    ``cancel_latency_ms``), then the wait goes on, since the request has left
-    the process and the external system will process it.
+    The request has left the process and the external system will process it,
+    so the wait goes on after a cancel, for ``grace`` more seconds (``None``:
+    until the end). Past that, ``_StoppedWaiting`` is raised; the call keeps
+    running and its record becomes ``unknown`` with an owner, never dropped.
     """
-    observed = False
+    deadline: float | None = None
     while not task.done():
         await asyncio.wait({task}, timeout=0.05)  # checks the flag; polls are throttled
-        if not observed and not task.done() and await _db(scope.cancel_called):
-            observed = True
+        if task.done():
+            break
+        if deadline is None and await _db(scope.cancel_called):
             await _db(scope.signal.observe)
+            deadline = time.monotonic() + (grace if grace is not None else float("inf"))
+        if deadline is not None and time.monotonic() >= deadline:
+            raise _StoppedWaiting(grace or 0.0)
     return await task
+
+
+def _as_tool_call(call: Any) -> ToolCall:
+    """A call whose name is a string and whose id is a string or ``None``.
+
+    ``Send`` payloads reach the node unvalidated: a missing id, or a name or id
+    of another type, must be answered as a malformed call, not crash the batch.
+    """
+    if not isinstance(call, Mapping):
+        return cast(ToolCall, {"name": "", "args": call, "id": None})
+    name, call_id = call.get("name"), call.get("id")
+    if isinstance(name, str) and "id" in call and (call_id is None or isinstance(call_id, str)):
+        return cast(ToolCall, call)
+    return cast(
+        ToolCall,
+        {
+            **call,
+            "name": name if isinstance(name, str) else "" if name is None else str(name),
+            "id": call_id if call_id is None or isinstance(call_id, str) else str(call_id),
+        },
+    )
 
 
 def _needs_approval(spec: EffectSpec, args: dict[str, Any]) -> bool:
@@ -936,30 +1073,6 @@ def apply_outcome(
     except IllegalTransitionError:
         return ledger.get_effect(rec.effect_id)
     return mark_unknown(ledger, rec, spec, outcome.reason or "reconcile could not tell")
-
-
-def _run_sync(coro: Any) -> Any:
-    """Run a coroutine from sync code, even when this thread already has a loop."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coro)
-    result: list[Any] = []
-    error: list[BaseException] = []
-
-    def target() -> None:
-        try:
-            result.append(asyncio.run(coro))
-        except BaseException as exc:
-            error.append(exc)
-
-    ctx = contextvars.copy_context()
-    thread = threading.Thread(target=ctx.run, args=(target,))
-    thread.start()
-    thread.join()
-    if error:
-        raise error[0]
-    return result[0]
 
 
 def dangling_tool_calls(messages: Sequence[Any]) -> list[ToolCall]:
