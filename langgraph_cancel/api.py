@@ -54,11 +54,15 @@ async def arequest_cancel(
     )
 
 
-def get_report(target: Target, thread_id: str, *, run_id: str | None = None) -> CancellationReport:
+def get_report(
+    target: Target, thread_id: str, *, run_id: str | None = None, now: bool = False
+) -> CancellationReport:
     """The report of the thread's latest run (or of ``run_id``), from the database alone.
 
     For a cancelled run this is the report stored at its ``cancelled``
-    transition; for any other run it is built from the ledger as it is now.
+    transition (what was true when it stopped); for any other run, or with
+    ``now=True``, it is built from the ledger as it is now (after a later
+    compensation or reconciliation, say).
 
     Raises:
         UnknownThreadError: If the ledger has never seen the thread.
@@ -67,16 +71,16 @@ def get_report(target: Target, thread_id: str, *, run_id: str | None = None) -> 
     run = ledger.get_run(run_id) if run_id else ledger.latest_run(thread_id)
     if run is None:
         raise UnknownThreadError(thread_id)
-    if run.report:
+    if run.report and not now:
         return CancellationReport.model_validate(run.report)
     return build_report(ledger, run)
 
 
 async def aget_report(
-    target: Target, thread_id: str, *, run_id: str | None = None
+    target: Target, thread_id: str, *, run_id: str | None = None, now: bool = False
 ) -> CancellationReport:
     """Async ``get_report``."""
-    return await asyncio.to_thread(get_report, target, thread_id, run_id=run_id)
+    return await asyncio.to_thread(get_report, target, thread_id, run_id=run_id, now=now)
 
 
 async def acompensate(
