@@ -238,6 +238,22 @@ def open_saver(db_url: str) -> Iterator[Any]:
             yield saver
 
 
+def slow_down_checkpoints(saver: Any, seconds: float) -> None:
+    """Make every checkpoint write take ``seconds`` (the per-task writes stay fast).
+
+    With the default ``durability="async"`` checkpoints are written in the
+    background while the next step runs, so a kill can find the saved
+    checkpoint a step or more behind the ledger.
+    """
+    put = saver.put
+
+    def slow_put(*args: Any, **kwargs: Any) -> Any:
+        time.sleep(seconds)
+        return put(*args, **kwargs)
+
+    saver.put = slow_put
+
+
 def config_for(spec: dict[str, Any]) -> dict[str, Any]:
     """The invocation config: the thread and this worker's identity (``None``: the
     process's own, ``langgraph_cancel.runtime.WORKER_ID``)."""
@@ -401,17 +417,24 @@ def wait_for_lease(ledger: Ledger, thread_id: str, owner: str, timeout: float) -
         time.sleep(0.02)
 
 
-def resume(graph: Any, spec: dict[str, Any]) -> list[str]:
-    """Continue the thread until it stops needing anything: interrupts answered, tasks run."""
+def resume(graph: Any, ledger: Ledger, spec: dict[str, Any]) -> list[str]:
+    """Continue the thread until its run is over: interrupts answered, tasks run.
+
+    Decided by the run's status, not by ``get_state().next`` alone: after a kill
+    with ``durability="async"`` the last saved checkpoint can be one step behind,
+    its tasks all finished (their writes saved), and LangGraph then reports
+    ``next == ()`` although ``invoke(None)`` has work to do.
+    """
     config = config_for(spec)
     steps: list[str] = []
     for _ in range(6):
         snapshot = graph.get_state(config)
+        run = ledger.latest_run(spec["thread_id"])
         if snapshot.interrupts:
             value = spec.get("resume_value", APPROVE_ALL)
             steps.append("resume-interrupt")
             graph.invoke(Command(resume=value), config)
-        elif snapshot.next:
+        elif snapshot.next or (run is not None and not run.terminal):
             steps.append("continue:" + ",".join(snapshot.next))
             graph.invoke(None, config)
         else:
@@ -468,7 +491,7 @@ def run_job(spec: dict[str, Any]) -> dict[str, Any]:
     Keys of ``spec``: ``action`` (``run`` | ``recover`` | ``reconcile``), ``db_url``,
     ``providers``, ``thread_id``, ``worker_id``, ``workdir``, ``name``; optional
     ``kill_at``, ``pause_at``, ``signal_at``, ``hold``, ``script``, ``hook_mode``,
-    ``refund_amount`` (over 100: the refund waits for approval),
+    ``refund_amount`` (over 100: the refund waits for approval), ``slow_checkpoints``,
     ``compensate_on_cancel``, ``lease_ttl``, ``wait_lease`` (seconds),
     ``resume_value``, ``start_gate`` (a file to wait for).
     """
@@ -484,6 +507,8 @@ def run_job(spec: dict[str, Any]) -> dict[str, Any]:
     }
     say(f"job {spec['name']} ({spec['action']}) pid {os.getpid()}")
     with open_saver(spec["db_url"]) as saver:
+        if spec.get("slow_checkpoints"):
+            slow_down_checkpoints(saver, float(spec["slow_checkpoints"]))
         graph = build_graph(spec, saver)
         say("saver open, graph built")
         ledger: Ledger = saver.ledger
@@ -518,7 +543,7 @@ def run_job(spec: dict[str, Any]) -> dict[str, Any]:
             if spec.get("resume_via") == "cli":
                 result["steps"] = resume_with_cli(graph, spec, ledger.url)
             else:
-                result["steps"] = resume(graph, spec)
+                result["steps"] = resume(graph, ledger, spec)
         elif action == "reconcile":
             from langgraph_cancel.recovery import reconcile
 

@@ -354,6 +354,7 @@ class Boundary:
     hang_refund: bool = False
     in_doubt_at_kill: tuple[str, ...] = ()  # tools whose effect is dispatched at the kill
     resent_ops: tuple[str, ...] = ()  # provider operations legitimately sent twice (deduped)
+    slow_checkpoints: float = 0.0  # seconds each checkpoint write takes in the killed worker
 
     @property
     def approval(self) -> bool:
@@ -380,6 +381,8 @@ BOUNDARIES = [
         in_doubt_at_kill=("issue_refund",),
     ),
     Boundary("after_outcome_before_checkpoint", "after:committed:send_email"),
+    # The saved checkpoint lags the ledger by whole steps (async durability, slow disk).
+    Boundary("checkpoint_steps_behind", "after:committed:issue_refund", slow_checkpoints=1.0),
     Boundary("approval_pending", "interrupted", refund_amount=120.0),
     Boundary(
         "inside_cancel_node",
@@ -434,6 +437,7 @@ def test_kill9_at_boundary_then_recover(world: World, b: Boundary) -> None:
         refund_amount=b.refund_amount,
         compensate_on_cancel=b.compensate,
         pause_at=[b.cancel_after] if b.cancel_after else [],
+        slow_checkpoints=b.slow_checkpoints,
     )
     if b.cancel_after:
         first.wait_point(b.cancel_after, "paused")
