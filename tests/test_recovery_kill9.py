@@ -675,6 +675,7 @@ def test_killed_workers_lease_expires_then_another_worker_resumes(sqlite_world: 
 
 # ---------------------------------------------------------------- misbehaving hooks
 @pytest.mark.slow
+@pytest.mark.parametrize("via", ["invoke", "cli"])
 @pytest.mark.parametrize(
     ("mode", "expected_error"),
     [
@@ -682,10 +683,13 @@ def test_killed_workers_lease_expires_then_another_worker_resumes(sqlite_world: 
         ("hang", "reconcile hook timed out after 0.5s"),
         ("garbage", "reconcile hook returned dict, not an Outcome"),
     ],
+    ids=["raise", "hang", "garbage"],
 )
 def test_bad_reconcile_hook_leaves_effect_unknown(
-    sqlite_world: World, mode: str, expected_error: str
+    sqlite_world: World, mode: str, expected_error: str, via: str
 ) -> None:
+    """The hook is asked by the tool node on ``invoke(None)``, or by
+    ``langgraph-cancel resume``'s reconciliation before it continues the thread."""
     world = sqlite_world
     first = world.start(
         "first", "run", script="hooks", hook_mode=mode, kill_at="after:dispatched:notify_customer"
@@ -694,7 +698,7 @@ def test_bad_reconcile_hook_leaves_effect_unknown(
     first.kill9()
 
     started = time.monotonic()
-    second = world.start("second", "recover", script="hooks", hook_mode=mode)
+    second = world.start("second", "recover", script="hooks", hook_mode=mode, resume_via=via)
     result = second.ok(timeout=30)
     elapsed = time.monotonic() - started
     assert elapsed < 20, f"recovery took {elapsed:.1f}s: a hung hook held the run"
