@@ -1,0 +1,151 @@
+"""The agent graph measured everywhere: a scripted model emitting one AIMessage with N
+tool calls, then a final answer; plain ``ToolNode`` or ``EffectToolNode`` (with
+``add_cancellation``) on the matching saver."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
+from langchain_core.tools import BaseTool, tool
+from langgraph.graph import START, MessagesState, StateGraph
+from langgraph.prebuilt import ToolNode, tools_condition
+
+from benchmarks.common import Settings, fresh_pg_db
+from langgraph_cancel import EffectKind, EffectToolNode, add_cancellation, effect
+from langgraph_cancel.testing import ScriptedChatModel, tool_call
+
+READ_ONLY = "read_only"
+SIDE_EFFECT = "side_effecting"
+
+
+def make_tool(kind: str, sleep_ms: float) -> BaseTool:
+    """The ``work`` tool: sleeps ``sleep_ms`` (time.sleep) and answers; classified by ``kind``."""
+    delay = sleep_ms / 1000.0
+
+    @tool
+    def work(i: int) -> str:
+        """Do one unit of work."""
+        if delay:
+            time.sleep(delay)
+        return f"ok {i}"
+
+    if kind == READ_ONLY:
+        return effect(EffectKind.READ_ONLY)(work)
+    # Irreversible without an approval step: the most expensive path a call can take
+    # without a human in the loop (intent row written before dispatch, outcome after).
+    return effect(EffectKind.IRREVERSIBLE, requires_approval=False)(work)
+
+
+def scripted_model(n_calls: int) -> ScriptedChatModel:
+    """One AIMessage with ``n_calls`` tool calls, then a final answer, for every thread."""
+
+    def turn(messages: list[BaseMessage]) -> AIMessage:
+        if messages and isinstance(messages[-1], ToolMessage):
+            return AIMessage("done")
+        tag = uuid.uuid4().hex[:10]
+        return AIMessage(
+            "", tool_calls=[tool_call("work", {"i": i}, id=f"c{tag}_{i}") for i in range(n_calls)]
+        )
+
+    return ScriptedChatModel([turn], on_exhausted="repeat_last")
+
+
+def build_graph(
+    tools: list[BaseTool],
+    model: ScriptedChatModel,
+    checkpointer: Any,
+    *,
+    effectful: bool,
+    effect_concurrency: int = 1,
+    cancellation: bool = True,
+) -> Any:
+    """agent -> (tools -> agent)* ; ``effectful`` swaps in EffectToolNode + add_cancellation."""
+
+    def agent(state: MessagesState) -> dict[str, Any]:
+        return {"messages": [model.invoke(state["messages"])]}
+
+    builder: Any = StateGraph(MessagesState)
+    builder.add_node("agent", agent)
+    node = (
+        EffectToolNode(tools, effect_concurrency=effect_concurrency)
+        if effectful
+        else ToolNode(tools)
+    )
+    builder.add_node("tools", node)
+    builder.add_edge(START, "agent")
+    builder.add_conditional_edges("agent", tools_condition)
+    builder.add_edge("tools", "agent")
+    if effectful and cancellation:
+        builder = add_cancellation(builder)
+    return builder.compile(checkpointer=checkpointer)
+
+
+def run_once(graph: Any, expect_messages: int | None = None) -> tuple[float, float]:
+    """Invoke on a fresh thread; (wall seconds, process CPU seconds, all threads)."""
+    cfg = {"configurable": {"thread_id": uuid.uuid4().hex}}
+    c0 = time.process_time()
+    t0 = time.perf_counter()
+    out = graph.invoke({"messages": [HumanMessage("go")]}, cfg)
+    dt = time.perf_counter() - t0
+    cpu = time.process_time() - c0
+    if expect_messages is not None and len(out["messages"]) != expect_messages:
+        raise RuntimeError(
+            f"graph produced {len(out['messages'])} messages, expected {expect_messages}"
+        )
+    return dt, cpu
+
+
+@contextlib.contextmanager
+def savers(backend: str, settings: Settings) -> Iterator[tuple[Any, Any]]:
+    """(plain LangGraph saver, our cancel-aware saver), each on its own fresh database."""
+    if backend == "memory":
+        from langgraph.checkpoint.memory import InMemorySaver
+
+        from langgraph_cancel.checkpointers.memory import MemoryCancelSaver
+
+        cancel_saver = MemoryCancelSaver()
+        cancel_saver.setup()
+        yield InMemorySaver(), cancel_saver
+    elif backend == "sqlite":
+        from langgraph.checkpoint.sqlite import SqliteSaver
+
+        from langgraph_cancel.checkpointers.sqlite import SqliteCancelSaver
+
+        d = tempfile.mkdtemp(prefix="overhead-", dir=settings.workdir)
+        c1 = sqlite3.connect(os.path.join(d, "base.db"), check_same_thread=False)
+        c2 = sqlite3.connect(os.path.join(d, "cancel.db"), check_same_thread=False)
+        base = SqliteSaver(c1)
+        base.setup()
+        ours = SqliteCancelSaver(c2)
+        ours.setup()
+        try:
+            yield base, ours
+        finally:
+            ours.ledger.close()
+            c1.close()
+            c2.close()
+    elif backend == "postgres":
+        from langgraph.checkpoint.postgres import PostgresSaver
+
+        from langgraph_cancel.checkpointers.postgres import PostgresCancelSaver
+
+        assert settings.pg_dsn
+        with (
+            fresh_pg_db(settings.pg_dsn, "base") as u1,
+            fresh_pg_db(settings.pg_dsn, "ours") as u2,
+            PostgresSaver.from_conn_string(u1) as base,
+            PostgresCancelSaver.from_conn_string(u2) as ours,
+        ):
+            base.setup()
+            ours.setup()
+            yield base, ours
+    else:  # pragma: no cover
+        raise ValueError(backend)

@@ -1,0 +1,196 @@
+"""Per-call overhead: the same agent graph with ToolNode vs EffectToolNode, side by side."""
+
+from __future__ import annotations
+
+import gc
+from typing import Any
+
+from benchmarks.agent import (
+    READ_ONLY,
+    SIDE_EFFECT,
+    build_graph,
+    make_tool,
+    run_once,
+    savers,
+    scripted_model,
+)
+from benchmarks.common import Settings, log, median, ratio, rnd, summary
+
+
+def plan(settings: Settings) -> dict[str, Any]:
+    """Batch sizes, tool durations and repetitions for this mode."""
+    if settings.quick:
+        cfg: dict[str, Any] = {
+            "batches": [1, 10],
+            "tool_ms": [0, 5],
+            "reps": {1: 2, 10: 2},
+            "warmup": 0,
+        }
+    else:
+        cfg = {
+            "batches": [1, 10, 100],
+            "tool_ms": [0, 5],
+            "reps": {1: 16, 10: 10, 100: 4},
+            "warmup": 1,
+        }
+    if settings.batches:
+        cfg["batches"] = list(settings.batches)
+        cfg["reps"] = {n: cfg["reps"].get(n, 3) for n in settings.batches}
+    if settings.reps:
+        cfg["reps"] = {n: settings.reps for n in cfg["batches"]}
+    return cfg
+
+
+def _fit(points: list[tuple[int, float]]) -> tuple[float | None, float | None]:
+    """Least squares: added(N) = fixed + per_call * N. Returns (fixed, per_call)."""
+    if len({n for n, _ in points}) < 2:
+        return None, None
+    k = len(points)
+    sx = sum(n for n, _ in points)
+    sy = sum(y for _, y in points)
+    sxx = sum(n * n for n, _ in points)
+    sxy = sum(n * y for n, y in points)
+    per_call = (k * sxy - sx * sy) / (k * sxx - sx * sx)
+    fixed = (sy - per_call * sx) / k
+    return fixed, per_call
+
+
+def measure_cell(
+    base_saver: Any, cancel_saver: Any, n: int, tool_ms: float, kind: str, reps: int, warmup: int
+) -> dict[str, dict[str, list[float]]]:
+    """Interleaved trials (ABAB...) of the plain and the effect graph on fresh threads.
+
+    Returns ``{variant: {"wall": [...], "cpu": [...]}}`` in seconds.
+    """
+    tools = [make_tool(kind, tool_ms)]
+    variants: dict[str, Any] = {
+        "base": build_graph(tools, scripted_model(n), base_saver, effectful=False),
+        "effect": build_graph(tools, scripted_model(n), cancel_saver, effectful=True),
+    }
+    if kind == SIDE_EFFECT and tool_ms > 0 and n > 1:
+        # The default runs side effects one at a time, in plan order; this variant
+        # lets a whole batch run at once, like ToolNode does.
+        variants["effect_concurrent"] = build_graph(
+            tools, scripted_model(n), cancel_saver, effectful=True, effect_concurrency=n
+        )
+    expect = n + 3  # human, AI with n calls, n tool messages, final AI
+    for _ in range(warmup):
+        for g in variants.values():
+            run_once(g, expect)
+    samples: dict[str, dict[str, list[float]]] = {k: {"wall": [], "cpu": []} for k in variants}
+    names = list(variants)
+    # Collect once, then freeze what exists: a full collection during a trial then only
+    # scans objects made since (cheap and alike for both variants).
+    gc.collect()
+    gc.freeze()
+    try:
+        for r in range(reps):
+            for name in names if r % 2 == 0 else reversed(names):
+                wall, cpu = run_once(variants[name], expect)
+                samples[name]["wall"].append(wall)
+                samples[name]["cpu"].append(cpu)
+    finally:
+        gc.unfreeze()
+    return samples
+
+
+def run(settings: Settings, backends: list[str]) -> dict[str, Any]:
+    """The whole grid; returns the section's JSON."""
+    cfg = plan(settings)
+    cells: list[dict[str, Any]] = []
+    fits: list[dict[str, Any]] = []
+    for backend in backends:
+        log(f"overhead: {backend}")
+        with savers(backend, settings) as (base_saver, cancel_saver):
+            for kind in (SIDE_EFFECT, READ_ONLY):
+                for tool_ms in cfg["tool_ms"]:
+                    points: list[tuple[int, float]] = []
+                    cpu_points: list[tuple[int, float]] = []
+                    for n in cfg["batches"]:
+                        s = measure_cell(
+                            base_saver,
+                            cancel_saver,
+                            n,
+                            tool_ms,
+                            kind,
+                            cfg["reps"][n],
+                            cfg["warmup"],
+                        )
+                        base = median(s["base"]["wall"])
+                        eff = median(s["effect"]["wall"])
+                        base_cpu = median(s["base"]["cpu"])
+                        eff_cpu = median(s["effect"]["cpu"])
+                        assert base is not None and eff is not None
+                        assert base_cpu is not None and eff_cpu is not None
+                        added = eff - base
+                        added_cpu = eff_cpu - base_cpu
+                        points.append((n, added))
+                        cpu_points.append((n, added_cpu))
+                        cell: dict[str, Any] = {
+                            "backend": backend,
+                            "kind": kind,
+                            "tool_ms": tool_ms,
+                            "n_calls": n,
+                            "base_ms": summary(s["base"]["wall"], scale=1e3),
+                            "effect_ms": summary(s["effect"]["wall"], scale=1e3),
+                            "added_ms": rnd(added * 1e3),
+                            "added_us_per_call": rnd(added * 1e6 / n, 1),
+                            "ratio": rnd(ratio(eff, base)),
+                            "added_pct": rnd((ratio(eff, base) or 0) * 100 - 100, 1),
+                            "base_cpu_ms": rnd(base_cpu * 1e3),
+                            "effect_cpu_ms": rnd(eff_cpu * 1e3),
+                            "added_cpu_us_per_call": rnd(added_cpu * 1e6 / n, 1),
+                        }
+                        if "effect_concurrent" in s:
+                            conc = median(s["effect_concurrent"]["wall"])
+                            cell["effect_concurrent_ms"] = summary(
+                                s["effect_concurrent"]["wall"], scale=1e3
+                            )
+                            cell["effect_concurrent_ratio"] = rnd(ratio(conc, base))
+                            cell["effect_concurrent_added_pct"] = rnd(
+                                (ratio(conc, base) or 0) * 100 - 100, 1
+                            )
+                        cells.append(cell)
+                        log(
+                            f"  {backend:8s} {kind:14s} tool={tool_ms}ms N={n:<3d} "
+                            f"base={base * 1e3:8.2f}ms effect={eff * 1e3:8.2f}ms "
+                            f"added/call={added * 1e6 / n:9.1f}us ratio={eff / base:5.2f} "
+                            f"cpu added/call={added_cpu * 1e6 / n:9.1f}us"
+                        )
+                    fixed, per_call = _fit(points)
+                    cpu_fixed, cpu_per_call = _fit(cpu_points)
+                    fits.append(
+                        {
+                            "backend": backend,
+                            "kind": kind,
+                            "tool_ms": tool_ms,
+                            "fixed_ms_per_run": rnd(None if fixed is None else fixed * 1e3),
+                            "marginal_us_per_call": rnd(
+                                None if per_call is None else per_call * 1e6, 1
+                            ),
+                            "cpu_fixed_ms_per_run": rnd(
+                                None if cpu_fixed is None else cpu_fixed * 1e3
+                            ),
+                            "cpu_marginal_us_per_call": rnd(
+                                None if cpu_per_call is None else cpu_per_call * 1e6, 1
+                            ),
+                            "fit": "least squares of added(N) = fixed + marginal * N over "
+                            f"N in {[n for n, _ in points]}",
+                        }
+                    )
+    return {
+        "method": (
+            "Same graph (agent -> tools -> agent) and scripted model; plain ToolNode on "
+            "LangGraph's saver vs EffectToolNode + add_cancellation on the matching "
+            "CancelSaver (each on its own fresh database). graph.invoke (sync, default "
+            "durability) on a fresh thread per trial, plain and effect trials interleaved, "
+            "medians. Side-effecting = irreversible without approval; read-only = read_only. "
+            "added_us_per_call = (median effect - median base) / N, so it includes the "
+            "per-run fixed cost amortised over the batch; 'marginal' is the slope over N. "
+            "cpu = process CPU time (all threads of the benchmark process; the database "
+            "server's CPU is not in it), less sensitive to other load on the machine."
+        ),
+        "config": {**cfg, "reps": {str(k): v for k, v in cfg["reps"].items()}},
+        "cells": cells,
+        "fits": fits,
+    }

@@ -1,0 +1,453 @@
+"""Where the added time goes: wall-time attribution, ledger primitives and cProfile.
+
+Nothing here changes the library: functions are wrapped with timers for the
+duration of the measurement (inclusive times, so nested entries overlap) and
+restored afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import cProfile
+import functools
+import gc
+import inspect
+import pstats
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+from benchmarks.agent import (
+    READ_ONLY,
+    SIDE_EFFECT,
+    build_graph,
+    make_tool,
+    run_once,
+    savers,
+    scripted_model,
+)
+from benchmarks.common import Settings, log, median, rnd
+
+Patch = tuple[Any, str, str]
+
+
+class Recorder:
+    """Accumulates inclusive wall time and call counts per label."""
+
+    def __init__(self) -> None:
+        self.total: collections.defaultdict[str, float] = collections.defaultdict(float)
+        self.calls: collections.Counter[str] = collections.Counter()
+
+    def clear(self) -> None:
+        self.total.clear()
+        self.calls.clear()
+
+    def add(self, label: str, dt: float) -> None:
+        self.total[label] += dt
+        self.calls[label] += 1
+
+
+def _wrap(fn: Any, label: str, rec: Recorder) -> Any:
+    if inspect.iscoroutinefunction(fn):
+
+        @functools.wraps(fn)
+        async def awrapper(*a: Any, **k: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return await fn(*a, **k)
+            finally:
+                rec.add(label, time.perf_counter() - t0)
+
+        return awrapper
+
+    @functools.wraps(fn)
+    def wrapper(*a: Any, **k: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return fn(*a, **k)
+        finally:
+            rec.add(label, time.perf_counter() - t0)
+
+    return wrapper
+
+
+class _CountingCursor:
+    """Proxy of a ledger cursor that counts the SQL statements sent through it."""
+
+    def __init__(self, cur: Any, rec: Recorder) -> None:
+        self._cur = cur
+        self._rec = rec
+
+    def execute(self, *a: Any, **k: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return self._cur.execute(*a, **k)
+        finally:
+            self._rec.add("ledger SQL statements", time.perf_counter() - t0)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._cur, name)
+
+
+def _wrap_cm(fn: Any, label: str, rec: Recorder) -> Any:
+    """Wrap a context-manager factory (a DB transaction): time from enter to exit."""
+
+    @functools.wraps(fn)
+    @contextlib.contextmanager
+    def wrapper(*a: Any, **k: Any) -> Iterator[Any]:
+        t0 = time.perf_counter()
+        try:
+            with fn(*a, **k) as value:
+                yield _CountingCursor(value, rec)
+        finally:
+            rec.add(label, time.perf_counter() - t0)
+
+    return wrapper
+
+
+@contextlib.contextmanager
+def instrument(rec: Recorder) -> Iterator[None]:
+    """Wrap the library's interesting functions with timers; undo on exit."""
+    import langgraph_cancel.graph as graph_mod
+    import langgraph_cancel.nodes.tool_node as tn
+    from langgraph_cancel.ledger import backends
+    from langgraph_cancel.ledger.core import Ledger
+
+    patches: list[Patch] = [
+        (graph_mod._Invocation, "__init__", "invocation start (run row, lease, heartbeat thread)"),
+        (graph_mod._Invocation, "end", "invocation end (close run, get_state, release lease)"),
+        (graph_mod, "reconcile_thread", "reconcile node: reconcile_thread"),
+        (tn.EffectToolNode, "_func", "EffectToolNode (whole node, sync entry)"),
+        (tn.EffectToolNode, "_invoke", "tool execution (tool.ainvoke: executor hop)"),
+        (tn.EffectToolNode, "_classify", "call classification/validation"),
+    ]
+    for name in (
+        "start_run",
+        "get_run",
+        "latest_run",
+        "acquire_lease",
+        "release_lease",
+        "heartbeat",
+        "plan",
+        "transition",
+        "find_effect",
+        "get_effect",
+        "unsettled",
+        "finish_run",
+        "mark_observed",
+        "run_effects",
+        "request_cancel",
+        "effects",
+    ):
+        patches.append((Ledger, name, f"ledger.{name}"))
+    saved: list[tuple[Any, str, Any]] = []
+    for owner, attr, label in patches:
+        original = owner.__dict__[attr] if attr in getattr(owner, "__dict__", {}) else None
+        if original is None:
+            continue
+        saved.append((owner, attr, original))
+        setattr(owner, attr, _wrap(original, label, rec))
+    units = {
+        "transaction": "ledger DB transactions",
+        "statement": "ledger DB autocommit statements",
+    }
+    for cls in (backends.SqliteBackend, getattr(backends, "PostgresBackend", None)):
+        for attr, label in units.items():
+            if cls is not None and attr in cls.__dict__:
+                original = cls.__dict__[attr]
+                saved.append((cls, attr, original))
+                setattr(cls, attr, _wrap_cm(original, label, rec))
+    try:
+        yield
+    finally:
+        for owner, attr, original in reversed(saved):
+            setattr(owner, attr, original)
+
+
+# --------------------------------------------------------------------------- micro costs
+def _micro(reps: int) -> dict[str, Any]:
+    tool_ = make_tool(READ_ONLY, 0)
+
+    async def noop() -> None:
+        return None
+
+    def t_asyncio_run() -> None:
+        asyncio.run(noop())
+
+    async def ainvoke_10() -> None:
+        for i in range(10):
+            await tool_.ainvoke({"i": i})
+
+    def t_sync_10() -> None:
+        for i in range(10):
+            tool_.invoke({"i": i})
+
+    def med(fn: Any, n: int) -> float:
+        xs = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            fn()
+            xs.append(time.perf_counter() - t0)
+        return median(xs) or 0.0
+
+    loop_cost = med(t_asyncio_run, reps)
+    ainv = med(lambda: asyncio.run(ainvoke_10()), reps)
+    sync = med(t_sync_10, reps)
+    return {
+        "asyncio_run_empty_us": rnd(loop_cost * 1e6, 1),
+        "tool_invoke_sync_us_per_call": rnd(sync / 10 * 1e6, 1),
+        "tool_ainvoke_sync_tool_us_per_call": rnd((ainv - loop_cost) / 10 * 1e6, 1),
+        "note": (
+            "EffectToolNode's sync entry runs asyncio.run() per node execution and calls "
+            "each sync tool through tool.ainvoke (run_in_executor: a thread hop per call); "
+            "ToolNode's sync path calls tool.invoke in its executor."
+        ),
+    }
+
+
+def _ledger_primitives(ledger: Any, reps: int) -> dict[str, Any]:
+    """Median µs of the ledger writes one call costs, outside any graph."""
+    thread = f"prim-{uuid.uuid4().hex[:8]}"
+    run = ledger.start_run(thread)
+    times: dict[str, list[float]] = collections.defaultdict(list)
+    for i in range(reps):
+        call = f"p{i}"
+        t0 = time.perf_counter()
+        rec, _ = ledger.plan(
+            thread_id=thread,
+            run_id=run.run_id,
+            tool_call_id=call,
+            tool="work",
+            kind="irreversible",
+            args={"i": i},
+            seq=i,
+            owner="bench",
+            actor="bench",
+        )
+        t1 = time.perf_counter()
+        ledger.transition(rec.effect_id, "dispatched", actor="bench", owner="bench")
+        t2 = time.perf_counter()
+        ledger.transition(
+            rec.effect_id,
+            "committed",
+            expected=["dispatched"],
+            actor="bench",
+            result={"content": "ok", "status": "success"},
+        )
+        t3 = time.perf_counter()
+        ledger.find_effect(thread, f"r{i}")
+        t4 = time.perf_counter()
+        ledger.plan(
+            thread_id=thread,
+            run_id=run.run_id,
+            tool_call_id=f"r{i}",
+            tool="work",
+            kind="read_only",
+            args={"i": i},
+            seq=i,
+            status="committed",
+            result={"content": "ok", "status": "success"},
+            owner="bench",
+            actor="bench",
+        )
+        t5 = time.perf_counter()
+        ledger.get_run(run.run_id)
+        t6 = time.perf_counter()
+        times["plan (intent row, planned)"].append(t1 - t0)
+        times["transition -> dispatched (guarded CAS)"].append(t2 - t1)
+        times["transition -> committed"].append(t3 - t2)
+        times["find_effect (read-only replay check)"].append(t4 - t3)
+        times["plan (read-only outcome, committed)"].append(t5 - t4)
+        times["get_run (cancel poll)"].append(t6 - t5)
+    out = {k: rnd((median(v) or 0) * 1e6, 1) for k, v in times.items()}
+    out["side_effecting_call_total_us"] = rnd(
+        sum(
+            median(times[k]) or 0
+            for k in (
+                "plan (intent row, planned)",
+                "transition -> dispatched (guarded CAS)",
+                "transition -> committed",
+            )
+        )
+        * 1e6,
+        1,
+    )
+    out["read_only_call_total_us"] = rnd(
+        sum(
+            median(times[k]) or 0
+            for k in ("find_effect (read-only replay check)", "plan (read-only outcome, committed)")
+        )
+        * 1e6,
+        1,
+    )
+    return out
+
+
+def _tool_path_ab(saver: Any, base_saver: Any, n: int, reps: int) -> dict[str, Any]:
+    """Diagnostic A/B, not a result: EffectToolNode as is vs the same node whose tool call
+    is made with the sync ``tool.invoke`` in the event-loop thread instead of
+    ``tool.ainvoke`` (a run_in_executor hop, plus async callback dispatch). Measures how
+    much of the added time the async tool path accounts for."""
+    import langgraph_cancel.nodes.tool_node as tn
+    from langgraph_cancel.effects import bound_idempotency_key
+
+    original = tn.EffectToolNode.__dict__.get("_invoke")
+    if original is None:
+        return {"skipped": "EffectToolNode._invoke not found"}
+
+    async def sync_invoke(self: Any, p: Any, input_type: Any, *, retry: bool) -> Any:
+        injected = self._inject_tool_args(p.call, p.runtime, p.tool)
+        call_args = {**injected, "type": "tool_call"}
+        with bound_idempotency_key(p.key):
+            response = p.tool.invoke(call_args, p.runtime.config)
+        return self._normalize_tool_response(response, p.call, input_type)
+
+    tools = [make_tool(SIDE_EFFECT, 0)]
+    g_base = build_graph(tools, scripted_model(n), base_saver, effectful=False)
+    g_eff = build_graph(tools, scripted_model(n), saver, effectful=True)
+    walls: dict[str, list[float]] = {"base": [], "as_is": [], "sync_tool_call": []}
+    cpus: dict[str, list[float]] = {k: [] for k in walls}
+    try:
+        run_once(g_eff, n + 3)
+        for _ in range(reps):
+            for mode in walls:
+                tn.EffectToolNode._invoke = sync_invoke if mode == "sync_tool_call" else original
+                w, c = run_once(g_base if mode == "base" else g_eff, n + 3)
+                walls[mode].append(w)
+                cpus[mode].append(c)
+    except Exception as exc:  # the library changed shape: report, do not fail the run
+        return {"skipped": f"{type(exc).__name__}: {exc}"}
+    finally:
+        tn.EffectToolNode._invoke = original
+    out: dict[str, Any] = {"n_calls": n, "reps": reps}
+    for mode in walls:
+        out[f"{mode}_ms"] = rnd((median(walls[mode]) or 0) * 1e3)
+        out[f"{mode}_cpu_ms"] = rnd((median(cpus[mode]) or 0) * 1e3)
+    out["async_tool_path_us_per_call"] = rnd(
+        ((median(walls["as_is"]) or 0) - (median(walls["sync_tool_call"]) or 0)) / n * 1e6, 1
+    )
+    out["async_tool_path_cpu_us_per_call"] = rnd(
+        ((median(cpus["as_is"]) or 0) - (median(cpus["sync_tool_call"]) or 0)) / n * 1e6, 1
+    )
+    return out
+
+
+def _top_cprofile(graph: Any, n: int, expect: int, runs: int) -> list[dict[str, Any]]:
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(runs):
+        run_once(graph, expect)
+    prof.disable()
+    stats = pstats.Stats(prof)
+    rows = []
+    for (filename, line, func), (_cc, nc, tt, ct, _callers) in stats.stats.items():  # type: ignore[attr-defined]
+        rows.append((tt, ct, nc, f"{filename.split('site-packages/')[-1]}:{line}({func})"))
+    rows.sort(reverse=True)
+    return [
+        {
+            "function": name,
+            "calls_per_invoke": rnd(nc / runs, 1),
+            "tottime_ms_per_invoke": rnd(tt / runs * 1e3),
+            "cumtime_ms_per_invoke": rnd(ct / runs * 1e3),
+        }
+        for tt, ct, nc, name in rows[:15]
+    ]
+
+
+def run(settings: Settings, backends_: list[str]) -> dict[str, Any]:
+    """Attribution per backend for the side-effecting and read-only N=10, 0 ms cells."""
+    reps = settings.reps or (2 if settings.quick else 8)
+    n = 10
+    out: dict[str, Any] = {
+        "method": (
+            "EffectToolNode graph, N=10 calls of a 0 ms tool, invoked repeatedly with the "
+            "library's functions wrapped by timers (inclusive wall time per invoke; nested "
+            "entries overlap: ledger.* runs inside the EffectToolNode entry). Ledger "
+            "primitives are timed directly on the same backend outside any graph."
+        ),
+        "micro": _micro(5 if settings.quick else 30),
+        "backends": {},
+    }
+    for backend in backends_:
+        log(f"profile: {backend}")
+        entry: dict[str, Any] = {}
+        with savers(backend, settings) as (base_saver, cancel_saver):
+            entry["ledger_primitives_us"] = _ledger_primitives(cancel_saver.ledger, reps * 4)
+            for kind in (SIDE_EFFECT, READ_ONLY):
+                tools = [make_tool(kind, 0)]
+                g_base = build_graph(tools, scripted_model(n), base_saver, effectful=False)
+                g_eff = build_graph(tools, scripted_model(n), cancel_saver, effectful=True)
+                g_node = build_graph(
+                    tools, scripted_model(n), cancel_saver, effectful=True, cancellation=False
+                )
+                expect = n + 3
+                for g in (g_base, g_eff, g_node):
+                    run_once(g, expect)
+                walls: dict[str, list[float]] = {"base": [], "effect": [], "node_only": []}
+                for _ in range(reps):
+                    for name, g in (("base", g_base), ("effect", g_eff), ("node_only", g_node)):
+                        gc.collect()
+                        walls[name].append(run_once(g, expect)[0])
+                rec = Recorder()
+                with instrument(rec):
+                    run_once(g_eff, expect)
+                    rec.clear()
+                    for _ in range(reps):
+                        run_once(g_eff, expect)
+                breakdown = sorted(
+                    (
+                        {
+                            "what": label,
+                            "ms_per_invoke": rnd(total / reps * 1e3),
+                            "calls_per_invoke": rnd(rec.calls[label] / reps, 1),
+                            "us_per_call": rnd(total / rec.calls[label] * 1e6, 1),
+                        }
+                        for label, total in rec.total.items()
+                    ),
+                    key=lambda d: -(d["ms_per_invoke"] or 0),
+                )
+                base_ms = (median(walls["base"]) or 0) * 1e3
+                eff_ms = (median(walls["effect"]) or 0) * 1e3
+                node_ms = (median(walls["node_only"]) or 0) * 1e3
+                entry[kind] = {
+                    "n_calls": n,
+                    "base_ms": rnd(base_ms),
+                    "effect_ms": rnd(eff_ms),
+                    "effect_node_only_ms": rnd(node_ms),
+                    "added_ms": rnd(eff_ms - base_ms),
+                    "added_by_node_ms": rnd(node_ms - base_ms),
+                    "added_by_add_cancellation_ms": rnd(eff_ms - node_ms),
+                    "db_transactions_per_call": rnd(
+                        (
+                            rec.calls["ledger DB transactions"]
+                            + rec.calls["ledger DB autocommit statements"]
+                        )
+                        / reps
+                        / n,
+                        2,
+                    ),
+                    "db_transactions_per_invoke": rnd(
+                        rec.calls["ledger DB transactions"] / reps, 1
+                    ),
+                    "db_autocommit_statements_per_invoke": rnd(
+                        rec.calls["ledger DB autocommit statements"] / reps, 1
+                    ),
+                    "sql_statements_per_invoke": rnd(rec.calls["ledger SQL statements"] / reps, 1),
+                    "breakdown": breakdown,
+                    "cprofile_top_tottime": _top_cprofile(g_eff, n, expect, max(2, reps // 3)),
+                }
+                log(
+                    f"  {backend:8s} {kind:14s} base={base_ms:7.2f}ms effect={eff_ms:7.2f}ms "
+                    f"node-only={node_ms:7.2f}ms txn/call="
+                    f"{entry[kind]['db_transactions_per_call']}"
+                )
+            if backend == "memory":
+                log("  memory: tool-path A/B (diagnostic)")
+                out["tool_path_ab"] = _tool_path_ab(
+                    cancel_saver, base_saver, 100 if not settings.quick else 10, max(3, reps)
+                )
+        out["backends"][backend] = entry
+    return out

@@ -1,0 +1,84 @@
+"""Smoke test of the benchmark harness: it runs end to end and writes every section.
+
+No timing assertions: the benchmarks measure, they never pass or fail on a number.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SECTIONS = ("overhead", "profile", "latency", "scale", "recovery")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_benchmarks_quick_run_writes_every_section(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    backends = "memory,sqlite"
+    if os.environ.get("LANGGRAPH_CANCEL_TEST_PG_DSN"):
+        backends += ",postgres"
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(ROOT), *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])]
+    )
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks",
+            "--quick",
+            "--backends",
+            backends,
+            "--batches",
+            "1,3",
+            "--reps",
+            "1",
+            "--scale-max",
+            "1000",
+            "--latency-trials",
+            "2",
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=880,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    data = json.loads(out.read_text())
+
+    run = data["meta"]["backends_run"]
+    assert {"memory", "sqlite"} <= set(run)
+    for section in SECTIONS:
+        assert section in data, f"missing section {section}"
+    assert data["targets"], "no target rows"
+    assert all(t["status"] in ("PASS", "MISS", "n/a") for t in data["targets"])
+    assert isinstance(data["notes"], list)
+
+    cells = data["overhead"]["cells"]
+    assert {(c["backend"], c["kind"], c["n_calls"]) for c in cells} >= {
+        (b, k, n) for b in run for k in ("read_only", "side_effecting") for n in (1, 3)
+    }
+    for c in cells:
+        assert c["base_ms"]["n"] == 1 and c["effect_ms"]["n"] == 1
+    assert set(data["profile"]["backends"]) == set(run)
+    assert set(data["latency"]["backends"]) == set(run)
+    for b in run:
+        assert data["latency"]["backends"][b]["check"]["seen_ms"]["n"] == 2
+    assert set(data["scale"]["unsettled"]) == set(run)
+    assert data["scale"]["memory"] and data["scale"]["throughput"]
+    rec = data["recovery"]["backends"]
+    assert "skipped" in rec["memory"]
+    # The point of recovery: the resumed thread reconciled instead of charging twice.
+    assert rec["sqlite"]["ours"]["charges_at_provider"] == [1]
+    assert rec["sqlite"]["ours"]["effect_statuses"] == ["committed"]
+    assert "Targets" in proc.stdout  # the rich tables went to stdout
