@@ -52,7 +52,8 @@ class CancellationReport(BaseModel):
         unknown: Outcomes nobody can tell yet, each with an owner and next action.
         not_run: Calls dropped before dispatch: they never happened.
         rejected: Calls refused at approval.
-        dispatched_after_cancel: Dispatches after the cancel request (must be 0).
+        dispatched_after_cancel: Dispatches after the run observed its cancel signal
+            (must be 0).
         orphans: Child runs that never observed the signal (must be 0).
     """
 
@@ -165,12 +166,12 @@ def build_report(
         )
     }
     after_cancel = 0
+    # I1 is "no dispatch after the signal is observed". The request's own stamp is not
+    # the reference: it is taken before the request commits, and a dispatch committing
+    # in between (the ledger allows it: the run is still running) would look later.
+    cutoff = run.observed_at or run.requested_at
     for e in effects:
-        if (
-            run.requested_at is not None
-            and e.dispatched_at is not None
-            and (e.dispatched_at > run.requested_at)
-        ):
+        if cutoff is not None and e.dispatched_at is not None and e.dispatched_at > cutoff:
             after_cancel += 1
         if e.kind is EffectKind.READ_ONLY:
             continue
