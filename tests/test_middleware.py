@@ -136,22 +136,68 @@ def test_cancel_stops_before_the_next_model_call(saver: Any) -> None:
     assert asked <= answered
 
 
-async def test_async_agent_replays_instead_of_redispatching(saver: Any) -> None:
+async def test_a_repeated_tool_call_is_replayed_not_redispatched(saver: Any) -> None:
+    """create_agent re-running a call (retry middleware, resume) gets the recorded answer."""
+    from langgraph.prebuilt.tool_node import ToolCallRequest, ToolRuntime
+
     counter = Counter()
-    model = ScriptedChatModel(
-        [
-            AIMessage("", tool_calls=[tool_call("refund", {"order_id": "o9"}, id="c-o9")]),
-            AIMessage("done"),
-        ]
-    )
+    refund = _tools(counter)[0]
     middleware = EffectMiddleware(approval=False)
-    agent = agents.create_agent(model, _tools(counter), middleware=[middleware], checkpointer=saver)
-    config = {"configurable": {"thread_id": "mw-async"}}
-    await agent.ainvoke({"messages": [HumanMessage("refund o9")]}, config)
+    call = tool_call("refund", {"order_id": "o9"}, id="c-o9")
+    config = {"configurable": {"thread_id": "mw-replay", "langgraph_cancel_ledger": saver.ledger}}
+    runtime = ToolRuntime(
+        state={"messages": []},
+        context=None,
+        config=config,
+        stream_writer=lambda _: None,
+        tool_call_id="c-o9",
+        store=None,
+    )
+    request = ToolCallRequest(tool_call=call, tool=refund, state={"messages": []}, runtime=runtime)
+    handled: list[str] = []
+
+    async def handler(req: ToolCallRequest) -> ToolMessage:
+        handled.append(req.tool_call["id"])
+        return ToolMessage(refund.invoke(req.tool_call["args"]), tool_call_id=req.tool_call["id"])
+
+    first = await middleware.awrap_tool_call(request, handler)
+    second = await middleware.awrap_tool_call(request, handler)
+    assert handled == ["c-o9"]  # the second time, nothing was dispatched
     assert counter.count("refund") == 1
-    # Same call id again in a later turn of the same thread: the ledger answers it.
-    tool_obj = _tools(counter)[0]
-    executor = middleware._executor(tool_obj)
-    rec = saver.ledger.find_effect("mw-async", "c-o9")
+    assert isinstance(first, ToolMessage) and isinstance(second, ToolMessage)
+    assert second.content == first.content == "refunded o9"
+    rec = saver.ledger.find_effect("mw-replay", "c-o9")
     assert rec is not None and rec.status.value == "committed"
-    assert executor.tools_by_name["refund"] is tool_obj
+
+
+def test_approval_interrupt_then_one_dispatch(saver: Any) -> None:
+    from langgraph.types import Command
+
+    counter = Counter()
+
+    @effect(EffectKind.IRREVERSIBLE)  # irreversible: approval required by default
+    @tool
+    def wire(amount: int) -> str:
+        """Wire money."""
+        counter.add("wire", str(amount), idempotency_key())
+        return f"wired {amount}"
+
+    model = ScriptedChatModel(
+        [AIMessage("", tool_calls=[tool_call("wire", {"amount": 500})]), AIMessage("sent")]
+    )
+    agent = agents.create_agent(model, [wire], middleware=[EffectMiddleware()], checkpointer=saver)
+    config = {"configurable": {"thread_id": "mw-approve"}}
+    out = agent.invoke({"messages": [HumanMessage("wire 500")]}, config)
+    request = out["__interrupt__"][0].value
+    assert [a["name"] for a in request["action_requests"]] == ["wire"]
+    assert counter.count("wire") == 0
+    rec = saver.ledger.effects("mw-approve")[0]
+    assert rec.status.value == "pending_approval"
+    out = agent.invoke(
+        Command(resume={"decisions": [{"type": "approve"}], "reviewer": "ops"}), config
+    )
+    assert out["messages"][-1].content == "sent"
+    assert counter.count("wire") == 1
+    rec = saver.ledger.get_effect(rec.effect_id)
+    assert rec.status.value == "committed"
+    assert (rec.approval or {}).get("reviewer") == "ops"
