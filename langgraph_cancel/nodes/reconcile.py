@@ -66,7 +66,7 @@ def parse_decisions(value: Any, effects: list[EffectRecord]) -> list[dict[str, A
             raise InvalidDecisionError(f"a decision must be an object, got {item!r}")
         effect_id = item.get("effect_id")
         decision = item.get("decision")
-        if effect_id not in known:
+        if not isinstance(effect_id, str) or effect_id not in known:  # a list is not hashable
             raise InvalidDecisionError(f"decision for an effect not asked about: {effect_id!r}")
         if effect_id in seen:
             raise InvalidDecisionError(f"two decisions for {effect_id!r}")
