@@ -148,6 +148,8 @@ class Plan:
     use_async: bool = False
     compensate_on_cancel: bool = False
     reconcile_interactive: bool = True
+    #: How many stop requests race each other at each cancel point (I4: one wins).
+    racing_cancels: int = 1
 
     def numbered(self) -> list[list[tuple[int, CallSpec]]]:
         """The turns with each call's global number ``n`` (its id is ``c<n>``)."""
@@ -259,25 +261,33 @@ class World:
         return todo
 
     def cancel_from_another_thread(self, why: str) -> None:
-        """``request_cancel`` from a second thread; wait until it was recorded."""
+        """``request_cancel`` from other threads (``racing_cancels`` of them, released
+        together, each with its own reason); wait until every one was recorded."""
+        n = max(1, self.plan.racing_cancels)
         box: list[Any] = []
+        barrier = threading.Barrier(n)
 
-        def press() -> None:
+        def press(i: int) -> None:
+            reason = why if n == 1 else f"{why} (presser {i})"
             try:
+                barrier.wait(30)
                 box.append(
-                    request_cancel(self.target, self.thread_id, reason=why, requested_by="chaos")
+                    request_cancel(self.target, self.thread_id, reason=reason, requested_by="chaos")
                 )
             except BaseException as exc:  # handed back to the caller's thread
                 box.append(exc)
 
-        t = threading.Thread(target=press, name="chaos-cancel")
-        t.start()
-        t.join(30)
-        assert box, "request_cancel did not return within 30s"
-        if isinstance(box[0], BaseException):
-            raise box[0]
-        self.cancels.append(box[0])
-        self.notes.append(f"cancel requested: {why}")
+        threads = [threading.Thread(target=press, args=(i,), name="chaos-cancel") for i in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert len(box) == n, "request_cancel did not return within 30s"
+        for answer in box:
+            if isinstance(answer, BaseException):
+                raise answer
+        self.cancels.extend(box)
+        self.notes.append(f"cancel requested ({n}x): {why}")
 
     def _fire(self, inj: Inject, where: str) -> None:
         if inj.what == "cancel":
@@ -917,7 +927,10 @@ def check_invariants(runner: Runner) -> None:
         assert len(firsts) <= 1, f"I4: {len(firsts)} cancel requests were 'first'"
         if firsts:
             assert run.reason == firsts[0].reason, (run.reason, firsts[0].reason)
-            assert all(c.reason == firsts[0].reason for c in ours), ours
+        # Every accepted request, first or not, was told the reason that won.
+        assert all(c.reason == run.reason for c in ours), (run.reason, ours)
+        if run.status is RunStatus.CANCELLED and run.report is not None:
+            assert run.report["reason"] == run.reason
     # ---- I1: nothing dispatched after the signal
     for run in runs:
         report = get_report(runner.saver, thread, run_id=run.run_id)

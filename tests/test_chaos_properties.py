@@ -25,6 +25,7 @@ these tests are kept below as ``@example`` cases.
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing
 import os
 import signal
@@ -57,6 +58,7 @@ from chaos_harness import (
 from hypothesis_profiles import examples
 from langgraph_cancel import EffectKind, EffectStatus, Ledger
 from langgraph_cancel.errors import DispatchRefusedError
+from langgraph_cancel.types import RunStatus
 
 HERE = Path(__file__).resolve().parent
 
@@ -100,24 +102,20 @@ def chaos(draw: st.DrawFn, n_calls: int, n_turns: int, use_async: bool) -> tuple
         )
     else:
         cancel = Inject("cancel", "start")
-    if draw(st.integers(0, 4)) == 0:
-        # A crash inside a reconcile or compensate hook: in the middle of a resume's
-        # reconciliation, of a cancel's settling, or of a compensation.
-        crash = Inject(
-            "crash",
-            "hook",
-            draw(st.integers(0, 2)),
-            draw(st.sampled_from(("reconcile", "compensate"))),
-        )
-    else:
-        crash = Inject(
-            draw(st.sampled_from(("crash", "kill_task", "kill_task") if use_async else ("crash",))),
-            "tool",
-            draw(tool_at),
-            draw(st.sampled_from(("before", "after"))),
-        )
+    crash = Inject(
+        draw(st.sampled_from(("crash", "kill_task", "kill_task") if use_async else ("crash",))),
+        "tool",
+        draw(tool_at),
+        draw(st.sampled_from(("before", "after"))),
+    )
     shape = draw(st.sampled_from(("cancel", "crash", "both", "none")))
-    return {"cancel": (cancel,), "crash": (crash,), "both": (cancel, crash), "none": ()}[shape]
+    picked = {"cancel": (cancel,), "crash": (crash,), "both": (cancel, crash), "none": ()}[shape]
+    if shape != "none" and draw(st.integers(0, 2)) == 0:
+        # And a crash inside a reconcile or compensate hook: in the middle of a resume's
+        # reconciliation, of a cancel's settling, or of a compensation.
+        hook = draw(st.sampled_from(("reconcile", "compensate")))
+        picked = (*picked, Inject("crash", "hook", draw(st.integers(0, 1)), hook))
+    return picked
 
 
 @st.composite
@@ -125,16 +123,18 @@ def plans(draw: st.DrawFn, *, backends: tuple[str, ...] = ("memory", "sqlite")) 
     turns = draw(turns_strategy)
     n_calls = sum(len(t) for t in turns)
     use_async = draw(st.booleans())
+    chaos_ = draw(chaos(n_calls, len(turns), use_async))
     return Plan(
         turns=turns,
         effect_concurrency=draw(st.integers(1, 3)),
         decisions=draw(decisions_strategy),
-        injections=draw(chaos(n_calls, len(turns), use_async)),
+        injections=chaos_,
         faults=draw(faults_strategy),
         backend=draw(st.sampled_from(backends)),
         use_async=use_async,
-        compensate_on_cancel=draw(st.booleans()),
+        compensate_on_cancel=draw(st.booleans()) or any(i.phase == "compensate" for i in chaos_),
         reconcile_interactive=draw(st.booleans()),
+        racing_cancels=draw(st.sampled_from((1, 1, 2, 3))),
     )
 
 
@@ -356,19 +356,26 @@ def kill_plans(draw: st.DrawFn) -> tuple[Plan, int, str]:
     # The call killed at must get to its provider request and back (no refusal).
     first[at] = CallSpec(first[at].tool, 0)
     later = draw(st.lists(st.lists(call_specs, min_size=1, max_size=3).map(tuple), max_size=1))
+    # Sometimes the stop is pressed while that call is at the provider: the worker then
+    # dies in the middle of cancelling, and the recovery must finish the cancel once.
+    cancel_too = draw(st.booleans())
     plan = Plan(
         turns=(tuple(first), *later),
         effect_concurrency=draw(st.integers(1, 3)),
         decisions=draw(decisions_strategy),
+        injections=(Inject("cancel", "tool", at, "before"),) if cancel_too else (),
         backend="sqlite",
         compensate_on_cancel=draw(st.booleans()),
         reconcile_interactive=draw(st.booleans()),
     )
-    return plan, at, draw(st.sampled_from(("before", "after")))
+    phase = "after" if cancel_too else draw(st.sampled_from(("before", "after")))
+    return plan, at, phase
 
 
 def recover_after_sigkill(plan: Plan, root: Path, thread_id: str) -> Runner:
     """A new process's view: I7 from the database alone, resume, new message, I1-I8."""
+    # The chaos happened in the dead worker; the recovering process plays it straight.
+    plan = dataclasses.replace(plan, injections=())
     with open_saver("sqlite", root) as saver:
         runner = Runner(
             plan, root, saver, url=db_url_of("sqlite", root), thread_id=thread_id, arm_faults=False
@@ -376,12 +383,16 @@ def recover_after_sigkill(plan: Plan, root: Path, thread_id: str) -> Runner:
         check_persisted_state_answers(runner)
         run = runner.ledger.latest_run(thread_id)
         assert run is not None and not run.terminal
+        stopping = run.cancel_requested
         in_flight = [
             e for e in runner.ledger.effects(thread_id) if e.status is EffectStatus.DISPATCHED
         ]
         runner.drive(None)  # resume the killed run (waits out the dead worker's lease)
         for e in in_flight:
             assert runner.ledger.get_effect(e.effect_id).status is not EffectStatus.DISPATCHED
+        if stopping:  # the dead worker was cancelling: the recovery finished the cancel
+            finished = runner.ledger.get_run(run.run_id)
+            assert finished.status is RunStatus.CANCELLED and finished.reason == run.reason
         check_cancelled_run_starts_nothing(runner)
         unsettled = [
             e
@@ -403,6 +414,10 @@ def test_sigkill_at_a_random_tool_call_then_resume(
     fork_server: None, case: tuple[Plan, int, str]
 ) -> None:
     plan, at, phase = case
+    event(
+        f"killed at a call {phase} its provider request"
+        + (", while cancelling" if plan.injections else "")
+    )
     with tempfile.TemporaryDirectory(prefix="chaos-kill-") as tmp:
         root = Path(tmp)
         thread_id = f"kill-{uuid.uuid4().hex[:10]}"

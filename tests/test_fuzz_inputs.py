@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import event, example, given, settings
+from hypothesis import assume, event, example, given, settings
 from hypothesis import strategies as st
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langgraph.graph import END, START, MessagesState, StateGraph
@@ -594,3 +594,99 @@ def _same(a: Any, b: Any) -> bool:
     if isinstance(a, list) and isinstance(b, list):
         return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
     return bool(a == b)
+
+
+# ---------------------------------------------------------------------------- 4. reconcile answers
+@st.composite
+def reconcile_answers(draw: st.DrawFn, effect_id: str) -> Any:
+    """A person's answer to "did these happen?": near the documented shape, or anything."""
+    decision = st.fixed_dictionaries(
+        {
+            "effect_id": _weighted((4, st.just(effect_id)), (1, json_values)),
+            "decision": _weighted(
+                (4, st.sampled_from(("committed", "not_applied", "unknown"))), (1, json_values)
+            ),
+        },
+        optional={
+            "result": json_values,
+            "owner": _weighted((3, st.just("ops")), (1, json_values)),
+            "next_action": _weighted((3, st.just("call the bank")), (1, json_values)),
+            "reviewer": json_values,
+        },
+    )
+    decisions = _weighted((4, st.lists(decision, min_size=1, max_size=2)), (1, json_values))
+    value = draw(_weighted((2, decisions), (2, st.fixed_dictionaries({"decisions": decisions}))))
+    assume(value is not None)  # Command(resume=None) fails inside LangGraph itself
+    return value
+
+
+def _asked_about_an_unknown_post(
+    world: World, saver: Any
+) -> tuple[Any, dict[str, Any], EffectRecord, dict[str, Any]]:
+    """A thread whose last run died with a chat post in flight, recorded unknown (the
+    tool has no reconcile hook); a new message makes the graph ask a person about it."""
+    graph = _agent_graph(world, saver, [])
+    ledger = saver.ledger
+    thread_id = world.thread_id
+    run = ledger.start_run(thread_id)
+    rec, _ = ledger.plan(
+        thread_id=thread_id,
+        run_id=run.run_id,
+        tool_call_id="p1",
+        tool="cx_post",
+        kind=EffectKind.IRREVERSIBLE,
+        args=call_args(CallSpec("cx_post"), 1),
+    )
+    ledger.transition(rec.effect_id, EffectStatus.DISPATCHED, actor="w", owner="w")
+    ledger.transition(
+        rec.effect_id, EffectStatus.UNKNOWN, actor="w", owner="operator", next_action="check"
+    )
+    ledger.finish_run(run.run_id, "failed")
+    cfg = {"configurable": {"thread_id": thread_id}}
+    out = run_graph(graph, {"messages": [HumanMessage("go")]}, cfg)
+    assert "__interrupt__" in out, out
+    return graph, cfg, rec, out
+
+
+def test_reconcile_answer_naming_no_string_effect_id_is_asked_again() -> None:
+    """Regression, found by the fuzz below: ``"effect_id": []`` crashed the subgraph
+    (an unhashable set lookup) instead of asking again with the error."""
+    with fresh("memory") as (root, saver):
+        world = World(root, plan=_empty_plan())
+        graph, cfg, rec, _ = _asked_about_an_unknown_post(world, saver)
+        out = run_graph(graph, Command(resume=[{"effect_id": [], "decision": "committed"}]), cfg)
+        assert "error" not in out and "__interrupt__" in out, out
+        assert "not asked about" in out["__interrupt__"][0].value["error"]
+        assert saver.ledger.get_effect(rec.effect_id).status is EffectStatus.UNKNOWN
+
+
+@pytest.mark.timeout(900)
+@settings(max_examples=examples(ci=40, dev=15))
+@given(data=st.data(), backend=st.sampled_from(("memory", "sqlite")))
+def test_reconcile_answers_never_crash_nor_lose_a_row(data: st.DataObject, backend: str) -> None:
+    """An unknown outcome is put to a person on resume; whatever they answer, nothing breaks."""
+    with fresh(backend) as (root, saver):
+        world = World(root, plan=_empty_plan())
+        graph, cfg, rec, out = _asked_about_an_unknown_post(world, saver)
+        ledger = saver.ledger
+        thread_id = world.thread_id
+        for _ in range(data.draw(st.integers(1, 4))):
+            if "__interrupt__" not in out:
+                break
+            out = run_graph(graph, Command(resume=data.draw(reconcile_answers(rec.effect_id))), cfg)
+            assert "error" not in out, out["error"]  # a bad answer is asked again, never raised
+            event("asked again" if "__interrupt__" in out else "settled")
+        if "__interrupt__" in out:
+            settle = [{"effect_id": rec.effect_id, "decision": "not_applied"}]
+            out = run_graph(graph, Command(resume=settle), cfg)
+        assert "error" not in out and "__interrupt__" not in out, out
+        final = ledger.get_effect(rec.effect_id)
+        assert final.status in (
+            EffectStatus.COMMITTED,
+            EffectStatus.NOT_APPLIED,
+            EffectStatus.UNKNOWN,
+        )
+        if final.status is EffectStatus.UNKNOWN:
+            assert final.owner and final.next_action
+        assert_audit_consistent(ledger, {final.tool_call_id: final})
+        assert ledger.latest_run(thread_id).status.value == "completed"
