@@ -23,8 +23,8 @@ The servers run without ``--allow-blocking``: the library's async nodes do their
 ledger I/O in worker threads, and ``test_served_graph_without_allow_blocking``
 runs the example under the dev server's own blocking-call detector. A last test
 stops a run with ``runs.cancel`` and types again, as a Studio user would: the
-interrupted calls are answered before the new message (chat APIs reject any other order) and nothing is dispatched
-twice.
+interrupted calls are answered before the new message (chat APIs reject any
+other order) and nothing is dispatched twice.
 """
 
 from __future__ import annotations
