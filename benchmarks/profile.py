@@ -18,6 +18,7 @@ import pstats
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from benchmarks.agent import (
@@ -32,6 +33,7 @@ from benchmarks.agent import (
 from benchmarks.common import Settings, log, median, rnd
 
 Patch = tuple[Any, str, str]
+_ROOT = str(Path(__file__).resolve().parent.parent) + "/"
 
 
 class Recorder:
@@ -344,7 +346,8 @@ def _top_cprofile(graph: Any, n: int, expect: int, runs: int) -> list[dict[str, 
     stats = pstats.Stats(prof)
     rows = []
     for (filename, line, func), (_cc, nc, tt, ct, _callers) in stats.stats.items():  # type: ignore[attr-defined]
-        rows.append((tt, ct, nc, f"{filename.split('site-packages/')[-1]}:{line}({func})"))
+        name = filename.split("site-packages/")[-1].replace(_ROOT, "")
+        rows.append((tt, ct, nc, f"{name}:{line}({func})"))
     rows.sort(reverse=True)
     return [
         {

@@ -11,6 +11,7 @@ import time
 import tracemalloc
 import uuid
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from benchmarks.common import Settings, ledger_url, log, ratio, rnd, summary
@@ -372,12 +373,73 @@ def memory_per_run(settings: Settings, backend: str) -> dict[str, Any]:
         "bytes_left_per_run_after_drop": round((b2 - b0) / n),
         "top_allocators": [
             {
-                "file": str(st.traceback[0].filename).split("site-packages/")[-1],
+                "file": str(st.traceback[0].filename)
+                .split("site-packages/")[-1]
+                .replace(str(Path(__file__).resolve().parent.parent) + "/", ""),
                 "bytes_per_run": round(st.size_diff / n),
             }
             for st in top
         ],
         "note": "Python heap only (tracemalloc); database rows and SQLite's C heap excluded.",
+    }
+
+
+# --------------------------------------------------------------------------- hygiene
+def same_process_signal(n: int = 50) -> dict[str, Any]:
+    """Is a cancel requested through a ledger seen at once by a run in the same process?
+
+    Each of ``n`` short-lived ledgers (memory://) starts a run, checks once (which sets
+    the poll clock), requests a cancel through the same ledger object and checks again
+    at once: without the in-process listener the second check waits for the next poll.
+    """
+    import gc as _gc
+
+    from langgraph_cancel.ledger import Ledger
+    from langgraph_cancel.runtime import drop_scope, scope_for
+
+    missed = 0
+    for i in range(n):
+        ledger = Ledger.from_url("memory://")
+        scope = scope_for({"configurable": {"thread_id": f"hyg-{i}"}}, ledger=ledger)
+        scope.cancel_called()
+        ledger.request_cancel(f"hyg-{i}", reason="hygiene", requested_by="bench")
+        if not scope.cancel_called():
+            missed += 1
+        drop_scope(scope)
+        ledger.close()
+        del ledger, scope
+        _gc.collect()
+    return {
+        "ledgers": n,
+        "cancel_not_seen_at_once": missed,
+        "note": (
+            "same-process request_cancel through the ledger the run uses; a miss falls back "
+            "to the poll interval"
+        ),
+    }
+
+
+def pg_listener_threads(settings: Settings, n: int = 3) -> dict[str, Any]:
+    """LISTEN threads alive after opening, using and closing ``n`` PostgreSQL ledgers."""
+    from langgraph_cancel.ledger import Ledger
+    from langgraph_cancel.runtime import drop_scope, scope_for
+
+    def listeners() -> int:
+        return sum(1 for t in threading.enumerate() if t.name == "langgraph-cancel-listen")
+
+    before = listeners()
+    for i in range(n):
+        with ledger_url("postgres", settings, "listen") as url:
+            ledger = Ledger.from_url(url)
+            scope = scope_for({"configurable": {"thread_id": f"lst-{i}"}}, ledger=ledger)
+            drop_scope(scope)
+            ledger.close()
+    time.sleep(0.5)
+    return {
+        "ledgers_opened_and_closed": n,
+        "listen_threads_before": before,
+        "listen_threads_after": listeners(),
+        "note": "threads named langgraph-cancel-listen still alive after Ledger.close()",
     }
 
 
@@ -415,6 +477,11 @@ def run(settings: Settings, backends: list[str]) -> dict[str, Any]:
                 f"  {row['transitions_per_s']} transitions/s, p50 write "
                 f"{row['write_latency_ms'].get('median')} ms, errors {row['error_count']}"
             )
+    log("scale: hygiene (same-process signal, PostgreSQL LISTEN threads)")
+    out["hygiene"] = {"same_process_signal": same_process_signal()}
+    if "postgres" in backends:
+        out["hygiene"]["pg_listener_threads"] = pg_listener_threads(settings)
+    log(f"  {out['hygiene']}")
     for backend in backends:
         log(f"scale: memory per open run on {backend}")
         row = memory_per_run(settings, backend)

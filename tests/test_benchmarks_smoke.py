@@ -76,6 +76,7 @@ def test_benchmarks_quick_run_writes_every_section(tmp_path: Path) -> None:
         assert data["latency"]["backends"][b]["check"]["seen_ms"]["n"] == 2
     assert set(data["scale"]["unsettled"]) == set(run)
     assert data["scale"]["memory"] and data["scale"]["throughput"]
+    assert "same_process_signal" in data["scale"]["hygiene"]
     rec = data["recovery"]["backends"]
     assert "skipped" in rec["memory"]
     # The point of recovery: the resumed thread reconciled instead of charging twice.
