@@ -24,6 +24,7 @@ until a tool call reaches its kill point and blocks there to be SIGKILLed
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import sqlite3
@@ -150,6 +151,8 @@ class Plan:
     reconcile_interactive: bool = True
     #: How many stop requests race each other at each cancel point (I4: one wins).
     racing_cancels: int = 1
+    #: After a crash, two workers resume the thread at once (sync plans).
+    racing_resumes: bool = False
 
     def numbered(self) -> list[list[tuple[int, CallSpec]]]:
         """The turns with each call's global number ``n`` (its id is ``c<n>``)."""
@@ -229,6 +232,10 @@ class World:
     thread_id: str = field(default_factory=lambda: f"chaos-{uuid.uuid4().hex[:12]}")
     invocations: Counter[str] = field(default_factory=Counter)
     hook_calls: Counter[str] = field(default_factory=Counter)
+    #: One clock for the harness's own ordering of events (``next()`` is atomic).
+    seq: Iterator[int] = field(default_factory=itertools.count)
+    #: (tick after a stop request of ours returned, run id): the request was committed.
+    cancel_marks: list[tuple[int, str | None]] = field(default_factory=list)
     fired: set[Inject] = field(default_factory=set)
     cancels: list[CancelRequestResult] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -286,6 +293,8 @@ class World:
         for answer in box:
             if isinstance(answer, BaseException):
                 raise answer
+        tick = next(self.seq)
+        self.cancel_marks.extend((tick, a.run_id) for a in box if a.accepted)
         self.cancels.extend(box)
         self.notes.append(f"cancel requested ({n}x): {why}")
 
@@ -602,6 +611,20 @@ class Runner:
         self.model = scripted_model(self.world)
         self.graph = build_graph(self.world, self.model, saver)
         self.cfg: dict[str, Any] = {"configurable": {"thread_id": self.world.thread_id}}
+        # Every dispatch the ledger accepts, by the tick at which it was *attempted*: one
+        # attempted after a stop request of ours had returned must have been refused (I1).
+        # Timestamps cannot tell this (a request is stamped before it commits).
+        self.dispatches: list[tuple[int, str]] = []
+        transition = self.ledger.transition
+
+        def logged_transition(effect_id: str, to: Any, *args: Any, **kwargs: Any) -> Any:
+            tick = next(self.world.seq)
+            rec = transition(effect_id, to, *args, **kwargs)
+            if EffectStatus(to) is EffectStatus.DISPATCHED:
+                self.dispatches.append((tick, effect_id))
+            return rec
+
+        self.ledger.transition = logged_transition  # type: ignore[method-assign]
         self.cancelled_events: list[dict[str, Any]] = []
         self.approvals = 0
         self.decision_index = 0
@@ -627,18 +650,21 @@ class Runner:
                 if isinstance(event, dict) and event.get("event") == "cancelled":
                     step.cancelled_events.append(event)
 
-    def invoke(self, inp: Any) -> Step:
+    def invoke(self, inp: Any, *, worker: str | None = None) -> Step:
         step = Step()
         modes = ["updates", "custom"]
+        cfg = self.cfg
+        if worker is not None:
+            cfg = {"configurable": {**self.cfg["configurable"], "langgraph_cancel_worker": worker}}
         if not self.plan.use_async:
             try:
-                self._consume(self.graph.stream(inp, self.cfg, stream_mode=modes), step)
+                self._consume(self.graph.stream(inp, cfg, stream_mode=modes), step)
             except Crash:
                 step.crashed = "crash"
         else:
 
             async def consume() -> None:
-                async for chunk in self.graph.astream(inp, self.cfg, stream_mode=modes):
+                async for chunk in self.graph.astream(inp, cfg, stream_mode=modes):
                     self._consume([chunk], step)
 
             async def main() -> None:
@@ -659,6 +685,35 @@ class Runner:
             asyncio.run(main())
         self.cancelled_events.extend(step.cancelled_events)
         return step
+
+    def racing_resumes(self) -> None:
+        """Two workers resume the crashed thread at once: one gets it, the other is told
+        the thread is busy (I2: not dispatched twice by two workers)."""
+        outcomes: list[Any] = []
+        barrier = threading.Barrier(2)
+
+        def resume(worker: str) -> None:
+            try:
+                barrier.wait(30)
+                outcomes.append(self.invoke(None, worker=worker))
+            except ThreadBusyError as exc:
+                outcomes.append(exc)
+            except BaseException as exc:  # handed back to the caller's thread
+                outcomes.append(exc)
+
+        threads = [
+            threading.Thread(target=resume, args=(f"chaos-worker-{w}",), name="chaos-resume")
+            for w in "ab"
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert len(outcomes) == 2, "a racing resume did not return"
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException) and not isinstance(outcome, ThreadBusyError):
+                raise outcome
+        self.world.notes.append("racing resumes: " + ", ".join(type(o).__name__ for o in outcomes))
 
     def invoke_retrying_lease(self, inp: Any, timeout: float = 40.0) -> Step:
         """Invoke; while a killed worker's lease is live, wait for it to lapse."""
@@ -719,6 +774,8 @@ class Runner:
                 run = self.ledger.latest_run(self.thread_id)
                 if step.crashed == "killed" or (run is not None and run.terminal):
                     return
+                if self.plan.racing_resumes and not self.plan.use_async:
+                    self.racing_resumes()  # then carry on from wherever the winner stopped
                 inp = None  # resume the crashed run from its last checkpoint
                 continue
             if not step.interrupts:
@@ -816,13 +873,16 @@ def check_persisted_state_answers(runner: Runner) -> None:
             assert e.owner, f"I7: {e.effect_id} is in flight with no owner"
         if e.status is EffectStatus.UNKNOWN:
             assert e.owner and e.next_action, f"I7: {e.effect_id} unknown without owner/action"
-    # What the next step is: a live run resumes from its checkpoint's next node (or
-    # interrupt); a checkpoint at the end (the failure hit a late checkpoint write)
-    # is a finished agent turn with nothing in flight: resuming just closes the run.
+    # What the next step is: a live run resumes from its checkpoint's next node or
+    # interrupt, or applies the saved writes of a step that finished but was not yet
+    # committed (LangGraph lists no "next" for a task whose writes are saved). A
+    # checkpoint at the very end (the failure hit a late checkpoint write) is a
+    # finished agent turn with nothing in flight: resuming just closes the run.
     assert run is not None
     if not run.terminal:
         snapshot = runner.graph.get_state(runner.cfg)
-        if not (snapshot.next or snapshot.interrupts):
+        saved = runner.saver.get_tuple(runner.cfg)
+        if not (snapshot.next or snapshot.interrupts or (saved and saved.pending_writes)):
             messages = snapshot.values.get("messages", [])
             assert not dangling_calls(messages), (
                 f"I7: run {run.run_id} is live, its checkpoint names no next step and leaves "
@@ -932,6 +992,12 @@ def check_invariants(runner: Runner) -> None:
         if run.status is RunStatus.CANCELLED and run.report is not None:
             assert run.report["reason"] == run.reason
     # ---- I1: nothing dispatched after the signal
+    run_of = {e.effect_id: e.run_id for e in effects}
+    for mark, run_id in runner.world.cancel_marks:
+        late_ids = [eid for tick, eid in runner.dispatches if tick > mark and run_of[eid] == run_id]
+        assert not late_ids, (
+            f"I1: dispatched after the stop request was committed: {late_ids}{context}"
+        )
     for run in runs:
         report = get_report(runner.saver, thread, run_id=run.run_id)
         assert report.dispatched_after_cancel == 0, f"I1: {report}{context}"
