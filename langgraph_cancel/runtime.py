@@ -14,6 +14,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -221,7 +222,8 @@ class _SignalHub:
         self._lock = threading.Lock()
         self._signals: dict[tuple[str, str], CancelSignal] = {}
         self._listeners: dict[str, Any] = {}
-        self._hooked: set[int] = set()
+        # Ledgers whose same-process cancels we hear: weak, since ids are reused.
+        self._hooked: weakref.WeakSet[Ledger] = weakref.WeakSet()
 
     def signal(self, ledger: Ledger, run_id: str) -> CancelSignal:
         key = (ledger.url, run_id)
@@ -231,10 +233,13 @@ class _SignalHub:
                 pg = ledger.backend.dialect == "postgres"
                 sig = CancelSignal(ledger, run_id, poll_interval=1.0 if pg else 0.05)
                 self._signals[key] = sig
-            if id(ledger) not in self._hooked:
-                self._hooked.add(id(ledger))
+            if ledger not in self._hooked:
+                self._hooked.add(ledger)
                 ledger.add_cancel_listener(self._make_listener(ledger.url))
-            if ledger.backend.dialect == "postgres" and ledger.url not in self._listeners:
+            listener = self._listeners.get(ledger.url)
+            if ledger.backend.dialect == "postgres" and (
+                listener is None or not listener.is_alive()
+            ):
                 self._listeners[ledger.url] = _start_pg_listener(ledger, self._on_notify)
         return sig
 
@@ -267,13 +272,15 @@ def _start_pg_listener(ledger: Ledger, on_notify: Callable[[str, str], None]) ->
     def loop() -> None:
         import psycopg
 
-        while True:
+        # Ends with its ledger: a closed ledger stops listening within a second.
+        while not backend.closed:
             try:
                 with psycopg.connect(conninfo, autocommit=True) as conn:
                     conn.execute("LISTEN lgc_cancel")
-                    for note in conn.notifies():
-                        _thread, _, run_id = note.payload.partition("\x1f")
-                        on_notify(url, run_id)
+                    while not backend.closed:
+                        for note in conn.notifies(timeout=1.0):
+                            _thread, _, run_id = note.payload.partition("\x1f")
+                            on_notify(url, run_id)
             except Exception:
                 logger.debug("cancel listener reconnecting", exc_info=True)
                 time.sleep(0.5)

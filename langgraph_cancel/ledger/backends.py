@@ -235,6 +235,7 @@ class PostgresBackend(Backend):
         from psycopg_pool import ConnectionPool as _Pool
 
         self._owns = False
+        self.closed = False
         self._lock: threading.RLock | None = None
         if isinstance(conn, str):
             self.url = conn
@@ -295,6 +296,7 @@ class PostgresBackend(Backend):
             yield self._conn.cursor(row_factory=dict_row)
 
     def close(self) -> None:
+        self.closed = True
         if self._owns and self._pool is not None:
             self._pool.close()
 
