@@ -421,15 +421,9 @@ class EffectToolNode(ToolNode):
             raise
         except _Abandoned:
             await _db(
-                ledger.plan,
-                thread_id=scope.thread_id,
-                run_id=scope.run_id,
-                tool_call_id=p.call_id,
-                tool=p.tool.name,
-                kind=p.spec.kind,
-                args=p.call["args"],
-                idempotency_key=p.key,
-                seq=p.index,
+                self._plan_call,
+                p,
+                scope,
                 status=EffectStatus.FAILED,
                 error=ABANDONED_READ,
                 owner=scope.owner,
@@ -442,15 +436,9 @@ class EffectToolNode(ToolNode):
         except Exception as exc:
             content = self._error_content(exc)
             await _db(
-                ledger.plan,
-                thread_id=scope.thread_id,
-                run_id=scope.run_id,
-                tool_call_id=p.call_id,
-                tool=p.tool.name,
-                kind=p.spec.kind,
-                args=p.call["args"],
-                idempotency_key=p.key,
-                seq=p.index,
+                self._plan_call,
+                p,
+                scope,
                 status=EffectStatus.FAILED,
                 error=content,
                 owner=scope.owner,
@@ -459,15 +447,9 @@ class EffectToolNode(ToolNode):
             return ToolMessage(content, name=p.tool.name, tool_call_id=p.call_id, status="error")
         if isinstance(msg, ToolMessage):
             await _db(
-                ledger.plan,
-                thread_id=scope.thread_id,
-                run_id=scope.run_id,
-                tool_call_id=p.call_id,
-                tool=p.tool.name,
-                kind=p.spec.kind,
-                args=p.call["args"],
-                idempotency_key=p.key,
-                seq=p.index,
+                self._plan_call,
+                p,
+                scope,
                 status=EffectStatus.COMMITTED,
                 result=message_payload(msg),
                 owner=scope.owner,
@@ -500,6 +482,20 @@ class EffectToolNode(ToolNode):
             return await self._dispatch(p, rec, input_type, scope)
         return replay_message(rec, p.call)
 
+    def _plan_call(self, p: _Planned, scope: RunScope, **fields: Any) -> tuple[EffectRecord, bool]:
+        """Record this call in the ledger (or find its record): ``(record, created)``."""
+        return scope.ledger.plan(
+            thread_id=scope.thread_id,
+            run_id=scope.run_id,
+            tool_call_id=p.call_id,
+            tool=p.tool.name,
+            kind=p.spec.kind,
+            args=p.call["args"],
+            idempotency_key=fields.pop("idempotency_key", p.key),
+            seq=p.index,
+            **fields,
+        )
+
     def _plan_effect(self, p: _Planned, scope: RunScope) -> EffectRecord | ToolMessage:
         """The call's record (new or from an earlier attempt), or why it cannot have one.
 
@@ -509,15 +505,9 @@ class EffectToolNode(ToolNode):
         """
         ledger = scope.ledger
         try:
-            rec, _created = ledger.plan(
-                thread_id=scope.thread_id,
-                run_id=scope.run_id,
-                tool_call_id=p.call_id,
-                tool=p.tool.name,
-                kind=p.spec.kind,
-                args=p.call["args"],
-                idempotency_key=p.key,
-                seq=p.index,
+            rec, _created = self._plan_call(
+                p,
+                scope,
                 owner=scope.owner,
                 actor=scope.owner,
             )
@@ -537,15 +527,10 @@ class EffectToolNode(ToolNode):
                     else "Check that effect before asking again."
                 )
             )
-            ledger.plan(
-                thread_id=scope.thread_id,
-                run_id=scope.run_id,
-                tool_call_id=p.call_id,
-                tool=p.tool.name,
-                kind=p.spec.kind,
-                args=p.call["args"],
+            self._plan_call(
+                p,
+                scope,
                 idempotency_key=f"{p.key}#duplicate:{scope.thread_id}:{p.call_id}",
-                seq=p.index,
                 status=EffectStatus.FAILED,
                 error=text,
                 owner=scope.owner,
@@ -575,15 +560,9 @@ class EffectToolNode(ToolNode):
 
     def _drop(self, scope: RunScope, p: _Planned, existing: EffectRecord | None) -> None:
         if existing is None:
-            scope.ledger.plan(
-                thread_id=scope.thread_id,
-                run_id=scope.run_id,
-                tool_call_id=p.call_id,
-                tool=p.tool.name,
-                kind=p.spec.kind,
-                args=p.call["args"],
-                idempotency_key=p.key,
-                seq=p.index,
+            self._plan_call(
+                p,
+                scope,
                 status=EffectStatus.DROPPED,
                 error=NOT_RUN_CANCELLED,
                 owner=scope.owner,
