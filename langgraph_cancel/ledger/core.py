@@ -366,13 +366,10 @@ class Ledger:
                 if latest is None:
                     raise UnknownThreadError(thread_id)
                 run = self._run(latest)
-                return CancelRequestResult(
-                    thread_id=thread_id,
-                    run_id=run.run_id,
+                return _cancel_answer(
+                    run,
                     accepted=False,
                     first=False,
-                    status=run.status,
-                    reason=run.reason,
                     message=f"nothing to cancel: run {run.run_id} is already {run.status.value}",
                 )
             cur.execute(
@@ -394,33 +391,21 @@ class Ledger:
                 active = cur.fetchone() or active
         if updated is not None:
             run = self._run(updated)
-            return CancelRequestResult(
-                thread_id=thread_id,
-                run_id=run.run_id,
-                accepted=True,
-                first=True,
-                status=run.status,
-                reason=run.reason,
-                message=f"cancel requested for run {run.run_id}",
+            return _cancel_answer(
+                run, accepted=True, first=True, message=f"cancel requested for run {run.run_id}"
             )
         run = self._run(active)
         if run.terminal:  # finished between our SELECT and our UPDATE
-            return CancelRequestResult(
-                thread_id=thread_id,
-                run_id=run.run_id,
+            return _cancel_answer(
+                run,
                 accepted=False,
                 first=False,
-                status=run.status,
-                reason=run.reason,
                 message=f"nothing to cancel: run {run.run_id} is already {run.status.value}",
             )
-        return CancelRequestResult(
-            thread_id=thread_id,
-            run_id=run.run_id,
+        return _cancel_answer(
+            run,
             accepted=True,
             first=False,
-            status=run.status,
-            reason=run.reason,
             message=f"cancel already requested for run {run.run_id} ({run.reason!r} wins)",
         )
 
@@ -1003,6 +988,20 @@ class Ledger:
     aeffect_by_key = _to_thread(effect_by_key)
     achild_runs = _to_thread(child_runs)
     aadd_tokens_after_cancel = _to_thread(add_tokens_after_cancel)
+
+
+def _cancel_answer(
+    run: RunRecord, *, accepted: bool, first: bool, message: str
+) -> CancelRequestResult:
+    return CancelRequestResult(
+        thread_id=run.thread_id,
+        run_id=run.run_id,
+        accepted=accepted,
+        first=first,
+        status=run.status,
+        reason=run.reason,
+        message=message,
+    )
 
 
 def _required(value: datetime | None) -> datetime:
