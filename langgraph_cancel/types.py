@@ -6,6 +6,7 @@ checks and type checkers see the same closed set.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import Enum
 from typing import Any, Literal
@@ -218,6 +219,36 @@ class EffectRecord(_Record):
         return self.status not in UNSETTLED_STATUSES
 
 
+@dataclass(frozen=True, slots=True)
+class NewEffect:
+    """A tool call to record in one ``Ledger.plan_many`` statement with its batch.
+
+    Attributes:
+        tool_call_id: The tool-call id (with the thread, it makes the effect id).
+        tool: The tool's name.
+        kind: The tool's effect kind.
+        args: The call's arguments (JSON-safe).
+        idempotency_key: The key; ``None`` derives it from thread and call id.
+        seq: The call's position in its batch.
+        status: The initial status (``planned``, or a settled one for a call
+            recorded after the fact: a read's outcome, a malformed call).
+        result: The recorded outcome, for ``committed``.
+        error: The recorded error, for ``failed`` / ``dropped``.
+        detail: Audit detail for the first transition.
+    """
+
+    tool_call_id: str
+    tool: str
+    kind: EffectKind
+    args: dict[str, Any]
+    idempotency_key: str | None = None
+    seq: int = 0
+    status: EffectStatus = EffectStatus.PLANNED
+    result: Any = None
+    error: str | None = None
+    detail: dict[str, Any] | None = None
+
+
 class TransitionRecord(_Record):
     """One row of an effect's audit trail."""
 
@@ -297,6 +328,7 @@ __all__ = [
     "EffectStatus",
     "EffectStatusLiteral",
     "LeaseRecord",
+    "NewEffect",
     "RunRecord",
     "RunStatus",
     "RunStatusLiteral",

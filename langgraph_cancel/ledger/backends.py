@@ -95,6 +95,14 @@ class Backend:
         """
         return self.transaction()
 
+    def read(self) -> Any:
+        """A context manager yielding a ``Cursor`` for one self-contained ``SELECT``.
+
+        A single statement sees one snapshot in both dialects, so no transaction
+        is opened (PostgreSQL: no BEGIN/COMMIT round trips; SQLite: no write lock).
+        """
+        return self.statement()
+
     def close(self) -> None:  # pragma: no cover - interface
         """Release connections."""
         raise NotImplementedError
@@ -195,6 +203,11 @@ class SqliteBackend(Backend):
             self._depth = 0
             self._conn.execute("COMMIT")
 
+    @contextmanager
+    def read(self) -> Iterator[Cursor]:
+        with self._lock:
+            yield _SqliteCursor(self._conn.cursor(), self)
+
     def close(self) -> None:
         with self._lock:
             self._conn.close()
@@ -243,7 +256,15 @@ class PostgresBackend(Backend):
                 conn,
                 min_size=min_size,
                 max_size=max_size,
-                kwargs={"autocommit": True, "row_factory": dict_row, "prepare_threshold": None},
+                kwargs={
+                    "autocommit": True,
+                    "row_factory": dict_row,
+                    # Every ledger statement is a primary-key probe: prepare it once and
+                    # keep the generic plan (planning the CTE writes costs more than
+                    # running them).
+                    "prepare_threshold": 0,
+                    "options": "-c plan_cache_mode=force_generic_plan",
+                },
                 open=True,
                 name="langgraph-cancel-ledger",
             )

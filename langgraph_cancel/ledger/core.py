@@ -1,10 +1,12 @@
 """The effect ledger: runs, effects, their audit trail and worker leases.
 
-Every write is one database transaction. Every transition is a compare-and-set
-whose ``WHERE`` clause the database evaluates; Python only decides which
-"from" statuses are legal. A write that loses its connection is retried, and
-the retry recognises its own earlier success by a write token (the DBOS
-pattern: "already recorded by me?" versus "moved by someone else?").
+Every write is atomic: one transaction, or on PostgreSQL one self-contained
+statement in autocommit (a writable CTE carries the audit row). Every
+transition is a compare-and-set whose ``WHERE`` clause the database
+evaluates; Python only decides which "from" statuses are legal. A write that
+loses its connection is retried, and the retry recognises its own earlier
+success by a write token (the DBOS pattern: "already recorded by me?" versus
+"moved by someone else?").
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import os
 import socket
 import sqlite3
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, ParamSpec, TypeVar
 
@@ -42,6 +44,7 @@ from langgraph_cancel.types import (
     EffectRecord,
     EffectStatus,
     LeaseRecord,
+    NewEffect,
     RunRecord,
     RunStatus,
     TransitionRecord,
@@ -78,6 +81,16 @@ def _predecessors(to: EffectStatus) -> frozenset[EffectStatus]:
 
 
 _PREDECESSORS = {s: _predecessors(s) for s in EffectStatus}
+_INITIAL_STATUSES = frozenset(
+    {
+        EffectStatus.PLANNED,
+        EffectStatus.PENDING_APPROVAL,
+        EffectStatus.COMMITTED,
+        EffectStatus.FAILED,
+        EffectStatus.DROPPED,
+        EffectStatus.REJECTED,
+    }
+)
 _SETTLING = frozenset(EffectStatus) - UNSETTLED_STATUSES
 
 
@@ -219,13 +232,13 @@ class Ledger:
         )
 
     def _one(self, sql: str, params: dict[str, Any]) -> dict[str, Any] | None:
-        with self.backend.transaction() as cur:
+        with self.backend.read() as cur:
             cur.execute(sql, params)
             row: dict[str, Any] | None = cur.fetchone()
             return row
 
     def _all(self, sql: str, params: dict[str, Any]) -> list[dict[str, Any]]:
-        with self.backend.transaction() as cur:
+        with self.backend.read() as cur:
             cur.execute(sql, params)
             rows: list[dict[str, Any]] = cur.fetchall()
             return rows
@@ -246,7 +259,7 @@ class Ledger:
         workers starting the same thread at once get the same run.
         """
         now = self.backend.ts_in(utcnow())
-        with self.backend.transaction() as cur:
+        with self.backend.statement() as cur:
             cur.execute(q.SELECT_ACTIVE_RUN, {"thread_id": thread_id})
             row = cur.fetchone()
             if row is not None:
@@ -413,7 +426,7 @@ class Ledger:
     def mark_observed(self, run_id: str) -> RunRecord:
         """Record that the run saw its cancel signal: ``cancel_requested -> cancelling``."""
         now = self.backend.ts_in(utcnow())
-        with self.backend.transaction() as cur:
+        with self.backend.statement() as cur:
             cur.execute(q.MARK_OBSERVED, {"run_id": run_id, "now": now})
             row = cur.fetchone()
             if row is None:
@@ -449,7 +462,7 @@ class Ledger:
         allowed = [s for s, nxt in RUN_TRANSITIONS.items() if target in nxt]
         placeholders = ", ".join(f"'{s.value}'" for s in allowed)
         b = self.backend
-        with b.transaction() as cur:
+        with b.statement() as cur:
             cur.execute(
                 q.FINISH_RUN.format(allowed=placeholders),
                 {
@@ -509,14 +522,7 @@ class Ledger:
             DuplicateIdempotencyKeyError: When another effect already owns the key.
         """
         st = effect_status(status)
-        if st not in (
-            EffectStatus.PLANNED,
-            EffectStatus.PENDING_APPROVAL,
-            EffectStatus.COMMITTED,
-            EffectStatus.FAILED,
-            EffectStatus.DROPPED,
-            EffectStatus.REJECTED,
-        ):
+        if st not in _INITIAL_STATUSES:
             raise IllegalTransitionError(tool_call_id, "(new)", st.value, "not an initial status")
         return self._plan(
             thread_id=thread_id,
@@ -623,6 +629,147 @@ class Ledger:
                     key, other["effect_id"] if other else None
                 ) from exc
             raise
+
+    def plan_many(
+        self,
+        *,
+        thread_id: str,
+        run_id: str,
+        items: Sequence[NewEffect],
+        owner: str | None = None,
+        actor: str = "system",
+    ) -> list[tuple[EffectRecord, bool] | DuplicateIdempotencyKeyError]:
+        """Record a batch of tool calls at once: ``plan`` for many, one statement.
+
+        Rows already recorded (a re-run) are returned as they are. A call whose
+        idempotency key another effect holds is not recorded; its slot holds
+        the ``DuplicateIdempotencyKeyError`` instead of a record, so one clash
+        does not cost the rest of the batch.
+
+        Returns:
+            One entry per item, in order: ``(record, created)`` or the error.
+
+        Raises:
+            IllegalTransitionError: An item's status is not an initial one.
+        """
+        for item in items:
+            if item.status not in _INITIAL_STATUSES:
+                raise IllegalTransitionError(
+                    item.tool_call_id, "(new)", item.status.value, "not an initial status"
+                )
+        if not items:
+            return []
+        try:
+            found = self._plan_many(thread_id, run_id, items, owner, actor)
+        except Exception as exc:
+            if not (isinstance(exc, DuplicateIdempotencyKeyError) or _is_unique_violation(exc)):
+                raise
+            # Some key is taken: record the batch one call at a time to tell which.
+            found = {}
+            errors: dict[str, DuplicateIdempotencyKeyError] = {}
+            for item in items:
+                if item.tool_call_id in found or item.tool_call_id in errors:
+                    continue
+                try:
+                    found[item.tool_call_id] = self._plan(
+                        **self._plan_fields(thread_id, run_id, item), owner=owner, actor=actor
+                    )
+                except DuplicateIdempotencyKeyError as dup:
+                    errors[item.tool_call_id] = dup
+            out: list[tuple[EffectRecord, bool] | DuplicateIdempotencyKeyError] = []
+            for item in items:
+                out.append(errors.get(item.tool_call_id) or found[item.tool_call_id])
+            return _first_created_once(items, out)
+        return _first_created_once(items, [found[item.tool_call_id] for item in items])
+
+    def _plan_fields(self, thread_id: str, run_id: str, item: NewEffect) -> dict[str, Any]:
+        return {
+            "thread_id": thread_id,
+            "run_id": run_id,
+            "tool_call_id": item.tool_call_id,
+            "tool": item.tool,
+            "kind": effect_kind(item.kind),
+            "args": item.args,
+            "key": item.idempotency_key or derive_idempotency_key(thread_id, item.tool_call_id),
+            "seq": item.seq,
+            "status": item.status,
+            "result": item.result,
+            "error": item.error,
+            "detail": item.detail,
+        }
+
+    @transient_retry()
+    def _plan_many(
+        self,
+        thread_id: str,
+        run_id: str,
+        items: Sequence[NewEffect],
+        owner: str | None,
+        actor: str,
+    ) -> dict[str, tuple[EffectRecord, bool]]:
+        b = self.backend
+        unique: dict[str, NewEffect] = {}
+        for item in items:
+            unique.setdefault(item.tool_call_id, item)
+        if b.dialect != "postgres":
+            with b.transaction() as _cur:  # one transaction for the batch
+                return {
+                    call_id: self._plan(
+                        **self._plan_fields(thread_id, run_id, item), owner=owner, actor=actor
+                    )
+                    for call_id, item in unique.items()
+                }
+        fields = [self._plan_fields(thread_id, run_id, item) for item in unique.values()]
+        params = {
+            "effect_id": [derive_effect_id(thread_id, f["tool_call_id"]) for f in fields],
+            "tool_call_id": [f["tool_call_id"] for f in fields],
+            "tool": [f["tool"] for f in fields],
+            "kind": [f["kind"].value for f in fields],
+            "status": [f["status"].value for f in fields],
+            "idempotency_key": [f["key"] for f in fields],
+            "args": [b.json_in(f["args"]) for f in fields],
+            "seq": [f["seq"] for f in fields],
+            "result": [b.json_in(f["result"]) for f in fields],
+            "error": [f["error"] for f in fields],
+            "settles": [f["status"] not in UNSETTLED_STATUSES for f in fields],
+            "detail": [b.json_in(f["detail"] or {}) for f in fields],
+            "thread_id": thread_id,
+            "run_id": run_id,
+            "owner": owner,
+            "actor": actor,
+            "now": b.ts_in(utcnow()),
+        }
+        found: dict[str, tuple[EffectRecord, bool]] = {}
+        with b.statement() as cur:
+            cur.execute(q.PG_INSERT_EFFECTS, params)
+            for row in cur.fetchall():
+                found[row["tool_call_id"]] = (self._effect(row), True)
+            missing = [
+                e for e, c in zip(params["effect_id"], unique, strict=True) if c not in found
+            ]
+            if missing:
+                cur.execute(q.PG_SELECT_EFFECTS_ANY, {"ids": missing})
+                for row in cur.fetchall():
+                    found[row["tool_call_id"]] = (self._effect(row), False)
+        return found
+
+    @transient_retry()
+    def find_effects(self, thread_id: str, tool_call_ids: Sequence[str]) -> dict[str, EffectRecord]:
+        """The recorded effects of several tool calls of a thread, in one read.
+
+        Returns:
+            The records found, by tool-call id (calls never recorded are absent).
+        """
+        ids = list(dict.fromkeys(derive_effect_id(thread_id, c) for c in tool_call_ids))
+        if not ids:
+            return {}
+        if self.backend.dialect == "postgres":
+            rows = self._all(q.PG_SELECT_EFFECTS_ANY, {"ids": ids})
+        else:
+            params = {f"i{n}": effect_id for n, effect_id in enumerate(ids)}
+            sql = q.SELECT_EFFECTS_IN.format(ids=", ".join(f"%({k})s" for k in params))
+            rows = self._all(sql, params)
+        return {row["tool_call_id"]: self._effect(row) for row in rows}
 
     def transition(
         self,
@@ -884,7 +1031,7 @@ class Ledger:
         """
         b = self.backend
         now = utcnow()
-        with b.transaction() as cur:
+        with b.statement() as cur:
             cur.execute(
                 q.ACQUIRE_LEASE,
                 {
@@ -923,7 +1070,7 @@ class Ledger:
         """Extend ``owner``'s lease; False if it no longer holds it."""
         b = self.backend
         now = utcnow()
-        with b.transaction() as cur:
+        with b.statement() as cur:
             cur.execute(
                 q.HEARTBEAT_LEASE,
                 {
@@ -940,7 +1087,7 @@ class Ledger:
     @transient_retry()
     def release_lease(self, thread_id: str, owner: str) -> None:
         """Give the thread back (no-op if ``owner`` does not hold it)."""
-        with self.backend.transaction() as cur:
+        with self.backend.statement() as cur:
             cur.execute(q.RELEASE_LEASE, {"thread_id": thread_id, "owner": owner})
 
     @transient_retry()
@@ -974,6 +1121,8 @@ class Ledger:
     amark_observed = _to_thread(mark_observed)
     afinish_run = _to_thread(finish_run)
     aplan = _to_thread(plan)
+    aplan_many = _to_thread(plan_many)
+    afind_effects = _to_thread(find_effects)
     atransition = _to_thread(transition)
     aget_effect = _to_thread(get_effect)
     afind_effect = _to_thread(find_effect)
@@ -1002,6 +1151,19 @@ def _cancel_answer(
         reason=run.reason,
         message=message,
     )
+
+
+def _first_created_once(
+    items: Sequence[NewEffect],
+    out: list[tuple[EffectRecord, bool] | DuplicateIdempotencyKeyError],
+) -> list[tuple[EffectRecord, bool] | DuplicateIdempotencyKeyError]:
+    """A tool-call id repeated in one batch is created once: later slots say ``False``."""
+    seen: set[str] = set()
+    for n, (item, entry) in enumerate(zip(items, out, strict=True)):
+        if item.tool_call_id in seen and isinstance(entry, tuple):
+            out[n] = (entry[0], False)
+        seen.add(item.tool_call_id)
+    return out
 
 
 def _required(value: datetime | None) -> datetime:

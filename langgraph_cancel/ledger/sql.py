@@ -196,6 +196,13 @@ ON CONFLICT (effect_id) DO NOTHING
 RETURNING {EFFECT_COLUMNS}"""
 
 SELECT_EFFECT = f"SELECT {EFFECT_COLUMNS} FROM lgc_effects WHERE effect_id = %(effect_id)s"
+# The effects of several tool calls of one thread, in one read. SQLite gets an IN
+# list (``{ids}``: bound placeholders); PostgreSQL binds one array.
+SELECT_EFFECTS_IN = f"""
+SELECT {EFFECT_COLUMNS} FROM lgc_effects WHERE effect_id IN ({{ids}})"""
+PG_SELECT_EFFECTS_ANY = f"""
+SELECT {EFFECT_COLUMNS} FROM lgc_effects WHERE effect_id = ANY(%(ids)s::text[])"""
+
 SELECT_EFFECT_BY_KEY = f"SELECT {EFFECT_COLUMNS} FROM lgc_effects WHERE idempotency_key = %(key)s"
 SELECT_THREAD_EFFECTS = f"""
 SELECT {EFFECT_COLUMNS} FROM lgc_effects WHERE thread_id = %(thread_id)s
@@ -267,8 +274,38 @@ WITH ins AS ({INSERT_EFFECT}
 )
 SELECT * FROM ins"""
 
-RUN_ACTIVE_GUARD = """AND EXISTS (
-    SELECT 1 FROM lgc_runs r WHERE r.run_id = lgc_effects.run_id AND r.status = 'running')"""
+# A scalar subquery, not EXISTS: the planner would flatten EXISTS into a join that
+# walks every effect of the run; this stays a primary-key probe per row updated.
+# PostgreSQL: a batch of new records and their audit rows in ONE statement, whatever
+# the batch size (one statement text, so one prepared plan). Rows already recorded
+# (a re-run) are left alone; the caller reads them back.
+PG_INSERT_EFFECTS = f"""
+WITH new AS (
+    SELECT * FROM unnest(%(effect_id)s::text[], %(tool_call_id)s::text[], %(tool)s::text[],
+        %(kind)s::text[], %(status)s::text[], %(idempotency_key)s::text[], %(args)s::jsonb[],
+        %(seq)s::int[], %(result)s::jsonb[], %(error)s::text[], %(settles)s::bool[],
+        %(detail)s::jsonb[])
+    AS r(effect_id, tool_call_id, tool, kind, status, idempotency_key, args, seq, result,
+        error, settles, detail)
+), ins AS (
+    INSERT INTO lgc_effects (effect_id, thread_id, run_id, tool_call_id, tool, kind, status,
+        idempotency_key, args, seq, result, error, owner, next_action, approval, version,
+        last_token, created_at, updated_at, dispatched_at, settled_at)
+    SELECT effect_id, %(thread_id)s, %(run_id)s, tool_call_id, tool, kind, status,
+        idempotency_key, args, seq, result, error, %(owner)s, NULL, NULL, 1, NULL,
+        %(now)s, %(now)s, NULL, CASE WHEN settles THEN %(now)s::timestamptz END
+    FROM new
+    ON CONFLICT (effect_id) DO NOTHING
+    RETURNING {EFFECT_COLUMNS}
+), audit AS (
+    INSERT INTO lgc_transitions (effect_id, from_status, to_status, at, actor, detail)
+    SELECT ins.effect_id, NULL, ins.status, %(now)s, %(actor)s, new.detail
+    FROM ins JOIN new ON new.effect_id = ins.effect_id
+)
+SELECT * FROM ins"""
+
+RUN_ACTIVE_GUARD = """AND (
+    SELECT r.status FROM lgc_runs r WHERE r.run_id = lgc_effects.run_id) = 'running'"""
 
 INSERT_TRANSITION = """
 INSERT INTO lgc_transitions (effect_id, from_status, to_status, at, actor, detail)
