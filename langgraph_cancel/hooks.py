@@ -12,7 +12,9 @@ import contextlib
 import contextvars
 import inspect
 import logging
+import os
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from langgraph_cancel.effects import EffectSpec, Outcome
@@ -98,6 +100,40 @@ async def call_compensate(spec: EffectSpec, key: str, args: dict[str, Any], resu
         raise HookError(f"compensate hook raised {exc!r}") from exc
 
 
+class _SharedExecutor(ThreadPoolExecutor):
+    """The default executor of every private loop: its threads outlive the loops.
+
+    A fresh loop per node execution would otherwise start fresh worker threads
+    for every sync tool call (``tool.ainvoke`` runs sync tools in the loop's
+    default executor), which costs more than the call. ``loop.close()`` shuts
+    its default executor down; for this one that is a no-op.
+    """
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """Keep running: other private loops share these threads."""
+
+
+_executor: _SharedExecutor | None = None
+_executor_lock = threading.Lock()
+
+
+def _shared_executor() -> _SharedExecutor:
+    global _executor
+    with _executor_lock:
+        if _executor is None:
+            # Generous: a sync read abandoned on cancel keeps its thread until it returns.
+            _executor = _SharedExecutor(max_workers=64, thread_name_prefix="langgraph-cancel")
+        return _executor
+
+
+def _forget_executor_after_fork() -> None:
+    global _executor
+    _executor = None  # the parent's threads do not exist in the child
+
+
+os.register_at_fork(after_in_child=_forget_executor_after_fork)
+
+
 def _run_on_private_loop(coro: Any) -> Any:
     """``asyncio.run`` without waiting for the default executor's threads.
 
@@ -105,6 +141,7 @@ def _run_on_private_loop(coro: Any) -> Any:
     thread; ``asyncio.run`` would join it, holding the cancel hostage.
     """
     loop = asyncio.new_event_loop()
+    loop.set_default_executor(_shared_executor())
     try:
         asyncio.set_event_loop(loop)
         return loop.run_until_complete(coro)
@@ -143,5 +180,6 @@ def run_sync(coro: Any) -> Any:
     if error:
         raise error[0]
     return result[0]
+
 
 __all__ = ["call_compensate", "call_reconcile", "run_sync"]

@@ -632,10 +632,13 @@ def test_kill9_mid_batch_then_resume_in_new_process(
     with open_saver(durable_url) as saver:
         ledger = saver.ledger
         for phase, thread_id in phases.items():
-            # What the dead worker left: update committed, charge in flight, no email yet.
+            # What the dead worker left: update committed, charge in flight, the email
+            # planned with its batch but never dispatched.
             assert ledger.find_effect(thread_id, "k1").status is EffectStatus.COMMITTED
             assert ledger.find_effect(thread_id, "k2").status is EffectStatus.DISPATCHED
-            assert ledger.find_effect(thread_id, "k3") is None
+            email = ledger.find_effect(thread_id, "k3")
+            assert email is not None and email.status is EffectStatus.PLANNED
+            assert email.dispatched_at is None
             assert systems.attempts(derive_idempotency_key(thread_id, "k3")) == 0
             assert log.applied(f"charge_{phase}") == (1 if phase == "after" else 0)
             log.release(f"charge_{phase}", phase)

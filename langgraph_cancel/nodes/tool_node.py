@@ -19,7 +19,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar, cast
 
 from langchain_core.messages import AIMessage, AnyMessage, ToolCall, ToolMessage
@@ -50,13 +50,18 @@ from langgraph_cancel.errors import (
     DispatchRefusedError,
     DuplicateIdempotencyKeyError,
     IllegalTransitionError,
-    TransitionConflictError,
 )
 from langgraph_cancel.hooks import call_reconcile
 from langgraph_cancel.hooks import run_sync as _run_sync
 from langgraph_cancel.ledger import Ledger, derive_idempotency_key
 from langgraph_cancel.runtime import RunScope, check_durability, current_scope, scope_for
-from langgraph_cancel.types import CancelPolicy, EffectKind, EffectRecord, EffectStatus
+from langgraph_cancel.types import (
+    CancelPolicy,
+    EffectKind,
+    EffectRecord,
+    EffectStatus,
+    NewEffect,
+)
 
 logger = logging.getLogger("langgraph_cancel.tools")
 
@@ -141,6 +146,20 @@ class _Planned:
     def call_id(self) -> str:
         """The tool-call id (checked non-empty when the call was classified)."""
         return str(self.call["id"])
+
+
+@dataclass(slots=True)
+class _Batch:
+    """One node execution's ledger I/O, folded into as few statements as it allows.
+
+    ``records``: what the ledger already holds for the batch's calls (one read),
+    then the side effects' new records (one write). ``reads``: read-only outcomes,
+    recorded together once every read is back (nothing outside changed, so no
+    intent is owed before they run).
+    """
+
+    records: dict[str, EffectRecord] = field(default_factory=dict)
+    reads: list[NewEffect] = field(default_factory=list)
 
 
 class EffectToolNode(ToolNode):
@@ -274,28 +293,107 @@ class EffectToolNode(ToolNode):
                 )
                 (reads if fast_read else effects).append(planned)
 
+        # A wrapper (wrap_tool_call) may re-run or rewrite a call: record per call then.
+        batch = _Batch() if self._wrap_tool_call is None and self._awrap_tool_call is None else None
+
+        async def run_read(p: _Planned, req: ToolCallRequest, it: Any, sc: RunScope) -> Any:
+            return await self._run_read(p, req, it, sc, batch)
+
+        async def run_effect(p: _Planned, req: ToolCallRequest, it: Any, sc: RunScope) -> Any:
+            return await self._run_effect(p, req, it, sc, batch)
+
         if reads:
-            results = await asyncio.gather(
-                *(self._guarded(p, input_type, scope, self._run_read) for p in reads)
-            )
+            if batch is not None:
+                batch.records = await _db(
+                    scope.ledger.find_effects, scope.thread_id, [p.call_id for p in reads]
+                )
+            try:
+                results = await asyncio.gather(
+                    *(self._guarded(p, input_type, scope, run_read) for p in reads)
+                )
+            finally:
+                if batch is not None and batch.reads:
+                    await _db(self._record_reads, batch, scope)
             for p, out in zip(reads, results, strict=True):
                 outputs[p.index] = out
 
         effects.sort(key=lambda p: (_KIND_ORDER[p.spec.kind], p.index))
+        if batch is not None and effects:
+            await _db(self._plan_effects, batch, effects, scope)
         if self.effect_concurrency == 1:
             for p in effects:
-                outputs[p.index] = await self._guarded(p, input_type, scope, self._run_effect)
+                outputs[p.index] = await self._guarded(p, input_type, scope, run_effect)
         else:
             sem = asyncio.Semaphore(self.effect_concurrency)
 
             async def bounded(p: _Planned) -> Any:
                 async with sem:
-                    return await self._guarded(p, input_type, scope, self._run_effect)
+                    return await self._guarded(p, input_type, scope, run_effect)
 
             results = await asyncio.gather(*(bounded(p) for p in effects))
             for p, out in zip(effects, results, strict=True):
                 outputs[p.index] = out
         return outputs
+
+    def _plan_effects(self, batch: _Batch, effects: list[_Planned], scope: RunScope) -> None:
+        """Record every side-effecting call of the batch as planned, in one statement.
+
+        A call whose key another effect holds is left out: its own planning
+        (``_plan_effect``) records and explains the clash.
+        """
+        entries = scope.ledger.plan_many(
+            thread_id=scope.thread_id,
+            run_id=scope.run_id,
+            items=[
+                NewEffect(
+                    tool_call_id=p.call_id,
+                    tool=p.tool.name,
+                    kind=p.spec.kind,
+                    args=p.call["args"],
+                    idempotency_key=p.key,
+                    seq=p.index,
+                )
+                for p in effects
+            ],
+            owner=scope.owner,
+            actor=scope.owner,
+        )
+        for p, entry in zip(effects, entries, strict=True):
+            if isinstance(entry, tuple):
+                batch.records[p.call_id] = entry[0]
+
+    def _record_reads(self, batch: _Batch, scope: RunScope) -> None:
+        """Record the batch's read-only outcomes together (one statement)."""
+        items, batch.reads = batch.reads, []
+        entries = scope.ledger.plan_many(
+            thread_id=scope.thread_id,
+            run_id=scope.run_id,
+            items=items,
+            owner=scope.owner,
+            actor=scope.owner,
+        )
+        for item, entry in zip(items, entries, strict=True):
+            if isinstance(entry, DuplicateIdempotencyKeyError):
+                # The read's declared key is held by another call: keep the outcome
+                # under the key derived from this call, so no row is lost.
+                scope.ledger.plan(
+                    thread_id=scope.thread_id,
+                    run_id=scope.run_id,
+                    tool_call_id=item.tool_call_id,
+                    tool=item.tool,
+                    kind=item.kind,
+                    args=item.args,
+                    idempotency_key=(
+                        f"{item.idempotency_key}#duplicate:{scope.thread_id}:{item.tool_call_id}"
+                    ),
+                    seq=item.seq,
+                    status=item.status,
+                    result=item.result,
+                    error=item.error,
+                    owner=scope.owner,
+                    actor=scope.owner,
+                    detail={**(item.detail or {}), "duplicate_key": item.idempotency_key},
+                )
 
     def _classify(
         self, index: int, call: ToolCall, tool_runtime: ToolRuntime[Any, Any], scope: RunScope
@@ -400,14 +498,19 @@ class EffectToolNode(ToolNode):
         request: ToolCallRequest,
         input_type: Literal["list", "dict", "tool_calls"],
         scope: RunScope,
+        batch: _Batch | None = None,
     ) -> Any:
         ledger = scope.ledger
-        existing = await _db(ledger.find_effect, scope.thread_id, p.call_id)
+        existing = (
+            batch.records.get(p.call_id)
+            if batch is not None
+            else await _db(ledger.find_effect, scope.thread_id, p.call_id)
+        )
         if existing is not None and existing.settled:
             return replay_message(existing, p.call)
         if existing is not None:  # approved or in flight: the full lifecycle applies
             return await self._run_effect(p, request, input_type, scope)
-        if await _db(scope.cancel_called):
+        if await scope.signal.acancel_called():
             await _db(scope.signal.observe)
             await _db(self._drop, scope, p, existing)
             return ToolMessage(
@@ -420,8 +523,8 @@ class EffectToolNode(ToolNode):
         except GraphBubbleUp:
             raise
         except _Abandoned:
-            await _db(
-                self._plan_call,
+            await self._record_read(
+                batch,
                 p,
                 scope,
                 status=EffectStatus.FAILED,
@@ -435,8 +538,8 @@ class EffectToolNode(ToolNode):
             )
         except Exception as exc:
             content = self._error_content(exc)
-            await _db(
-                self._plan_call,
+            await self._record_read(
+                batch,
                 p,
                 scope,
                 status=EffectStatus.FAILED,
@@ -446,8 +549,8 @@ class EffectToolNode(ToolNode):
             )
             return ToolMessage(content, name=p.tool.name, tool_call_id=p.call_id, status="error")
         if isinstance(msg, ToolMessage):
-            await _db(
-                self._plan_call,
+            await self._record_read(
+                batch,
                 p,
                 scope,
                 status=EffectStatus.COMMITTED,
@@ -457,6 +560,28 @@ class EffectToolNode(ToolNode):
             )
         return msg
 
+    async def _record_read(
+        self, batch: _Batch | None, p: _Planned, scope: RunScope, **fields: Any
+    ) -> None:
+        """A read's outcome: kept for the batch's one write, or written now."""
+        if batch is None:
+            await _db(self._plan_call, p, scope, **fields)
+            return
+        batch.reads.append(
+            NewEffect(
+                tool_call_id=p.call_id,
+                tool=p.tool.name,
+                kind=p.spec.kind,
+                args=p.call["args"],
+                idempotency_key=p.key,
+                seq=p.index,
+                status=fields["status"],
+                result=fields.get("result"),
+                error=fields.get("error"),
+                detail=fields.get("detail"),
+            )
+        )
+
     # -------------------------------------------------------------- effects
     async def _run_effect(
         self,
@@ -464,8 +589,11 @@ class EffectToolNode(ToolNode):
         request: ToolCallRequest,
         input_type: Literal["list", "dict", "tool_calls"],
         scope: RunScope,
+        batch: _Batch | None = None,
     ) -> Any:
-        planned = await _db(self._plan_effect, p, scope)
+        # Planned with the batch (one statement), once: a repeated tool-call id plans again.
+        known = batch.records.pop(p.call_id, None) if batch is not None else None
+        planned = known if known is not None else await _db(self._plan_effect, p, scope)
         if isinstance(planned, ToolMessage):
             return planned  # the key belongs to another effect: not dispatched
         rec = planned
@@ -699,8 +827,9 @@ class EffectToolNode(ToolNode):
             scope.signal.observe()
             self._drop(scope, p, rec)
             return replay_message(ledger.get_effect(rec.effect_id), p.call)
-        except TransitionConflictError:
-            # Another task moved it (a cancel node dropped it): report what it is.
+        except IllegalTransitionError:
+            # Moved since it was read (a cancel node dropped it, a racing worker took
+            # it; TransitionConflictError included): not ours to dispatch.
             return replay_message(ledger.get_effect(rec.effect_id), p.call)
 
     def _record_success(self, p: _Planned, rec: EffectRecord, msg: Any, scope: RunScope) -> Any:
