@@ -343,6 +343,7 @@ def _agent_graph(
 
 
 REFUND = call_args(CallSpec("cx_refund", 0), 0)
+BIG_REFUND = call_args(CallSpec("cx_refund", 1), 0)  # needs approval
 
 
 @pytest.mark.timeout(900)
@@ -372,6 +373,29 @@ REFUND = call_args(CallSpec("cx_refund", 0), 0)
     backend="sqlite",
     approve=True,
     cancel_first=True,
+)
+# Found by this test: a tool-call id repeated in a batch, then another call with the
+# same declared key, on a tool that needs approval: the approval gate's plan hit the
+# key and the run ended in DuplicateIdempotencyKeyError.
+@example(
+    batch=[
+        {"name": "cx_refund", "args": BIG_REFUND, "id": "call_a"},
+        {"name": "cx_refund", "args": BIG_REFUND, "id": "call_a"},
+        {"name": "cx_refund", "args": BIG_REFUND, "id": "call_b"},
+    ],
+    backend="memory",
+    approve=False,
+    cancel_first=False,
+)
+@example(
+    batch=[
+        {"name": "cx_refund", "args": BIG_REFUND, "id": "call_a"},
+        {"name": "cx_refund", "args": BIG_REFUND, "id": "call_a"},
+        {"name": "cx_refund", "args": BIG_REFUND, "id": "call_b"},
+    ],
+    backend="sqlite",
+    approve=True,
+    cancel_first=False,
 )
 def test_model_tool_calls_never_crash_nor_lose_a_row(
     batch: list[dict[str, Any]], backend: str, approve: bool, cancel_first: bool

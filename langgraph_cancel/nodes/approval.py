@@ -62,7 +62,11 @@ from pydantic import BaseModel, PlainValidator, TypeAdapter, WithJsonSchema
 from typing_extensions import TypedDict
 
 from langgraph_cancel.effects import EffectSpec, spec_of
-from langgraph_cancel.errors import IllegalTransitionError, InvalidDecisionError
+from langgraph_cancel.errors import (
+    DuplicateIdempotencyKeyError,
+    IllegalTransitionError,
+    InvalidDecisionError,
+)
 from langgraph_cancel.ledger import Ledger, derive_idempotency_key
 from langgraph_cancel.nodes.tool_node import _validate_args
 from langgraph_cancel.runtime import RunScope, scope_for
@@ -352,20 +356,25 @@ class ApprovalGate(RunnableCallable):
             )
         except Exception:
             return None  # the tool node records the key error as a failed call
-        rec, _created = scope.ledger.plan(
-            thread_id=scope.thread_id,
-            run_id=scope.run_id,
-            tool_call_id=call_id,
-            tool=name,
-            kind=spec.kind,
-            args=args,
-            idempotency_key=key,
-            seq=index,
-            status=EffectStatus.PENDING_APPROVAL,
-            owner=scope.owner,
-            actor=APPROVAL_SOURCE,
-            detail={"reason": "approval required"},
-        )
+        try:
+            rec, _created = scope.ledger.plan(
+                thread_id=scope.thread_id,
+                run_id=scope.run_id,
+                tool_call_id=call_id,
+                tool=name,
+                kind=spec.kind,
+                args=args,
+                idempotency_key=key,
+                seq=index,
+                status=EffectStatus.PENDING_APPROVAL,
+                owner=scope.owner,
+                actor=APPROVAL_SOURCE,
+                detail={"reason": "approval required"},
+            )
+        except DuplicateIdempotencyKeyError:
+            # Another call (maybe this batch's) holds the key: this one can never run,
+            # so nobody is asked; the tool node records it and tells the model why.
+            return None
         return _Gated(index, call, tool, spec, rec)
 
     # ---------------------------------------------------------------- asking
