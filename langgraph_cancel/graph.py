@@ -388,7 +388,10 @@ def reconcile_thread(
 
 
 def _make_reconcile_subgraph(settings: CancellationSettings, state_schema: Any) -> Any:
-    """The reconciliation subgraph: settle -> ask_human -> answer_dangling.
+    """The reconciliation subgraph: settle -> [ask_human] -> [answer_dangling].
+
+    ``settle`` goes on only when there is something to do: an unknown outcome to
+    ask a person about, a dangling call to answer, or a stop to divert to.
 
     It runs on every new input, before anything of the thread is dispatched
     again, and shows in Studio as the ``reconcile`` node with its own steps.
@@ -397,8 +400,17 @@ def _make_reconcile_subgraph(settings: CancellationSettings, state_schema: Any) 
 
     def settle(state: Any, config: RunnableConfig) -> Any:
         scope = scope_for(config, ledger=settings.ledger, new_run=False)
-        reconcile_thread(scope, settings, interactive=False)
-        return None
+        left = reconcile_thread(scope, settings, interactive=False)
+        # The common case, nothing to settle, answer or stop, ends here: one step.
+        if left and settings.reconcile_interactive:
+            return Command(goto="ask_human")
+        if (
+            scope.run.terminal
+            or scope.cancel_called()
+            or dangling_tool_calls(_messages(state, settings.messages_key))
+        ):
+            return Command(goto="answer_dangling")
+        return Command(goto=END)
 
     async def asettle(state: Any, config: RunnableConfig) -> Any:
         return await asyncio.to_thread(settle, state, config)  # ledger I/O off the loop
@@ -434,11 +446,14 @@ def _make_reconcile_subgraph(settings: CancellationSettings, state_schema: Any) 
         return update or None
 
     sub = StateGraph(state_schema)
-    sub.add_node("settle", RunnableCallable(settle, asettle, name="settle"))
+    sub.add_node(
+        "settle",
+        RunnableCallable(settle, asettle, name="settle"),
+        destinations=("ask_human", "answer_dangling", END),
+    )
     sub.add_node("ask_human", ask_human)
     sub.add_node("answer_dangling", answer_dangling)
     sub.add_edge(START, "settle")
-    sub.add_edge("settle", "ask_human")
     sub.add_edge("ask_human", "answer_dangling")
     sub.add_edge("answer_dangling", END)
     return sub.compile(name=RECONCILE_NODE)
