@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from langgraph_cancel.errors import DuplicateIdempotencyKeyError
+from langgraph_cancel.errors import DuplicateIdempotencyKeyError, TransientDatabaseError
 from langgraph_cancel.ledger import Ledger, PostgresBackend, SqliteBackend
 from langgraph_cancel.ledger.backends import is_transient
 from langgraph_cancel.types import EffectKind, EffectRecord, EffectStatus
@@ -235,8 +235,9 @@ def test_sqlite_lock_held_past_all_retries_raises_and_writes_nothing(
         holder = sqlite3.connect(path, isolation_level=None)
         holder.execute("BEGIN IMMEDIATE")
         try:
-            with pytest.raises(sqlite3.OperationalError, match="locked"):
+            with pytest.raises(TransientDatabaseError, match="locked") as info:
                 ledger.transition(rec.effect_id, EffectStatus.APPROVED)
+            assert isinstance(info.value.__cause__, sqlite3.OperationalError)
         finally:
             holder.execute("ROLLBACK")
             holder.close()
@@ -413,8 +414,9 @@ def test_postgres_closed_single_connection_raises_after_retries(
     ledger = Ledger(PostgresBackend(conn))
     assert ledger.get_effect(rec.effect_id).status is EffectStatus.PLANNED
     conn.close()
-    with pytest.raises(psycopg.OperationalError):
+    with pytest.raises(TransientDatabaseError) as info:
         ledger.transition(rec.effect_id, EffectStatus.APPROVED)
+    assert isinstance(info.value.__cause__, psycopg.OperationalError)
     assert len(retry_logs(caplog)) == 5  # six attempts in all, then it gives up loudly
     with Ledger.from_url(pg_url, setup=False) as check:
         stored = check.get_effect(rec.effect_id)

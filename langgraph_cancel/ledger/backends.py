@@ -17,6 +17,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
 from tenacity import (
+    RetryCallState,
     before_sleep_log,
     retry,
     retry_if_exception,
@@ -66,13 +67,27 @@ def is_transient(exc: BaseException) -> bool:
     return isinstance(exc, psycopg.OperationalError)
 
 
+def _give_up(state: RetryCallState) -> Any:
+    """Out of retries: one typed error, the driver's own as its cause."""
+    exc = state.outcome.exception() if state.outcome is not None else None
+    if exc is None:  # pragma: no cover - tenacity only calls this after a failure
+        raise TransientDatabaseError("database unavailable after retries")
+    raise raise_transient(exc, state.attempt_number) from exc
+
+
 def transient_retry(attempts: int = 6) -> Callable[[Callable[..., T]], Callable[..., T]]:
-    """Retry a whole transaction on transient faults, with backoff, logged."""
+    """Retry a whole transaction on transient faults, with backoff, logged.
+
+    A fault that outlives the retries is raised as ``TransientDatabaseError``
+    (the driver's error is its ``__cause__``); an outer retry does not retry it
+    again. Any other error is raised as it is, at once.
+    """
     return retry(
         retry=retry_if_exception(is_transient),
         stop=stop_after_attempt(attempts),
         wait=wait_exponential(multiplier=0.02, min=0.01, max=1.0),
         before_sleep=before_sleep_log(logger, logging.WARNING),
+        retry_error_callback=_give_up,
         reraise=True,
     )
 
@@ -366,6 +381,7 @@ def backend_from_url(url: str) -> Backend:
     )
 
 
-def raise_transient(exc: BaseException) -> TransientDatabaseError:
+def raise_transient(exc: BaseException, attempts: int | None = None) -> TransientDatabaseError:
     """Wrap a fault that outlived its retries."""
-    return TransientDatabaseError(f"database unavailable after retries: {exc}")
+    tries = f" ({attempts} attempts)" if attempts else ""
+    return TransientDatabaseError(f"database unavailable after retries{tries}: {exc}")
