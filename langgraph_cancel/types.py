@@ -249,6 +249,27 @@ class NewEffect:
     detail: dict[str, Any] | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class TransitionRequest:
+    """One compare-and-set for ``Ledger.transition_many``; fields as ``Ledger.transition``.
+
+    ``result``, ``error`` and ``next_action`` left as ``...`` keep the stored value.
+    """
+
+    effect_id: str
+    to: EffectStatus
+    expected: frozenset[EffectStatus] | None = None
+    actor: str = "system"
+    detail: dict[str, Any] | None = None
+    result: Any = ...
+    error: Any = ...
+    owner: str | None = None
+    next_action: Any = ...
+    approval: dict[str, Any] | None = None
+    args: dict[str, Any] | None = None
+    require_active_run: bool | None = None
+
+
 class TransitionRecord(_Record):
     """One row of an effect's audit trail."""
 
@@ -333,6 +354,7 @@ __all__ = [
     "RunStatus",
     "RunStatusLiteral",
     "TransitionRecord",
+    "TransitionRequest",
     "effect_kind",
     "effect_status",
     "run_status",

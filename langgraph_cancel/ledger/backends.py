@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, cast
 
 from tenacity import (
     RetryCallState,
@@ -330,6 +330,31 @@ class PostgresBackend(Backend):
         assert self._conn is not None and self._lock is not None
         with self._lock:
             yield self._conn.cursor(row_factory=dict_row)
+
+    @contextmanager
+    def pipeline(self) -> Iterator[Callable[[str, dict[str, Any]], Cursor]]:
+        """Run self-contained statements in one round trip (psycopg pipeline mode).
+
+        Yields ``execute(sql, params) -> cursor``; the cursors' rows can be read
+        once the block has exited (the pipeline has synced).
+        """
+        from psycopg.rows import dict_row
+
+        def run(conn: Any) -> Callable[[str, dict[str, Any]], Cursor]:
+            def execute(sql: str, params: dict[str, Any]) -> Cursor:
+                cur = conn.cursor(row_factory=dict_row)
+                cur.execute(sql, params)
+                return cast(Cursor, cur)
+
+            return execute
+
+        if self._pool is not None:
+            with self._pool.connection() as conn, conn.pipeline():
+                yield run(conn)
+            return
+        assert self._conn is not None and self._lock is not None
+        with self._lock, self._conn.pipeline():
+            yield run(self._conn)
 
     def close(self) -> None:
         self.closed = True

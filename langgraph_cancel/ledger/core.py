@@ -26,6 +26,7 @@ from langgraph_cancel.errors import (
     DispatchRefusedError,
     DuplicateIdempotencyKeyError,
     IllegalTransitionError,
+    LedgerError,
     ThreadBusyError,
     TransitionConflictError,
     UnknownEffectError,
@@ -33,7 +34,12 @@ from langgraph_cancel.errors import (
     UnknownThreadError,
 )
 from langgraph_cancel.ledger import sql as q
-from langgraph_cancel.ledger.backends import Backend, backend_from_url, transient_retry
+from langgraph_cancel.ledger.backends import (
+    Backend,
+    PostgresBackend,
+    backend_from_url,
+    transient_retry,
+)
 from langgraph_cancel.types import (
     EFFECT_TRANSITIONS,
     RUN_TRANSITIONS,
@@ -48,6 +54,7 @@ from langgraph_cancel.types import (
     RunRecord,
     RunStatus,
     TransitionRecord,
+    TransitionRequest,
     effect_kind,
     effect_status,
     run_status,
@@ -812,31 +819,10 @@ class Ledger:
             DispatchRefusedError: ``dispatched`` was refused: the run is not running.
             UnknownEffectError: No such effect.
         """
-        target = effect_status(to)
-        legal = _PREDECESSORS[target]
-        # A repeat dispatch (dispatched -> dispatched) must be asked for explicitly, or two
-        # workers dispatching the same effect would both win the compare-and-set.
-        default = legal - {target} if target is EffectStatus.DISPATCHED else legal
-        allowed = default if expected is None else frozenset(effect_status(s) for s in expected)
-        illegal = allowed - legal
-        if illegal:
-            raise IllegalTransitionError(
-                effect_id, ",".join(sorted(s.value for s in illegal)), target.value
-            )
-        if target is EffectStatus.UNKNOWN and (owner is None or next_action in (None, ...)):
-            raise IllegalTransitionError(
-                effect_id, "?", target.value, "unknown needs an owner and a next_action"
-            )
-        guard = (
-            require_active_run
-            if require_active_run is not None
-            else target is EffectStatus.DISPATCHED
-        )
-        return self._transition(
-            effect_id,
-            target,
-            allowed,
-            guard,
+        req = TransitionRequest(
+            effect_id=effect_id,
+            to=effect_status(to),
+            expected=None if expected is None else frozenset(effect_status(s) for s in expected),
             actor=actor,
             detail=detail,
             result=result,
@@ -845,60 +831,142 @@ class Ledger:
             next_action=next_action,
             approval=approval,
             args=args,
-            token=uuid.uuid4().hex,
+            require_active_run=require_active_run,
         )
+        allowed, guard = _checked(req)
+        return self._transition(req, allowed, guard, uuid.uuid4().hex)
+
+    def transition_many(
+        self, requests: Sequence[TransitionRequest]
+    ) -> list[EffectRecord | LedgerError]:
+        """Several compare-and-sets at once: one statement on PostgreSQL, one transaction
+        on SQLite. Each succeeds or fails on its own, as ``transition`` would.
+
+        Returns:
+            One entry per request, in order: the moved record, or the error
+            ``transition`` would have raised for it (conflict, refusal, unknown effect).
+
+        Raises:
+            IllegalTransitionError: A request the state machine forbids outright.
+            ValueError: The same effect twice in one call.
+        """
+        checked = [_checked(r) for r in requests]
+        if len({r.effect_id for r in requests}) != len(requests):
+            raise ValueError("transition_many: one request per effect")
+        if not requests:
+            return []
+        tokens = [uuid.uuid4().hex for _ in requests]
+        return self._transition_many(requests, checked, tokens)
+
+    @transient_retry()
+    def _transition_many(
+        self,
+        requests: Sequence[TransitionRequest],
+        checked: Sequence[tuple[frozenset[EffectStatus], bool]],
+        tokens: Sequence[str],
+    ) -> list[EffectRecord | LedgerError]:
+        b = self.backend
+        out: list[EffectRecord | LedgerError] = []
+        jobs = list(zip(requests, checked, tokens, strict=True))
+        if not isinstance(b, PostgresBackend):
+            with b.transaction() as _cur:  # one transaction for all of them
+                for req, (allowed, guard), token in jobs:
+                    try:
+                        out.append(self._transition_once(req, allowed, guard, token))
+                    except LedgerError as exc:
+                        out.append(exc)
+            return out
+        now = utcnow()
+        with b.pipeline() as execute:  # one round trip for all of them
+            cursors = [
+                execute(*self._pg_cas(req, allowed, guard, token, now))
+                for req, (allowed, guard), token in jobs
+            ]
+        lost: list[tuple[int, str]] = []
+        for n, ((req, _, _), cur) in enumerate(zip(jobs, cursors, strict=True)):
+            row = cur.fetchone()
+            out.append(self._effect(row) if row is not None else UnknownEffectError(req.effect_id))
+            if row is None:
+                lost.append((n, req.effect_id))
+        if lost:
+            before = {
+                row["effect_id"]: row
+                for row in self._all(q.PG_SELECT_EFFECTS_ANY, {"ids": [e for _, e in lost]})
+            }
+            for n, effect_id in lost:
+                req, (allowed, guard), token = jobs[n]
+                row = before.get(effect_id)
+                if row is None:
+                    out[n] = UnknownEffectError(f"no effect {effect_id!r} in the ledger")
+                    continue
+                try:
+                    out[n] = self._lost_transition(row, req.to, allowed, guard, token)
+                except LedgerError as exc:
+                    out[n] = exc
+        return out
+
+    def _pg_cas(
+        self,
+        req: TransitionRequest,
+        allowed: frozenset[EffectStatus],
+        guard: bool,
+        token: str,
+        now: datetime,
+    ) -> tuple[str, dict[str, Any]]:
+        """PostgreSQL's compare-and-set with its audit row: one statement and its parameters."""
+        b = self.backend
+        names = sorted(s.value for s in allowed)
+        params: dict[str, Any] = {f"s{i}": v for i, v in enumerate(names)}
+        statuses = ", ".join(f"%(s{i})s" for i in range(len(names))) or "NULL"
+        params.update(self._cas_params(req, token, now))
+        params.update({"actor": req.actor, "detail": b.json_in(req.detail or {})})
+        sql = q.PG_TRANSITION_EFFECT.format(
+            statuses=statuses, guard=q.RUN_ACTIVE_GUARD if guard else ""
+        )
+        return sql, params
+
+    def _cas_params(self, req: TransitionRequest, token: str, now: datetime) -> dict[str, Any]:
+        b = self.backend
+        return {
+            "effect_id": req.effect_id,
+            "to": req.to.value,
+            "token": token,
+            "now": b.ts_in(now),
+            "set_result": 0 if req.result is ... else 1,
+            "result": None if req.result is ... else b.json_in(req.result),
+            "set_error": 0 if req.error is ... else 1,
+            "error": None if req.error is ... else req.error,
+            "owner": req.owner,
+            "set_next_action": 0 if req.next_action is ... else 1,
+            "next_action": None if req.next_action is ... else req.next_action,
+            "approval": b.json_in(req.approval),
+            "args": b.json_in(req.args),
+            "settles": 1 if req.to in _SETTLING else 0,
+        }
 
     @transient_retry()
     def _transition(
         self,
-        effect_id: str,
-        target: EffectStatus,
+        req: TransitionRequest,
         allowed: frozenset[EffectStatus],
         guard: bool,
-        *,
-        actor: str,
-        detail: dict[str, Any] | None,
-        result: Any,
-        error: Any,
-        owner: str | None,
-        next_action: Any,
-        approval: dict[str, Any] | None,
-        args: dict[str, Any] | None,
+        token: str,
+    ) -> EffectRecord:
+        return self._transition_once(req, allowed, guard, token)
+
+    def _transition_once(
+        self,
+        req: TransitionRequest,
+        allowed: frozenset[EffectStatus],
+        guard: bool,
         token: str,
     ) -> EffectRecord:
         b = self.backend
         now = utcnow()
-        names = sorted(s.value for s in allowed)
-        params: dict[str, Any] = {f"s{i}": v for i, v in enumerate(names)}
-        statuses = ", ".join(f"%(s{i})s" for i in range(len(names))) or "NULL"
-        sql = q.TRANSITION_EFFECT.format(
-            statuses=statuses, guard=q.RUN_ACTIVE_GUARD if guard else ""
-        )
-        params.update(
-            {
-                "effect_id": effect_id,
-                "to": target.value,
-                "token": token,
-                "now": b.ts_in(now),
-                "set_result": 0 if result is ... else 1,
-                "result": None if result is ... else b.json_in(result),
-                "set_error": 0 if error is ... else 1,
-                "error": None if error is ... else error,
-                "owner": owner,
-                "set_next_action": 0 if next_action is ... else 1,
-                "next_action": None if next_action is ... else next_action,
-                "approval": b.json_in(approval),
-                "args": b.json_in(args),
-                "settles": 1 if target in _SETTLING else 0,
-            }
-        )
+        effect_id = req.effect_id
         if b.dialect == "postgres":
-            params.update({"actor": actor, "detail": b.json_in(detail or {})})
-            pg_sql = q.PG_TRANSITION_EFFECT.format(
-                statuses=statuses, guard=q.RUN_ACTIVE_GUARD if guard else ""
-            )
             with b.statement() as cur:
-                cur.execute(pg_sql, params)
+                cur.execute(*self._pg_cas(req, allowed, guard, token, now))
                 row = cur.fetchone()
                 if row is not None:
                     return self._effect(row)
@@ -906,7 +974,14 @@ class Ledger:
                 before = cur.fetchone()
             if before is None:
                 raise UnknownEffectError(f"no effect {effect_id!r} in the ledger")
-            return self._lost_transition(before, target, allowed, guard, token)
+            return self._lost_transition(before, req.to, allowed, guard, token)
+        names = sorted(s.value for s in allowed)
+        params: dict[str, Any] = {f"s{i}": v for i, v in enumerate(names)}
+        statuses = ", ".join(f"%(s{i})s" for i in range(len(names))) or "NULL"
+        params.update(self._cas_params(req, token, now))
+        sql = q.TRANSITION_EFFECT.format(
+            statuses=statuses, guard=q.RUN_ACTIVE_GUARD if guard else ""
+        )
         with b.transaction() as cur:
             cur.execute(q.SELECT_EFFECT, {"effect_id": effect_id})
             before = cur.fetchone()
@@ -924,14 +999,14 @@ class Ledger:
                     {
                         "effect_id": effect_id,
                         "from_status": before["status"],
-                        "to_status": target.value,
+                        "to_status": req.to.value,
                         "now": b.ts_in(now),
-                        "actor": actor,
-                        "detail": b.json_in(detail or {}),
+                        "actor": req.actor,
+                        "detail": b.json_in(req.detail or {}),
                     },
                 )
                 return self._effect(row)
-        return self._lost_transition(before, target, allowed, guard, token)
+        return self._lost_transition(before, req.to, allowed, guard, token)
 
     def _lost_transition(
         self,
@@ -1124,6 +1199,7 @@ class Ledger:
     aplan_many = _to_thread(plan_many)
     afind_effects = _to_thread(find_effects)
     atransition = _to_thread(transition)
+    atransition_many = _to_thread(transition_many)
     aget_effect = _to_thread(get_effect)
     afind_effect = _to_thread(find_effect)
     aeffects = _to_thread(effects)
@@ -1151,6 +1227,35 @@ def _cancel_answer(
         reason=run.reason,
         message=message,
     )
+
+
+def _checked(req: TransitionRequest) -> tuple[frozenset[EffectStatus], bool]:
+    """The statuses a transition may start from, and whether the run guard applies.
+
+    Raises:
+        IllegalTransitionError: The state machine forbids the move outright.
+    """
+    target = req.to
+    legal = _PREDECESSORS[target]
+    # A repeat dispatch (dispatched -> dispatched) must be asked for explicitly, or two
+    # workers dispatching the same effect would both win the compare-and-set.
+    default = legal - {target} if target is EffectStatus.DISPATCHED else legal
+    allowed = default if req.expected is None else req.expected
+    illegal = allowed - legal
+    if illegal:
+        raise IllegalTransitionError(
+            req.effect_id, ",".join(sorted(s.value for s in illegal)), target.value
+        )
+    if target is EffectStatus.UNKNOWN and (req.owner is None or req.next_action in (None, ...)):
+        raise IllegalTransitionError(
+            req.effect_id, "?", target.value, "unknown needs an owner and a next_action"
+        )
+    guard = (
+        req.require_active_run
+        if req.require_active_run is not None
+        else target is EffectStatus.DISPATCHED
+    )
+    return allowed, guard
 
 
 def _first_created_once(

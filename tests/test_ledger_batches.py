@@ -1,0 +1,274 @@
+"""The ledger's batch writes on every backend: ``plan_many``, ``find_effects`` and
+``transition_many``, each checked against what the one-at-a-time calls would do.
+
+``EffectToolNode`` records a batch's side effects with one ``plan_many``, its
+read-only outcomes with another, and each call's outcome together with the next
+call's intent through ``transition_many``. These tests hold those writes to the
+same contract as ``plan`` and ``transition``: audit rows, compare-and-set, the
+run guard, key clashes, a retry that recognises its own write.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from langgraph_cancel.errors import (
+    DispatchRefusedError,
+    DuplicateIdempotencyKeyError,
+    IllegalTransitionError,
+    TransitionConflictError,
+    UnknownEffectError,
+)
+from langgraph_cancel.ledger import Ledger, derive_effect_id, derive_idempotency_key
+from langgraph_cancel.types import (
+    EffectKind,
+    EffectRecord,
+    EffectStatus,
+    NewEffect,
+    TransitionRequest,
+)
+from ledger_util import new_id
+
+S = EffectStatus
+
+
+@pytest.fixture
+def ledger(db_url: str) -> Iterator[Ledger]:
+    led = Ledger.from_url(db_url)
+    try:
+        yield led
+    finally:
+        led.close()
+
+
+def _new(
+    call_id: str,
+    *,
+    kind: str = "irreversible",
+    seq: int = 0,
+    status: EffectStatus = EffectStatus.PLANNED,
+    idempotency_key: str | None = None,
+    result: object = None,
+    error: str | None = None,
+    detail: dict[str, object] | None = None,
+) -> NewEffect:
+    return NewEffect(
+        tool_call_id=call_id,
+        tool="refund",
+        kind=EffectKind(kind),
+        args={"n": call_id},
+        idempotency_key=idempotency_key,
+        seq=seq,
+        status=status,
+        result=result,
+        error=error,
+        detail=detail,
+    )
+
+
+def _thread(ledger: Ledger) -> tuple[str, str]:
+    thread = new_id("t")
+    return thread, ledger.start_run(thread).run_id
+
+
+# ------------------------------------------------------------------------ plan_many
+def test_plan_many_records_each_call_with_its_audit_row(ledger: Ledger) -> None:
+    thread, run = _thread(ledger)
+    items = [
+        _new("a", seq=0),
+        _new("b", seq=1, idempotency_key="refund:o-1"),
+        _new("c", seq=2, kind="read_only", status=S.COMMITTED, result={"content": "42"}),
+        _new("d", seq=3, status=S.FAILED, error="bad args", detail={"malformed": True}),
+    ]
+    out = ledger.plan_many(thread_id=thread, run_id=run, items=items, owner="w1", actor="w1")
+    assert all(isinstance(entry, tuple) and entry[1] for entry in out)
+    recs = {r.tool_call_id: r for r in ledger.effects(thread)}
+    assert [recs[c].status for c in "abcd"] == [S.PLANNED, S.PLANNED, S.COMMITTED, S.FAILED]
+    assert recs["a"].idempotency_key == derive_idempotency_key(thread, "a")
+    assert recs["b"].idempotency_key == "refund:o-1"
+    assert recs["c"].result == {"content": "42"} and recs["c"].settled_at is not None
+    assert recs["a"].settled_at is None and recs["a"].owner == "w1"
+    assert recs["d"].error == "bad args"
+    for call_id in "abcd":
+        (first,) = ledger.history(derive_effect_id(thread, call_id))
+        assert first.from_status is None and first.to_status is recs[call_id].status
+        assert first.actor == "w1"
+    assert ledger.history(derive_effect_id(thread, "d"))[0].detail == {"malformed": True}
+
+
+def test_plan_many_again_returns_the_records_as_they_are(ledger: Ledger) -> None:
+    thread, run = _thread(ledger)
+    items = [_new("a"), _new("b")]
+    ledger.plan_many(thread_id=thread, run_id=run, items=items)
+    moved = ledger.transition(derive_effect_id(thread, "a"), S.DISPATCHED, owner="w")
+    again = ledger.plan_many(thread_id=thread, run_id=run, items=items)
+    assert [(e[0].status, e[1]) for e in again if isinstance(e, tuple)] == [
+        (S.DISPATCHED, False),
+        (S.PLANNED, False),
+    ]
+    assert again[0][0] == moved  # type: ignore[index]
+    assert len(ledger.history(moved.effect_id)) == 2  # nothing written twice
+
+
+def test_plan_many_repeated_call_id_is_created_once(ledger: Ledger) -> None:
+    thread, run = _thread(ledger)
+    out = ledger.plan_many(thread_id=thread, run_id=run, items=[_new("x"), _new("x"), _new("y")])
+    assert [(e[0].tool_call_id, e[1]) for e in out if isinstance(e, tuple)] == [
+        ("x", True),
+        ("x", False),
+        ("y", True),
+    ]
+    assert len(ledger.effects(thread)) == 2
+
+
+def test_plan_many_key_clash_costs_only_its_own_slot(ledger: Ledger) -> None:
+    other, other_run = _thread(ledger)
+    ledger.plan(
+        thread_id=other,
+        run_id=other_run,
+        tool_call_id="old",
+        tool="refund",
+        kind=EffectKind.IRREVERSIBLE,
+        args={},
+        idempotency_key="refund:o-7",
+    )
+    thread, run = _thread(ledger)
+    items = [
+        _new("a"),
+        _new("b", idempotency_key="refund:o-7"),  # held by another thread's effect
+        _new("c", idempotency_key="refund:o-8"),
+        _new("d", idempotency_key="refund:o-8"),  # clashes inside the batch
+    ]
+    out = ledger.plan_many(thread_id=thread, run_id=run, items=items)
+    assert isinstance(out[0], tuple) and isinstance(out[2], tuple)
+    assert isinstance(out[1], DuplicateIdempotencyKeyError)
+    assert out[1].existing_effect_id == derive_effect_id(other, "old")
+    assert isinstance(out[3], DuplicateIdempotencyKeyError)
+    assert out[3].existing_effect_id == derive_effect_id(thread, "c")
+    assert sorted(r.tool_call_id for r in ledger.effects(thread)) == ["a", "c"]
+
+
+def test_plan_many_refuses_a_status_no_record_starts_in(ledger: Ledger) -> None:
+    thread, run = _thread(ledger)
+    with pytest.raises(IllegalTransitionError):
+        ledger.plan_many(thread_id=thread, run_id=run, items=[_new("a", status=S.DISPATCHED)])
+    assert ledger.effects(thread) == []
+    assert ledger.plan_many(thread_id=thread, run_id=run, items=[]) == []
+
+
+def test_find_effects_answers_in_one_read(ledger: Ledger) -> None:
+    thread, run = _thread(ledger)
+    ledger.plan_many(thread_id=thread, run_id=run, items=[_new("a"), _new("b")])
+    other, other_run = _thread(ledger)
+    ledger.plan_many(thread_id=other, run_id=other_run, items=[_new("c")])
+    found = ledger.find_effects(thread, ["a", "b", "c", "never", "a"])
+    assert sorted(found) == ["a", "b"]
+    assert found["a"] == ledger.find_effect(thread, "a")
+    assert ledger.find_effects(thread, []) == {}
+
+
+# ------------------------------------------------------------------ transition_many
+def _planned(ledger: Ledger, n: int) -> tuple[str, str, list[str]]:
+    thread, run = _thread(ledger)
+    items = [_new(f"c{i}", seq=i) for i in range(n)]
+    ledger.plan_many(thread_id=thread, run_id=run, items=items)
+    return thread, run, [derive_effect_id(thread, f"c{i}") for i in range(n)]
+
+
+def _commit(effect_id: str) -> TransitionRequest:
+    return TransitionRequest(
+        effect_id=effect_id,
+        to=S.COMMITTED,
+        expected=frozenset({S.DISPATCHED}),
+        actor="w",
+        result={"content": "ok"},
+    )
+
+
+def _dispatch(effect_id: str) -> TransitionRequest:
+    return TransitionRequest(effect_id=effect_id, to=S.DISPATCHED, actor="w", owner="w")
+
+
+def test_outcome_and_next_intent_in_one_call(ledger: Ledger) -> None:
+    _thread_id, _run, (a, b) = _planned(ledger, 2)
+    ledger.transition(a, S.DISPATCHED, owner="w")
+    done, begun = ledger.transition_many([_commit(a), _dispatch(b)])
+    assert isinstance(done, EffectRecord) and done.status is S.COMMITTED
+    assert done.result == {"content": "ok"} and done.settled_at is not None
+    assert isinstance(begun, EffectRecord) and begun.status is S.DISPATCHED
+    assert begun.dispatched_at is not None and begun.owner == "w"
+    assert [(t.from_status, t.to_status) for t in ledger.history(a)] == [
+        (None, S.PLANNED),
+        (S.PLANNED, S.DISPATCHED),
+        (S.DISPATCHED, S.COMMITTED),
+    ]
+    assert [(t.from_status, t.to_status, t.actor) for t in ledger.history(b)][-1] == (
+        S.PLANNED,
+        S.DISPATCHED,
+        "w",
+    )
+
+
+def test_each_request_fails_on_its_own(ledger: Ledger) -> None:
+    _thread_id, _run, (a, b, c) = _planned(ledger, 3)
+    ledger.transition(a, S.DISPATCHED, owner="w")
+    ledger.transition(b, S.DROPPED)  # a cancel got there first
+    out = ledger.transition_many(
+        [_commit(a), _dispatch(b), _dispatch(c), _dispatch("no-such-effect")]
+    )
+    assert isinstance(out[0], EffectRecord) and out[0].status is S.COMMITTED
+    assert isinstance(out[1], IllegalTransitionError)
+    assert not isinstance(out[1], TransitionConflictError)  # dropped can never dispatch
+    assert isinstance(out[2], EffectRecord) and out[2].status is S.DISPATCHED
+    assert isinstance(out[3], UnknownEffectError)
+    assert ledger.get_effect(b).status is S.DROPPED
+
+
+def test_the_run_guard_refuses_the_intent_but_keeps_the_outcome(ledger: Ledger) -> None:
+    thread, _run, (a, b) = _planned(ledger, 2)
+    ledger.transition(a, S.DISPATCHED, owner="w")
+    assert ledger.request_cancel(thread, reason="stop", requested_by="user").accepted
+    done, refused = ledger.transition_many([_commit(a), _dispatch(b)])
+    # What happened outside is recorded whatever the run's state; nothing new leaves.
+    assert isinstance(done, EffectRecord) and done.status is S.COMMITTED
+    assert isinstance(refused, DispatchRefusedError)
+    assert ledger.get_effect(b).status is S.PLANNED
+
+
+def test_a_retry_recognises_its_own_write(ledger: Ledger) -> None:
+    # Two tokens, one write each: replaying the same tokens (an attempt whose ack was
+    # lost) answers with the records, and applies nothing twice.
+    _thread_id, _run, (a, b) = _planned(ledger, 2)
+    ledger.transition(a, S.DISPATCHED, owner="w")
+    requests = [_commit(a), _dispatch(b)]
+    checked = [(frozenset({S.DISPATCHED}), False), (frozenset({S.PLANNED}), True)]
+    first = ledger._transition_many(requests, checked, ["tok-a", "tok-b"])
+    again = ledger._transition_many(requests, checked, ["tok-a", "tok-b"])
+    assert [r.status for r in first if isinstance(r, EffectRecord)] == [S.COMMITTED, S.DISPATCHED]
+    assert again == first
+    assert len(ledger.history(a)) == 3 and len(ledger.history(b)) == 2
+
+
+def test_transition_many_rejects_what_transition_rejects(ledger: Ledger) -> None:
+    _thread_id, _run, (a, b) = _planned(ledger, 2)
+    with pytest.raises(IllegalTransitionError):
+        ledger.transition_many([TransitionRequest(effect_id=a, to=S.UNKNOWN)])  # no owner
+    with pytest.raises(IllegalTransitionError):
+        ledger.transition_many(
+            [TransitionRequest(effect_id=a, to=S.COMMITTED, expected=frozenset({S.PLANNED}))]
+        )
+    with pytest.raises(ValueError, match="one request per effect"):
+        ledger.transition_many([_dispatch(a), _dispatch(a)])
+    assert ledger.transition_many([]) == []
+    assert ledger.get_effect(a).status is S.PLANNED and ledger.get_effect(b).version == 1
+
+
+async def test_async_twins(ledger: Ledger) -> None:
+    thread, run = _thread(ledger)
+    out = await ledger.aplan_many(thread_id=thread, run_id=run, items=[_new("a")])
+    assert isinstance(out[0], tuple) and out[0][1]
+    found = await ledger.afind_effects(thread, ["a"])
+    (begun,) = await ledger.atransition_many([_dispatch(found["a"].effect_id)])
+    assert isinstance(begun, EffectRecord) and begun.status is S.DISPATCHED
