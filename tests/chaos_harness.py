@@ -624,7 +624,18 @@ class Runner:
                 self.dispatches.append((tick, effect_id))
             return rec
 
+        transition_many = self.ledger.transition_many
+
+        def logged_transition_many(requests: Any) -> Any:
+            tick = next(self.world.seq)
+            out = transition_many(requests)
+            for req, rec in zip(requests, out, strict=True):
+                if req.to is EffectStatus.DISPATCHED and isinstance(rec, EffectRecord):
+                    self.dispatches.append((tick, req.effect_id))
+            return out
+
         self.ledger.transition = logged_transition  # type: ignore[method-assign]
+        self.ledger.transition_many = logged_transition_many  # type: ignore[method-assign]
         self.cancelled_events: list[dict[str, Any]] = []
         self.approvals = 0
         self.decision_index = 0

@@ -316,6 +316,7 @@ class Points:
 def install_points(points: Points) -> None:
     """Wrap the ledger and the providers (in this process only) so they report points."""
     transition = Ledger.transition
+    transition_many = Ledger.transition_many
     finish_run = Ledger.finish_run
     mutate = Providers._mutate
 
@@ -325,6 +326,17 @@ def install_points(points: Points) -> None:
         points.hit(f"before:{name}:{tool_name}")
         result = transition(self, effect_id, to, **kwargs)
         points.hit(f"after:{name}:{tool_name}")
+        return result
+
+    def traced_transition_many(self: Ledger, requests: Any) -> Any:
+        # One write for several moves (an outcome with the next intent): every "before"
+        # point is the moment before the write, every "after" point the moment after.
+        names = [(req.to.value, self.get_effect(req.effect_id).tool) for req in requests]
+        for name, tool_name in names:
+            points.hit(f"before:{name}:{tool_name}")
+        result = transition_many(self, requests)
+        for name, tool_name in names:
+            points.hit(f"after:{name}:{tool_name}")
         return result
 
     def traced_finish_run(self: Ledger, run_id: str, status: Any, **kwargs: Any) -> Any:
@@ -338,6 +350,7 @@ def install_points(points: Points) -> None:
         return result
 
     Ledger.transition = traced_transition  # type: ignore[method-assign]
+    Ledger.transition_many = traced_transition_many  # type: ignore[method-assign]
     Ledger.finish_run = traced_finish_run  # type: ignore[method-assign]
     Providers._mutate = traced_mutate  # type: ignore[method-assign]
 

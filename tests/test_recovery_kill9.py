@@ -382,23 +382,29 @@ BOUNDARIES = [
     ),
     Boundary("after_outcome_before_checkpoint", "after:committed:send_email"),
     # The saved checkpoint lags the ledger by whole steps (async durability, slow disk).
-    Boundary("checkpoint_steps_behind", "after:committed:issue_refund", slow_checkpoints=1.0),
+    # The write that records the refund's outcome also records the email's intent.
+    Boundary(
+        "checkpoint_steps_behind",
+        "after:committed:issue_refund",
+        slow_checkpoints=1.0,
+        in_doubt_at_kill=("send_email",),
+    ),
     Boundary("approval_pending", "interrupted", refund_amount=120.0),
     Boundary(
         "inside_cancel_node",
         "before:finish_run:cancelled",
-        cancel_after="after:committed:issue_refund",
+        cancel_after="after_call:refund",
     ),
     Boundary(
         "compensation_intent_written",
         "after:compensating:update_order",
-        cancel_after="after:committed:issue_refund",
+        cancel_after="after_call:refund",
         compensate=True,
     ),
     Boundary(
         "compensation_applied_not_recorded",
         "after_call:restore_order",
-        cancel_after="after:committed:issue_refund",
+        cancel_after="after_call:refund",
         compensate=True,
         resent_ops=("restore_order",),
     ),

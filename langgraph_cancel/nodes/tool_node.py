@@ -50,6 +50,7 @@ from langgraph_cancel.errors import (
     DispatchRefusedError,
     DuplicateIdempotencyKeyError,
     IllegalTransitionError,
+    LedgerError,
 )
 from langgraph_cancel.hooks import call_reconcile
 from langgraph_cancel.hooks import run_sync as _run_sync
@@ -61,6 +62,7 @@ from langgraph_cancel.types import (
     EffectRecord,
     EffectStatus,
     NewEffect,
+    TransitionRequest,
 )
 
 logger = logging.getLogger("langgraph_cancel.tools")
@@ -155,11 +157,18 @@ class _Batch:
     ``records``: what the ledger already holds for the batch's calls (one read),
     then the side effects' new records (one write). ``reads``: read-only outcomes,
     recorded together once every read is back (nothing outside changed, so no
-    intent is owed before they run).
+    intent is owed before they run). ``outcome``: the last side effect's success,
+    written with the next call's intent (one round trip) or when the loop ends.
     """
 
     records: dict[str, EffectRecord] = field(default_factory=dict)
     reads: list[NewEffect] = field(default_factory=list)
+    outcome: TransitionRequest | None = None
+
+    def take_outcome(self) -> TransitionRequest | None:
+        """The deferred outcome, handed over once."""
+        outcome, self.outcome = self.outcome, None
+        return outcome
 
 
 class EffectToolNode(ToolNode):
@@ -321,8 +330,12 @@ class EffectToolNode(ToolNode):
         if batch is not None and effects:
             await _db(self._plan_effects, batch, effects, scope)
         if self.effect_concurrency == 1:
-            for p in effects:
-                outputs[p.index] = await self._guarded(p, input_type, scope, run_effect)
+            try:
+                for p in effects:
+                    outputs[p.index] = await self._guarded(p, input_type, scope, run_effect)
+            finally:
+                if batch is not None and batch.outcome is not None:
+                    await _db(self._flush_outcome, batch, scope)
         else:
             sem = asyncio.Semaphore(self.effect_concurrency)
 
@@ -593,6 +606,9 @@ class EffectToolNode(ToolNode):
     ) -> Any:
         # Planned with the batch (one statement), once: a repeated tool-call id plans again.
         known = batch.records.pop(p.call_id, None) if batch is not None else None
+        if batch is not None and batch.outcome is not None and not _dispatchable(p, known):
+            # Only a fresh dispatch carries the previous call's outcome along.
+            await _db(self._flush_outcome, batch, scope)
         planned = known if known is not None else await _db(self._plan_effect, p, scope)
         if isinstance(planned, ToolMessage):
             return planned  # the key belongs to another effect: not dispatched
@@ -601,13 +617,13 @@ class EffectToolNode(ToolNode):
             # Left in flight by an earlier attempt (crash, cancelled task): settle it first.
             rec = await self._settle_in_flight(p, rec, scope)
             if rec.status is EffectStatus.DISPATCHED:
-                return await self._dispatch(p, rec, input_type, scope, redispatch=True)
+                return await self._dispatch(p, rec, input_type, scope, redispatch=True, batch=batch)
         if rec.status is EffectStatus.PENDING_APPROVAL:
             return await _db(self._refuse_unapproved, p, rec, scope)
         if rec.status in (EffectStatus.PLANNED, EffectStatus.APPROVED, EffectStatus.NOT_APPLIED):
             if rec.status is EffectStatus.PLANNED and _needs_approval(p.spec, rec.args):
                 return await _db(self._refuse_unapproved, p, rec, scope)
-            return await self._dispatch(p, rec, input_type, scope)
+            return await self._dispatch(p, rec, input_type, scope, batch=batch)
         return replay_message(rec, p.call)
 
     def _plan_call(self, p: _Planned, scope: RunScope, **fields: Any) -> tuple[EffectRecord, bool]:
@@ -718,9 +734,10 @@ class EffectToolNode(ToolNode):
         scope: RunScope,
         *,
         redispatch: bool = False,
+        batch: _Batch | None = None,
     ) -> Any:
         ledger = scope.ledger
-        begun = await _db(self._begin_dispatch, p, rec, scope, redispatch)
+        begun = await _db(self._begin_dispatch, p, rec, scope, redispatch, batch)
         if isinstance(begun, ToolMessage):
             return begun
         rec = begun
@@ -756,6 +773,10 @@ class EffectToolNode(ToolNode):
             raise
         except Exception as exc:
             return await self._record_failure(planned, rec, exc, scope)
+        if batch is not None and self.effect_concurrency == 1:
+            # Written with the next call's intent, or when the batch's loop ends.
+            batch.outcome = self._success_request(planned, rec, msg, scope)
+            return msg
         return await _db(self._record_success, planned, rec, msg, scope)
 
     def _grace(self, spec: EffectSpec) -> float:
@@ -804,24 +825,50 @@ class EffectToolNode(ToolNode):
         return replay_message(unknown, p.call)
 
     def _begin_dispatch(
-        self, p: _Planned, rec: EffectRecord, scope: RunScope, redispatch: bool
+        self,
+        p: _Planned,
+        rec: EffectRecord,
+        scope: RunScope,
+        redispatch: bool,
+        batch: _Batch | None = None,
     ) -> EffectRecord | ToolMessage:
-        """The check before acting: cancelled? then the durable intent, or why not."""
+        """The check before acting: cancelled? then the durable intent, or why not.
+
+        The previous call's deferred outcome, if any, goes in the same round trip.
+        """
         ledger = scope.ledger
-        if scope.cancel_called():
+        outcome = batch.take_outcome() if batch is not None else None
+        if scope.cancel_called() or redispatch:
+            if outcome is not None:
+                self._write_outcome(scope, outcome)
+            if redispatch and not scope.cancel_called():
+                return rec
             scope.signal.observe()
             self._drop(scope, p, rec)
             return replay_message(ledger.get_effect(rec.effect_id), p.call)
-        if redispatch:
-            return rec
+        intent = TransitionRequest(
+            effect_id=rec.effect_id,
+            to=EffectStatus.DISPATCHED,
+            actor=scope.owner,
+            owner=scope.owner,
+            detail={"idempotency_key": rec.idempotency_key},
+        )
         try:
-            return ledger.transition(
-                rec.effect_id,
-                EffectStatus.DISPATCHED,
-                actor=scope.owner,
-                owner=scope.owner,
-                detail={"idempotency_key": rec.idempotency_key},
-            )
+            if outcome is None:
+                return ledger.transition(
+                    intent.effect_id,
+                    intent.to,
+                    actor=intent.actor,
+                    owner=intent.owner,
+                    detail=intent.detail,
+                )
+            done, begun = ledger.transition_many([outcome, intent])
+            if isinstance(done, LedgerError):
+                _outcome_lost(outcome, done)
+            if isinstance(begun, LedgerError):
+                raise begun
+            assert isinstance(begun, EffectRecord)
+            return begun
         except DispatchRefusedError:
             scope.signal.set()
             scope.signal.observe()
@@ -832,20 +879,39 @@ class EffectToolNode(ToolNode):
             # it; TransitionConflictError included): not ours to dispatch.
             return replay_message(ledger.get_effect(rec.effect_id), p.call)
 
-    def _record_success(self, p: _Planned, rec: EffectRecord, msg: Any, scope: RunScope) -> Any:
+    def _success_request(
+        self, p: _Planned, rec: EffectRecord, msg: Any, scope: RunScope
+    ) -> TransitionRequest:
         result = (
             message_payload(msg)
             if isinstance(msg, ToolMessage)
             else {"content": f"(tool returned {type(msg).__name__})", "status": "success"}
         )
-        scope.ledger.transition(
-            rec.effect_id,
-            EffectStatus.COMMITTED,
-            expected=[EffectStatus.DISPATCHED],
+        return TransitionRequest(
+            effect_id=rec.effect_id,
+            to=EffectStatus.COMMITTED,
+            expected=frozenset({EffectStatus.DISPATCHED}),
             actor=scope.owner,
             result=result,
         )
+
+    def _record_success(self, p: _Planned, rec: EffectRecord, msg: Any, scope: RunScope) -> Any:
+        req = self._success_request(p, rec, msg, scope)
+        scope.ledger.transition(
+            req.effect_id, req.to, expected=req.expected, actor=req.actor, result=req.result
+        )
         return msg
+
+    def _write_outcome(self, scope: RunScope, req: TransitionRequest) -> None:
+        (done,) = scope.ledger.transition_many([req])
+        if isinstance(done, LedgerError):
+            _outcome_lost(req, done)
+
+    def _flush_outcome(self, batch: _Batch, scope: RunScope) -> None:
+        """Write the deferred outcome now (the loop ended, or the next step is no dispatch)."""
+        outcome = batch.take_outcome()
+        if outcome is not None:
+            self._write_outcome(scope, outcome)
 
     async def _record_failure(
         self, p: _Planned, rec: EffectRecord, exc: Exception, scope: RunScope
@@ -1091,6 +1157,22 @@ def _as_tool_call(call: Any) -> ToolCall:
             "name": name if isinstance(name, str) else "" if name is None else str(name),
             "id": call_id if call_id is None or isinstance(call_id, str) else str(call_id),
         },
+    )
+
+
+def _dispatchable(p: _Planned, rec: EffectRecord | None) -> bool:
+    """True when the call's next step is a fresh dispatch (a durable intent write)."""
+    if rec is None:
+        return False
+    if rec.status is EffectStatus.PLANNED:
+        return not _needs_approval(p.spec, rec.args)
+    return rec.status in (EffectStatus.APPROVED, EffectStatus.NOT_APPLIED)
+
+
+def _outcome_lost(req: TransitionRequest, error: LedgerError) -> None:
+    """A recorded success another writer overtook: its record stands, say so loudly."""
+    logger.warning(
+        "could not record the outcome of %s as %s: %s", req.effect_id, req.to.value, error
     )
 
 
