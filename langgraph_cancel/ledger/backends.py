@@ -305,7 +305,7 @@ class PostgresBackend(Backend):
             return None
         from psycopg.types.json import Jsonb
 
-        return Jsonb(json.loads(json.dumps(value, default=str)))
+        return Jsonb(value, dumps=_dumps)
 
     @contextmanager
     def transaction(self) -> Iterator[Cursor]:
@@ -360,6 +360,11 @@ class PostgresBackend(Backend):
         self.closed = True
         if self._owns and self._pool is not None:
             self._pool.close()
+
+
+def _dumps(value: Any) -> str:
+    """JSON for a JSONB column; what JSON cannot hold is kept as its string."""
+    return json.dumps(value, default=str)
 
 
 def _full_conninfo(conn: Any) -> str:

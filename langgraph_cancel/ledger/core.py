@@ -184,9 +184,10 @@ class Ledger:
         self._cancel_listeners.append(listener)
 
     # ------------------------------------------------------------- decoding
+    # Rows the ledger wrote itself: records are built without re-validating them.
     def _run(self, row: dict[str, Any]) -> RunRecord:
         b = self.backend
-        return RunRecord(
+        return RunRecord.model_construct(
             run_id=row["run_id"],
             thread_id=row["thread_id"],
             status=run_status(row["status"]),
@@ -205,7 +206,7 @@ class Ledger:
 
     def _effect(self, row: dict[str, Any]) -> EffectRecord:
         b = self.backend
-        return EffectRecord(
+        return EffectRecord.model_construct(
             effect_id=row["effect_id"],
             thread_id=row["thread_id"],
             run_id=row["run_id"],
@@ -230,7 +231,7 @@ class Ledger:
 
     def _lease(self, row: dict[str, Any]) -> LeaseRecord:
         b = self.backend
-        return LeaseRecord(
+        return LeaseRecord.model_construct(
             thread_id=row["thread_id"],
             owner=row["owner"],
             acquired_at=_required(b.ts_out(row["acquired_at"])),
@@ -979,33 +980,22 @@ class Ledger:
         params: dict[str, Any] = {f"s{i}": v for i, v in enumerate(names)}
         statuses = ", ".join(f"%(s{i})s" for i in range(len(names))) or "NULL"
         params.update(self._cas_params(req, token, now))
-        sql = q.TRANSITION_EFFECT.format(
-            statuses=statuses, guard=q.RUN_ACTIVE_GUARD if guard else ""
-        )
+        params.update({"actor": req.actor, "detail": b.json_in(req.detail or {})})
+        guard_sql = q.RUN_ACTIVE_GUARD if guard else ""
         with b.transaction() as cur:
-            cur.execute(q.SELECT_EFFECT, {"effect_id": effect_id})
-            before = cur.fetchone()
-            if before is None:
-                raise UnknownEffectError(f"no effect {effect_id!r} in the ledger")
-            if before["last_token"] == token:
-                # Our own earlier attempt committed and its ack was lost: do not apply it
-                # twice (self-transitions such as dispatched -> dispatched would match).
-                return self._effect(before)
-            cur.execute(sql, params)
+            cur.execute(
+                q.SQLITE_AUDIT_TRANSITION.format(statuses=statuses, guard=guard_sql), params
+            )
+            cur.execute(
+                q.SQLITE_TRANSITION_EFFECT.format(statuses=statuses, guard=guard_sql), params
+            )
             row = cur.fetchone()
             if row is not None:
-                cur.execute(
-                    q.INSERT_TRANSITION,
-                    {
-                        "effect_id": effect_id,
-                        "from_status": before["status"],
-                        "to_status": req.to.value,
-                        "now": b.ts_in(now),
-                        "actor": req.actor,
-                        "detail": b.json_in(req.detail or {}),
-                    },
-                )
                 return self._effect(row)
+            cur.execute(q.SELECT_EFFECT, {"effect_id": effect_id})
+            before = cur.fetchone()
+        if before is None:
+            raise UnknownEffectError(f"no effect {effect_id!r} in the ledger")
         return self._lost_transition(before, req.to, allowed, guard, token)
 
     def _lost_transition(

@@ -221,7 +221,20 @@ ORDER BY created_at, effect_id LIMIT %(limit)s"""
 # The compare-and-set. ``{statuses}`` is filled with bound placeholders for the
 # allowed "from" statuses; ``{guard}`` optionally adds the run-is-active check that
 # makes "no dispatch after the cancel signal" a database fact (invariant I1).
-TRANSITION_EFFECT = f"""
+#
+# SQLite, inside one BEGIN IMMEDIATE: the audit row first (its "from" is the row's
+# status before the update), then the update, both under the same compare-and-set
+# predicate. ``last_token IS NOT`` (null-safe): a retry of a write that committed does
+# not apply twice.
+_SQLITE_CAS = """effect_id = %(effect_id)s AND status IN ({statuses})
+    AND last_token IS NOT %(token)s {guard}"""
+
+SQLITE_AUDIT_TRANSITION = f"""
+INSERT INTO lgc_transitions (effect_id, from_status, to_status, at, actor, detail)
+SELECT effect_id, status, %(to)s, %(now)s, %(actor)s, %(detail)s FROM lgc_effects
+WHERE {_SQLITE_CAS}"""
+
+SQLITE_TRANSITION_EFFECT = f"""
 UPDATE lgc_effects SET status = %(to)s, version = version + 1, last_token = %(token)s,
     updated_at = %(now)s,
     result = CASE WHEN %(set_result)s = 1 THEN %(result)s ELSE result END,
@@ -232,7 +245,7 @@ UPDATE lgc_effects SET status = %(to)s, version = version + 1, last_token = %(to
     args = COALESCE(%(args)s, args),
     dispatched_at = CASE WHEN %(to)s = 'dispatched' THEN %(now)s ELSE dispatched_at END,
     settled_at = CASE WHEN %(settles)s = 1 THEN %(now)s ELSE settled_at END
-WHERE effect_id = %(effect_id)s AND status IN ({{statuses}}) {{guard}}
+WHERE {_SQLITE_CAS}
 RETURNING {EFFECT_COLUMNS}"""
 
 # PostgreSQL: the compare-and-set and its audit row in ONE statement (one round
