@@ -100,7 +100,7 @@ def transient_error_for(ledger: Ledger) -> BaseException:
 def test_transient_classification() -> None:
     import psycopg
     from psycopg import errors as pge
-    from psycopg_pool import PoolTimeout
+    from psycopg_pool import PoolClosed, PoolTimeout
 
     assert is_transient(sqlite3.OperationalError("database is locked"))
     assert is_transient(sqlite3.OperationalError("database table is busy"))
@@ -110,6 +110,7 @@ def test_transient_classification() -> None:
     assert is_transient(pge.SerializationFailure("could not serialize access"))
     assert is_transient(pge.DeadlockDetected("deadlock detected"))
     assert is_transient(PoolTimeout("couldn't get a connection"))
+    assert not is_transient(PoolClosed("the pool is already closed"))  # nothing to wait for
     assert not is_transient(pge.UniqueViolation("duplicate key"))
     assert not is_transient(pge.CheckViolation("lgc: run is already terminal"))
     assert not is_transient(ValueError("nope"))
@@ -422,3 +423,17 @@ def test_postgres_closed_single_connection_raises_after_retries(
         stored = check.get_effect(rec.effect_id)
         assert stored.status is EffectStatus.PLANNED and stored.version == rec.version
         assert len(check.history(rec.effect_id)) == 1
+
+
+def test_a_closed_postgres_ledger_fails_at_once(
+    pg_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Using a ledger after ``close()`` is a caller's error: no retries, no backoff."""
+    from psycopg_pool import PoolClosed
+
+    caplog.set_level(logging.WARNING, logger=LOGGER)
+    ledger = Ledger.from_url(pg_url)
+    ledger.close()
+    with pytest.raises(PoolClosed):
+        ledger.start_run(new_id("t"))
+    assert retry_logs(caplog) == []

@@ -57,11 +57,11 @@ def is_transient(exc: BaseException) -> bool:
     try:
         import psycopg
         from psycopg import errors as pge
-        from psycopg_pool import PoolTimeout
+        from psycopg_pool import PoolClosed, PoolTimeout
     except ImportError:  # pragma: no cover - postgres extra not installed
         return False
-    if isinstance(exc, pge.IntegrityError | pge.RaiseException):
-        return False
+    if isinstance(exc, pge.IntegrityError | pge.RaiseException | PoolClosed):
+        return False  # PoolClosed: the ledger was closed; waiting will not reopen it
     if isinstance(exc, pge.SerializationFailure | pge.DeadlockDetected | PoolTimeout):
         return True
     return isinstance(exc, psycopg.OperationalError)

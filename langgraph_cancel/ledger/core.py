@@ -550,7 +550,10 @@ class Ledger:
         )
 
     @transient_retry()
-    def _plan(
+    def _plan(self, **fields: Any) -> tuple[EffectRecord, bool]:
+        return self._plan_once(**fields)
+
+    def _plan_once(
         self,
         *,
         thread_id: str,
@@ -722,7 +725,7 @@ class Ledger:
         if b.dialect != "postgres":
             with b.transaction() as _cur:  # one transaction for the batch
                 return {
-                    call_id: self._plan(
+                    call_id: self._plan_once(
                         **self._plan_fields(thread_id, run_id, item), owner=owner, actor=actor
                     )
                     for call_id, item in unique.items()
