@@ -689,6 +689,8 @@ class _Invocation:
         return dangling_tool_calls(_messages(snapshot.values, self.settings.messages_key))
 
     def _close_run(self) -> None:
+        if self._complete():
+            return
         run = self.ledger.get_run(self.scope.run_id)
         if run.terminal:
             if run.status is RunStatus.CANCELLED:
@@ -701,17 +703,26 @@ class _Invocation:
             dangling = self._dangling()
             report = finalize_cancel(self.scope, self.settings, dangling)
             self._settle_state(report, dangling)
-            return
+
+    def _complete(self) -> bool:
+        """Mark the run completed if the graph ran to its end; True if this call did.
+
+        The compare-and-set only moves a ``running`` run: a run asked to stop
+        meanwhile, or already finished, is left to ``_close_run``.
+        """
         if self.graph.checkpointer is None:
-            return
+            return False
         try:
             snapshot = self.graph.get_state(self._state_config())
         except Exception:
             logger.debug("no state to inspect", exc_info=True)
-            return
-        if not snapshot.next and not snapshot.interrupts:
-            with contextlib.suppress(IllegalTransitionError):
-                self.ledger.finish_run(run.run_id, RunStatus.COMPLETED)
+            return False
+        if snapshot.next or snapshot.interrupts:
+            return False  # paused (an interrupt, a drained queue): the run goes on later
+        try:
+            return self.ledger.finish_run(self.scope.run_id, RunStatus.COMPLETED)
+        except IllegalTransitionError:
+            return False
 
 
 class CancellableGraph(CompiledStateGraph):  # type: ignore[type-arg]

@@ -8,6 +8,7 @@ effect then stays unknown with an owner instead of the run crashing.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import contextvars
 import inspect
@@ -126,36 +127,65 @@ def _shared_executor() -> _SharedExecutor:
         return _executor
 
 
-def _forget_executor_after_fork() -> None:
+_idle_loops: list[asyncio.AbstractEventLoop] = []
+_loops_lock = threading.Lock()
+
+
+def _forget_after_fork() -> None:
     global _executor
     _executor = None  # the parent's threads do not exist in the child
+    _idle_loops.clear()  # their selectors are the parent's
 
 
-os.register_at_fork(after_in_child=_forget_executor_after_fork)
+os.register_at_fork(after_in_child=_forget_after_fork)
+
+
+def _take_loop() -> asyncio.AbstractEventLoop:
+    """An idle private loop (creating one costs more than a short node's work)."""
+    with _loops_lock:
+        if _idle_loops:
+            return _idle_loops.pop()
+    loop = asyncio.new_event_loop()
+    loop.set_default_executor(_shared_executor())
+    return loop
+
+
+def _close_idle_loops() -> None:
+    with _loops_lock:
+        while _idle_loops:
+            _idle_loops.pop().close()
+
+
+atexit.register(_close_idle_loops)
 
 
 def _run_on_private_loop(coro: Any) -> Any:
     """``asyncio.run`` without waiting for the default executor's threads.
 
     A read-only call abandoned on cancel may still be running in an executor
-    thread; ``asyncio.run`` would join it, holding the cancel hostage.
+    thread; ``asyncio.run`` would join it, holding the cancel hostage. The loop
+    goes back to a pool once its tasks are finished or cancelled.
     """
-    loop = asyncio.new_event_loop()
-    loop.set_default_executor(_shared_executor())
+    loop = _take_loop()
     try:
-        asyncio.set_event_loop(loop)
         return loop.run_until_complete(coro)
     finally:
+        reusable = False
         try:
             pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
             for task in pending:
                 task.cancel()
             if pending:
                 loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
-            loop.run_until_complete(loop.shutdown_asyncgens())
+            # No shutdown_asyncgens(): the loop is reused, and async generators left
+            # unfinished are closed by their finalizer hook on its next run.
+            reusable = True
         finally:
-            asyncio.set_event_loop(None)
-            loop.close()  # shuts the default executor down without waiting
+            if reusable:
+                with _loops_lock:
+                    _idle_loops.append(loop)
+            else:
+                loop.close()
 
 
 def run_sync(coro: Any) -> Any:

@@ -169,6 +169,13 @@ class CancelSignal:
         """Mark the signal up (from a listener or a same-process request)."""
         self._event.set()
 
+    def saw(self, run: RunRecord) -> None:
+        """The run row was just read: count it as this interval's poll."""
+        if run.cancel_requested or run.terminal:
+            self._event.set()
+        else:
+            self._last_poll = time.monotonic()
+
     @property
     def cancel_called(self) -> bool:
         """True once cancellation was requested (may poll the database)."""
@@ -371,6 +378,8 @@ def scope_for(
     )
     if run.status is not RunStatus.RUNNING:
         scope.signal.set()
+    else:
+        scope.signal.saw(run)
     with _scopes_lock:
         _scopes[key] = scope
     return scope
