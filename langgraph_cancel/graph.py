@@ -459,6 +459,40 @@ def _make_reconcile_subgraph(settings: CancellationSettings, state_schema: Any) 
     return sub.compile(name=RECONCILE_NODE)
 
 
+_RECONCILABLE = frozenset(
+    {EffectStatus.DISPATCHED, EffectStatus.UNKNOWN, EffectStatus.COMPENSATING}
+)
+
+
+def _needs_reconcile(state: Any, config: RunnableConfig, settings: CancellationSettings) -> bool:
+    """Whether new input must pass through the reconcile subgraph before anything runs.
+
+    It must when the run is stopping, when the state has tool calls nobody
+    answered, or when the ledger holds an outcome to settle (in flight, unknown,
+    compensating): exactly the cases the subgraph's steps act on.
+    """
+    scope = scope_for(config, ledger=settings.ledger, new_run=False)
+    if scope.run.terminal or scope.cancel_called():
+        return True
+    if dangling_tool_calls(_messages(state, settings.messages_key)):
+        return True
+    return any(e.status in _RECONCILABLE for e in scope.ledger.unsettled(scope.thread_id))
+
+
+def _make_entry(settings: CancellationSettings, targets: list[str]) -> RunnableCallable:
+    """START's router: the reconcile subgraph when needed, else where START led."""
+
+    def route(state: Any, config: RunnableConfig) -> str | list[str]:
+        return RECONCILE_NODE if _needs_reconcile(state, config, settings) else targets
+
+    async def aroute(state: Any, config: RunnableConfig) -> str | list[str]:
+        # Ledger I/O off the loop.
+        needed = await asyncio.to_thread(_needs_reconcile, state, config, settings)
+        return RECONCILE_NODE if needed else targets
+
+    return RunnableCallable(route, aroute, name="reconcile_if_needed", trace=False)
+
+
 # ---------------------------------------------------------- add_cancellation
 def _collect_tools(builder: StateGraph[Any, Any, Any, Any]) -> dict[str, BaseTool]:
     tools: dict[str, BaseTool] = {}
@@ -532,15 +566,24 @@ def add_cancellation(
         # The report is part of what invoke() returns, not only of the saved state.
         output_channels.setdefault(report_key, builder.channels[report_key])
     # The reconcile node takes START's place: START -> reconcile -> (what START led to).
+    # With plain entry edges, new input whose thread has nothing to reconcile goes
+    # straight on (one ledger read instead of a subgraph run).
     start_edges = {(s, e) for (s, e) in builder.edges if s == START}
     for s, e in start_edges:
         builder.edges.discard((s, e))
         builder.edges.add((RECONCILE_NODE, e))
-    if START in builder.branches:
-        builder.branches[RECONCILE_NODE] = builder.branches.pop(START)
     builder.add_node(RECONCILE_NODE, _make_reconcile_subgraph(settings, builder.state_schema))
     builder.add_node(CANCEL_NODE, _make_cancel_node(settings))
-    builder.add_edge(START, RECONCILE_NODE)
+    if START in builder.branches:
+        builder.branches[RECONCILE_NODE] = builder.branches.pop(START)
+        builder.add_edge(START, RECONCILE_NODE)
+    elif start_edges:
+        targets = sorted(e for _, e in start_edges)
+        builder.add_conditional_edges(
+            START, _make_entry(settings, targets), [RECONCILE_NODE, *targets]
+        )
+    else:
+        builder.add_edge(START, RECONCILE_NODE)
     builder.add_edge(CANCEL_NODE, END)
     builder.__class__ = CancellableStateGraph
     cast(CancellableStateGraph, builder).cancellation = settings
