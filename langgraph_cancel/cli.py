@@ -1012,8 +1012,15 @@ def cmd_resume(args: argparse.Namespace) -> int:
         config: Any = {"configurable": {"thread_id": args.thread}}
         snapshot = graph.get_state(config)
         run_before = saver.ledger.require_latest_run(args.thread)
-        if not snapshot.next and not snapshot.interrupts and run_before.terminal:
-            message = f"nothing to resume: run {run_before.run_id} is {run_before.status.value}"
+        saved = snapshot.created_at is not None
+        if not saved or (not snapshot.next and not snapshot.interrupts and run_before.terminal):
+            message = (
+                f"nothing to resume: run {run_before.run_id} is {run_before.status.value}"
+                if saved
+                else f"nothing to resume: thread {args.thread!r} has no saved checkpoint (its "
+                "worker stopped before writing the first one); the ledger's effects were "
+                "reconciled, and new input on the thread starts it again"
+            )
             if args.json:
                 print(
                     json.dumps(

@@ -26,7 +26,7 @@ import pytest
 from cli_util import cli_env, ok, ok_json, one_line_error, run_cli, run_main, sqlite_url
 from examples.refund_agent.services import Providers
 from langgraph_cancel import Ledger
-from langgraph_cancel.types import EffectStatus
+from langgraph_cancel.types import EffectKind, EffectStatus
 
 THREAD = "refund-demo"
 
@@ -230,6 +230,29 @@ def test_bad_url_is_a_one_line_error(tmp_path: Path, db: str, expect: str) -> No
 def test_resume_of_a_finished_thread_is_a_no_op(demo: Demo) -> None:
     out = ok(demo.cli("resume", THREAD))
     assert "nothing to resume" in out and "cancelled" in out
+
+
+def test_resume_without_a_saved_checkpoint_says_so(tmp_path: Path) -> None:
+    # A worker killed before its first checkpoint reached the disk: the ledger knows
+    # the run and an effect, the checkpointer knows nothing. Resume reconciles and says
+    # there is no state to continue from, instead of failing inside LangGraph.
+    db = sqlite_url(tmp_path / "agent.db")
+    with Ledger.from_url(db) as ledger:
+        run = ledger.start_run("early")
+        ledger.plan(
+            thread_id="early",
+            run_id=run.run_id,
+            tool_call_id="c1",
+            tool="lookup_order",
+            kind=EffectKind.READ_ONLY,
+            args={"order_id": "o-88"},
+            status=EffectStatus.COMMITTED,
+            result={"content": "o-88: paid"},
+        )
+    resumed = ok_json(run_main(["resume", "early", "--db", db, "--json"], tmp_path))
+    assert resumed["resumed"] is False
+    assert "no saved checkpoint" in resumed["message"]
+    assert resumed["run"]["status"] == "running"
 
 
 def test_reconcile_with_nothing_to_settle(demo: Demo) -> None:
