@@ -14,6 +14,7 @@ import cProfile
 import functools
 import gc
 import inspect
+import itertools
 import pstats
 import time
 import uuid
@@ -134,8 +135,11 @@ def instrument(rec: Recorder) -> Iterator[None]:
         "release_lease",
         "heartbeat",
         "plan",
+        "plan_many",
         "transition",
+        "transition_many",
         "find_effect",
+        "find_effects",
         "get_effect",
         "unsettled",
         "finish_run",
@@ -264,6 +268,7 @@ def _ledger_primitives(ledger: Any, reps: int) -> dict[str, Any]:
         times["find_effect (read-only replay check)"].append(t4 - t3)
         times["plan (read-only outcome, committed)"].append(t5 - t4)
         times["get_run (cancel poll)"].append(t6 - t5)
+    _batched_primitives(ledger, reps, times)
     out = {k: rnd((median(v) or 0) * 1e6, 1) for k, v in times.items()}
     out["side_effecting_call_total_us"] = rnd(
         sum(
@@ -277,6 +282,19 @@ def _ledger_primitives(ledger: Any, reps: int) -> dict[str, Any]:
         * 1e6,
         1,
     )
+    # What EffectToolNode writes per call: a tenth of the batch's plan_many (N=10), and
+    # one transition_many carrying the previous outcome with this call's intent.
+    out["side_effecting_call_batched_us"] = rnd(
+        (
+            (median(times["plan_many (10 intent rows), per row"]) or 0)
+            + (median(times["transition_many (outcome + next intent)"]) or 0)
+        )
+        * 1e6,
+        1,
+    )
+    out["read_only_call_batched_us"] = rnd(
+        (median(times["plan_many (10 read outcomes), per row"]) or 0) * 1e6, 1
+    )
     out["read_only_call_total_us"] = rnd(
         sum(
             median(times[k]) or 0
@@ -286,6 +304,67 @@ def _ledger_primitives(ledger: Any, reps: int) -> dict[str, Any]:
         1,
     )
     return out
+
+
+def _batched_primitives(ledger: Any, reps: int, times: dict[str, list[float]]) -> None:
+    """The batch writes EffectToolNode makes, timed on their own (10 calls a batch)."""
+    from langgraph_cancel.types import EffectKind, EffectStatus, NewEffect, TransitionRequest
+
+    thread = f"prim-batch-{uuid.uuid4().hex[:8]}"
+    run = ledger.start_run(thread)
+    for b in range(max(1, reps // 10)):
+        calls = [f"b{b}-{i}" for i in range(10)]
+        t0 = time.perf_counter()
+        entries = ledger.plan_many(
+            thread_id=thread,
+            run_id=run.run_id,
+            items=[
+                NewEffect(c, "work", EffectKind.IRREVERSIBLE, {"i": i}, seq=i)
+                for i, c in enumerate(calls)
+            ],
+            owner="bench",
+            actor="bench",
+        )
+        times["plan_many (10 intent rows), per row"].append((time.perf_counter() - t0) / 10)
+        ids = [e[0].effect_id for e in entries if isinstance(e, tuple)]
+        ledger.transition(ids[0], "dispatched", actor="bench", owner="bench")
+        for prev, nxt in itertools.pairwise(ids):
+            t1 = time.perf_counter()
+            ledger.transition_many(
+                [
+                    TransitionRequest(
+                        effect_id=prev,
+                        to=EffectStatus.COMMITTED,
+                        expected=frozenset({EffectStatus.DISPATCHED}),
+                        actor="bench",
+                        result={"content": "ok", "status": "success"},
+                    ),
+                    TransitionRequest(
+                        effect_id=nxt, to=EffectStatus.DISPATCHED, actor="bench", owner="bench"
+                    ),
+                ]
+            )
+            times["transition_many (outcome + next intent)"].append(time.perf_counter() - t1)
+        t2 = time.perf_counter()
+        ledger.plan_many(
+            thread_id=thread,
+            run_id=run.run_id,
+            items=[
+                NewEffect(
+                    f"{c}-r",
+                    "work",
+                    EffectKind.READ_ONLY,
+                    {"i": i},
+                    seq=i,
+                    status=EffectStatus.COMMITTED,
+                    result={"content": "ok", "status": "success"},
+                )
+                for i, c in enumerate(calls)
+            ],
+            owner="bench",
+            actor="bench",
+        )
+        times["plan_many (10 read outcomes), per row"].append((time.perf_counter() - t2) / 10)
 
 
 def _tool_path_ab(saver: Any, base_saver: Any, n: int, reps: int) -> dict[str, Any]:

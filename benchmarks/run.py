@@ -327,10 +327,14 @@ def findings(res: dict[str, Any]) -> list[str]:
             )
         if prim:
             notes.append(
-                f"{b} ledger primitives outside a graph: side-effecting call = plan + dispatched + "
-                f"committed = {prim.get('side_effecting_call_total_us')} us; read-only call = "
-                f"find_effect + plan(committed) = {prim.get('read_only_call_total_us')} us; "
-                f"get_run (cancel poll) {prim.get('get_run (cancel poll)')} us."
+                f"{b} ledger writes outside a graph, per call: side-effecting, one at a time "
+                f"(plan + dispatched + committed) {prim.get('side_effecting_call_total_us')} us, "
+                f"batched as EffectToolNode writes them (a tenth of plan_many + one "
+                f"transition_many: outcome with the next intent) "
+                f"{prim.get('side_effecting_call_batched_us')} us; read-only, one at a time "
+                f"(find_effect + plan) {prim.get('read_only_call_total_us')} us, batched (a "
+                f"tenth of plan_many) {prim.get('read_only_call_batched_us')} us; get_run "
+                f"(cancel poll) {prim.get('get_run (cancel poll)')} us."
             )
     ab = res.get("profile", {}).get("tool_path_ab") or {}
     if "async_tool_path_us_per_call" in ab:
@@ -346,8 +350,8 @@ def findings(res: dict[str, Any]) -> list[str]:
     if micro:
         notes.append(
             f"Python-level costs on this box: asyncio.run() of an empty coroutine "
-            f"{micro.get('asyncio_run_empty_us')} us (EffectToolNode's sync entry and the "
-            f"reconcile node each run one per node execution); a sync tool via tool.ainvoke "
+            f"{micro.get('asyncio_run_empty_us')} us (EffectToolNode's sync entry reuses "
+            f"pooled loops instead); a sync tool via tool.ainvoke "
             f"(executor hop) "
             f"{micro.get('tool_ainvoke_sync_tool_us_per_call')} us/call vs tool.invoke "
             f"{micro.get('tool_invoke_sync_us_per_call')} us/call."
