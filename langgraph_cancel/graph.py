@@ -21,7 +21,6 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import threading
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -60,6 +59,7 @@ from langgraph_cancel.nodes.tool_node import (
 from langgraph_cancel.report import CancellationReport, build_report
 from langgraph_cancel.runtime import (
     CONFIG_KEY_LEDGER,
+    LEASES,
     RunScope,
     check_durability,
     current_scope,
@@ -629,19 +629,8 @@ class _Invocation:
         self.ledger = self.scope.ledger
         self.ledger.acquire_lease(self.scope.thread_id, owner, ttl=LEASE_TTL)
         self.owner = owner
-        self._stop = threading.Event()
-        self._beat = threading.Thread(
-            target=self._heartbeat, daemon=True, name="langgraph-cancel-lease"
-        )
-        self._beat.start()
+        self._lease = LEASES.hold(self.ledger, self.scope.thread_id, owner, ttl=LEASE_TTL)
         self.token = current_scope.set(self.scope)
-
-    def _heartbeat(self) -> None:
-        while not self._stop.wait(LEASE_TTL / 3):
-            try:
-                self.ledger.heartbeat(self.scope.thread_id, self.owner, ttl=LEASE_TTL)
-            except Exception:
-                logger.warning("lease heartbeat failed", exc_info=True)
 
     def end(self, *, drained: bool, failed: bool, interrupted: bool = False) -> None:
         """Close the run if it ended; clear drained work; release the lease.
@@ -655,7 +644,7 @@ class _Invocation:
             current_scope.reset(self.token)
         except ValueError:  # ended from another context (generator closed elsewhere)
             current_scope.set(None)
-        self._stop.set()
+        LEASES.let_go(self._lease)
         try:
             if drained:
                 self._clear_queue()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import itertools
 import logging
 import os
 import threading
@@ -300,6 +301,83 @@ def _start_pg_listener(ledger: Ledger, on_notify: Callable[[str, str], None]) ->
 HUB = _SignalHub()
 
 
+@dataclass(slots=True)
+class _Held:
+    ledger: Ledger
+    thread_id: str
+    owner: str
+    ttl: float
+    due: float
+
+
+class LeaseKeeper:
+    """Renews every lease this process holds, from one daemon thread.
+
+    Each lease is renewed every third of its time to live. A renewal that fails
+    is logged and tried again a third of a TTL later, so a lease lapses only
+    when renewals keep failing for its whole TTL (then another worker may take
+    the thread over, as after a crash).
+    """
+
+    def __init__(self) -> None:
+        self._reset()
+
+    def _reset(self) -> None:
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._held: dict[int, _Held] = {}
+        self._ids = itertools.count()
+        self._thread: threading.Thread | None = None
+
+    def hold(self, ledger: Ledger, thread_id: str, owner: str, *, ttl: float) -> int:
+        """Keep renewing ``owner``'s lease on ``thread_id`` until ``let_go``; returns a handle."""
+        with self._lock:
+            handle = next(self._ids)
+            self._held[handle] = _Held(ledger, thread_id, owner, ttl, time.monotonic() + ttl / 3)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._renew_forever, name="langgraph-cancel-leases", daemon=True
+                )
+                self._thread.start()
+            self._changed.notify()
+            return handle
+
+    def let_go(self, handle: int) -> None:
+        """Stop renewing a lease (releasing it is the caller's own write)."""
+        with self._lock:
+            self._held.pop(handle, None)
+
+    def held(self) -> int:
+        """How many leases are being renewed."""
+        with self._lock:
+            return len(self._held)
+
+    def _renew_forever(self) -> None:
+        while True:
+            with self._lock:
+                now = time.monotonic()
+                due = [(k, h) for k, h in self._held.items() if h.due <= now]
+                if not due:
+                    soonest = min((h.due for h in self._held.values()), default=None)
+                    self._changed.wait(None if soonest is None else soonest - now)
+                    continue
+                for _, h in due:
+                    h.due = now + h.ttl / 3
+            for handle, h in due:
+                with self._lock:
+                    if handle not in self._held:
+                        continue  # let go meanwhile: its run is ending
+                try:
+                    h.ledger.heartbeat(h.thread_id, h.owner, ttl=h.ttl)
+                except Exception:
+                    logger.warning("lease heartbeat failed for %s", h.thread_id, exc_info=True)
+
+
+#: The process's lease keeper (``_Invocation`` holds each run's lease through it).
+LEASES = LeaseKeeper()
+os.register_at_fork(after_in_child=LEASES._reset)  # the parent's thread is not ours
+
+
 @dataclass
 class RunScope:
     """Everything a node needs to act for one run of one thread."""
@@ -414,8 +492,10 @@ __all__ = [
     "DEFAULT_DB_URL",
     "ENV_DB",
     "HUB",
+    "LEASES",
     "WORKER_ID",
     "CancelSignal",
+    "LeaseKeeper",
     "RunScope",
     "check_durability",
     "coerce_ledger",
