@@ -24,7 +24,7 @@ import pytest
 from langgraph_cancel.errors import DuplicateIdempotencyKeyError, TransientDatabaseError
 from langgraph_cancel.ledger import Ledger, PostgresBackend, SqliteBackend
 from langgraph_cancel.ledger.backends import is_transient
-from langgraph_cancel.types import EffectKind, EffectRecord, EffectStatus
+from langgraph_cancel.types import EffectKind, EffectRecord, EffectStatus, RunStatus
 from ledger_util import make_effect, new_id
 
 LOGGER = "langgraph_cancel.ledger"
@@ -184,6 +184,32 @@ def test_lost_acknowledgement_after_commit_is_not_doubled(
             history = ledger.history(rec.effect_id)
             assert len(history) == rec.version + 1, history
             assert (history[-1].from_status, history[-1].to_status) == (rec.status, target)
+
+
+def test_lost_acknowledgement_of_a_run_write_is_recognised(
+    db_url: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A cancel request or a terminal transition that committed, then lost its ack:
+    the retry says it won (runs carry a write token too), not that another writer did."""
+    caplog.set_level(logging.WARNING, logger=LOGGER)
+    with Ledger.from_url(db_url) as ledger:
+        thread = new_id("t")
+        run = ledger.start_run(thread)
+        spy = spy_on(ledger, monkeypatch)
+        spy.after_commit = transient_error_for(ledger)
+        asked = ledger.request_cancel(thread, reason="user pressed stop", requested_by="ui")
+        assert spy.units >= 2 and len(retry_logs(caplog)) == 1
+        assert asked.accepted and asked.first, asked
+        assert ledger.get_run(run.run_id).reason == "user pressed stop"
+        # A second, genuine request is told the first reason won.
+        again = ledger.request_cancel(thread, reason="other", requested_by="cli")
+        assert again.accepted and not again.first
+        spy.after_commit = transient_error_for(ledger)
+        assert ledger.finish_run(run.run_id, RunStatus.CANCELLED) is True
+        assert len(retry_logs(caplog)) == 2
+        monkeypatch.undo()
+        assert ledger.finish_run(run.run_id, RunStatus.CANCELLED) is False  # a repeat
+        assert ledger.get_run(run.run_id).status is RunStatus.CANCELLED
 
 
 # -------------------------------------------------------------------------- SQLite

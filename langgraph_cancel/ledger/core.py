@@ -359,7 +359,9 @@ class Ledger:
         Raises:
             UnknownThreadError: If the ledger has never seen the thread.
         """
-        result = self._request_cancel(thread_id, reason=reason, requested_by=requested_by)
+        result = self._request_cancel(
+            thread_id, reason=reason, requested_by=requested_by, token=uuid.uuid4().hex
+        )
         if result.accepted and result.run_id is not None:
             for listener in list(self._cancel_listeners):
                 listener(thread_id, result.run_id)
@@ -375,7 +377,7 @@ class Ledger:
 
     @transient_retry()
     def _request_cancel(
-        self, thread_id: str, *, reason: str, requested_by: str
+        self, thread_id: str, *, reason: str, requested_by: str, token: str
     ) -> CancelRequestResult:
         now = utcnow()
         with self.backend.transaction() as cur:
@@ -400,6 +402,7 @@ class Ledger:
                     "now": self.backend.ts_in(now),
                     "reason": reason,
                     "requested_by": requested_by,
+                    "token": token,
                 },
             )
             updated = cur.fetchone()
@@ -410,8 +413,9 @@ class Ledger:
                 # COMMITTED): answer with its current state, not the stale snapshot.
                 cur.execute(q.SELECT_RUN, {"run_id": active["run_id"]})
                 active = cur.fetchone() or active
-        if updated is not None:
-            run = self._run(updated)
+        if updated is not None or active.get("last_token") == token:
+            # Made now, or by our own earlier attempt whose acknowledgement was lost.
+            run = self._run(updated if updated is not None else active)
             return _cancel_answer(
                 run, accepted=True, first=True, message=f"cancel requested for run {run.run_id}"
             )
@@ -444,7 +448,6 @@ class Ledger:
                     raise UnknownRunError(run_id)
             return self._run(row)
 
-    @transient_retry()
     def finish_run(
         self,
         run_id: str,
@@ -467,6 +470,26 @@ class Ledger:
         target = run_status(status)
         if target not in TERMINAL_RUN_STATUSES:
             raise IllegalTransitionError(run_id, "?", target.value, "not a terminal status")
+        return self._finish_run(
+            run_id,
+            target,
+            report=report,
+            quiesced_at=quiesced_at,
+            tokens_after_cancel=tokens_after_cancel,
+            token=uuid.uuid4().hex,
+        )
+
+    @transient_retry()
+    def _finish_run(
+        self,
+        run_id: str,
+        target: RunStatus,
+        *,
+        report: dict[str, Any] | None,
+        quiesced_at: datetime | None,
+        tokens_after_cancel: int | None,
+        token: str,
+    ) -> bool:
         allowed = [s for s, nxt in RUN_TRANSITIONS.items() if target in nxt]
         placeholders = ", ".join(f"'{s.value}'" for s in allowed)
         b = self.backend
@@ -480,6 +503,7 @@ class Ledger:
                     "quiesced_at": b.ts_in(quiesced_at),
                     "tokens_after_cancel": tokens_after_cancel,
                     "report": b.json_in(report),
+                    "token": token,
                 },
             )
             if cur.fetchone() is not None:
@@ -490,7 +514,8 @@ class Ledger:
             raise UnknownRunError(run_id)
         current = run_status(row["status"])
         if current in TERMINAL_RUN_STATUSES:
-            return False
+            # Our own earlier attempt, whose acknowledgement was lost, or another writer.
+            return bool(current is target and row["last_token"] == token)
         raise IllegalTransitionError(run_id, current.value, target.value)
 
     @transient_retry()

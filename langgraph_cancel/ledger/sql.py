@@ -98,6 +98,10 @@ def _tables(ts: str, js: str, serial: str) -> list[str]:
     ]
 
 
+# v1: runs carry a write token, as effects do: a retried cancel request or terminal
+# transition whose first attempt committed (its acknowledgement lost) knows it won.
+_RUN_TOKEN = "ALTER TABLE lgc_runs ADD COLUMN last_token TEXT"
+
 SQLITE_MIGRATIONS: list[list[str]] = [
     [
         *_tables("TEXT", "TEXT", "INTEGER PRIMARY KEY AUTOINCREMENT"),
@@ -106,6 +110,7 @@ SQLITE_MIGRATIONS: list[list[str]] = [
             WHEN OLD.status IN {TERMINAL_RUN_SQL} AND NEW.status <> OLD.status
             BEGIN SELECT RAISE(ABORT, 'lgc: run is already terminal'); END""",
     ],
+    [_RUN_TOKEN],
 ]
 
 POSTGRES_MIGRATIONS: list[list[str]] = [
@@ -123,6 +128,7 @@ POSTGRES_MIGRATIONS: list[list[str]] = [
         """CREATE TRIGGER lgc_runs_terminal_once BEFORE UPDATE OF status ON lgc_runs
             FOR EACH ROW EXECUTE FUNCTION lgc_runs_terminal_once()""",
     ],
+    [_RUN_TOKEN],
 ]
 
 SELECT_VERSION = "SELECT MAX(v) FROM lgc_migrations"
@@ -130,7 +136,7 @@ INSERT_VERSION = "INSERT INTO lgc_migrations (v) VALUES (%(v)s) ON CONFLICT (v) 
 
 RUN_COLUMNS = (
     "run_id, thread_id, status, created_at, updated_at, owner, parent_run_id, requested_at, "
-    "requested_by, reason, observed_at, quiesced_at, tokens_after_cancel, report"
+    "requested_by, reason, observed_at, quiesced_at, tokens_after_cancel, report, last_token"
 )
 EFFECT_COLUMNS = (
     "effect_id, thread_id, run_id, tool_call_id, tool, kind, status, idempotency_key, args, seq, "
@@ -160,7 +166,7 @@ SELECT {RUN_COLUMNS} FROM lgc_runs WHERE status = %(status)s ORDER BY created_at
 
 REQUEST_CANCEL = f"""
 UPDATE lgc_runs SET status = 'cancel_requested', requested_at = %(now)s, updated_at = %(now)s,
-    requested_by = %(requested_by)s, reason = %(reason)s
+    requested_by = %(requested_by)s, reason = %(reason)s, last_token = %(token)s
 WHERE run_id = %(run_id)s AND status = 'running'
 RETURNING {RUN_COLUMNS}"""
 
@@ -171,7 +177,7 @@ WHERE run_id = %(run_id)s AND status = 'cancel_requested'
 RETURNING {RUN_COLUMNS}"""
 
 FINISH_RUN = f"""
-UPDATE lgc_runs SET status = %(status)s, updated_at = %(now)s,
+UPDATE lgc_runs SET status = %(status)s, updated_at = %(now)s, last_token = %(token)s,
     observed_at = CASE WHEN %(status)s = 'cancelled' THEN COALESCE(observed_at, %(now)s)
                        ELSE observed_at END,
     quiesced_at = COALESCE(%(quiesced_at)s, quiesced_at),
