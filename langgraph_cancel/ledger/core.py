@@ -268,10 +268,9 @@ class Ledger:
         """
         now = self.backend.ts_in(utcnow())
         with self.backend.statement() as cur:
-            cur.execute(q.SELECT_ACTIVE_RUN, {"thread_id": thread_id})
-            row = cur.fetchone()
-            if row is not None:
-                return self._run(row)
+            # Insert first: new input on a finished thread (the common case) is one
+            # statement. The partial unique index turns it into a no-op when the
+            # thread has a live run, which is then read.
             cur.execute(
                 q.INSERT_RUN,
                 {
@@ -283,7 +282,7 @@ class Ledger:
                 },
             )
             row = cur.fetchone()
-            if row is None:  # lost the race to another starter (or a run id clash)
+            if row is None:  # the thread's live run (or a run id clash)
                 cur.execute(q.SELECT_ACTIVE_RUN, {"thread_id": thread_id})
                 row = cur.fetchone()
                 if row is None:
