@@ -6,6 +6,7 @@ and PostgreSQL (psycopg 3, a connection, a pool or a connection string).
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import sqlite3
@@ -67,29 +68,50 @@ def is_transient(exc: BaseException) -> bool:
     return isinstance(exc, psycopg.OperationalError)
 
 
-def _give_up(state: RetryCallState) -> Any:
-    """Out of retries: one typed error, the driver's own as its cause."""
-    exc = state.outcome.exception() if state.outcome is not None else None
-    if exc is None:  # pragma: no cover - tenacity only calls this after a failure
-        raise TransientDatabaseError("database unavailable after retries")
-    raise raise_transient(exc, state.attempt_number) from exc
+def _give_up_after(earlier: int) -> Callable[[RetryCallState], Any]:
+    def give_up(state: RetryCallState) -> Any:
+        """Out of retries: one typed error, the driver's own as its cause."""
+        exc = state.outcome.exception() if state.outcome is not None else None
+        if exc is None:  # pragma: no cover - tenacity only calls this after a failure
+            raise TransientDatabaseError("database unavailable after retries")
+        raise raise_transient(exc, earlier + state.attempt_number) from exc
+
+    return give_up
 
 
 def transient_retry(attempts: int = 6) -> Callable[[Callable[..., T]], Callable[..., T]]:
     """Retry a whole transaction on transient faults, with backoff, logged.
 
-    A fault that outlives the retries is raised as ``TransientDatabaseError``
-    (the driver's error is its ``__cause__``); an outer retry does not retry it
-    again. Any other error is raised as it is, at once.
+    The first attempt is a plain call (the retry machinery costs more than a
+    ledger read); tenacity takes over after a transient fault. A fault that
+    outlives the retries is raised as ``TransientDatabaseError`` (the driver's
+    error is its ``__cause__``); an outer retry does not retry it again. Any
+    other error is raised as it is, at once.
     """
-    return retry(
-        retry=retry_if_exception(is_transient),
-        stop=stop_after_attempt(attempts),
-        wait=wait_exponential(multiplier=0.02, min=0.01, max=1.0),
-        before_sleep=before_sleep_log(logger, logging.WARNING),
-        retry_error_callback=_give_up,
-        reraise=True,
-    )
+
+    def decorate(fn: Callable[..., T]) -> Callable[..., T]:
+        retrying = retry(
+            retry=retry_if_exception(is_transient),
+            stop=stop_after_attempt(attempts - 1),
+            wait=wait_exponential(multiplier=0.02, min=0.01, max=1.0),
+            before_sleep=before_sleep_log(logger, logging.WARNING),
+            retry_error_callback=_give_up_after(1),
+            reraise=True,
+        )(fn)
+
+        @functools.wraps(fn)
+        def first_then_retrying(*args: Any, **kwargs: Any) -> T:
+            try:
+                return fn(*args, **kwargs)
+            except Exception as exc:
+                if not is_transient(exc):
+                    raise
+                logger.warning("Retrying %s at once as it raised %r.", fn.__qualname__, exc)
+            return retrying(*args, **kwargs)
+
+        return first_then_retrying
+
+    return decorate
 
 
 class Backend:
