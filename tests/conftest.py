@@ -18,6 +18,8 @@ Fixtures (use them by name in a test's arguments):
     One run per backend: ``"memory://"``, ``sqlite_url`` and ``pg_url`` (the last
     one marked ``postgres``). ``LGC_BACKENDS=memory,sqlite`` restricts the list.
     PostgreSQL is only required by the ``postgres`` parameter.
+``ledger`` (function, parametrised like ``db_url``)
+    A set-up ``Ledger`` on ``db_url``, closed afterwards.
 ``pg_server`` (function)
     A :class:`PgServer` handle on the server started by ``./scripts/test``
     (``stop()``, ``start()``, ``restart()``, ``kill9()``), for crash and
@@ -44,6 +46,8 @@ from pathlib import Path
 from urllib.parse import quote, urlencode, urlsplit, urlunsplit
 
 import pytest
+
+from langgraph_cancel.ledger import Ledger
 
 PG_DSN_ENV = "LANGGRAPH_CANCEL_TEST_PG_DSN"
 BACKENDS_ENV = "LGC_BACKENDS"
@@ -190,6 +194,16 @@ def db_url(request: pytest.FixtureRequest) -> str:
         return url
     url = request.getfixturevalue("pg_url")
     return url
+
+
+@pytest.fixture
+def ledger(db_url: str) -> Iterator[Ledger]:
+    """A set-up ``Ledger`` on ``db_url`` (every backend), closed afterwards."""
+    led = Ledger.from_url(db_url)
+    try:
+        yield led
+    finally:
+        led.close()
 
 
 # --------------------------------------------------------------------------- server control

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 
 import pytest
 
@@ -20,15 +19,6 @@ from langgraph_cancel.types import utcnow
 from ledger_util import new_id
 
 TTL = 1.2
-
-
-@pytest.fixture
-def ledger(db_url: str) -> Iterator[Ledger]:
-    led = Ledger.from_url(db_url)
-    try:
-        yield led
-    finally:
-        led.close()
 
 
 def _keeper_threads() -> list[threading.Thread]:

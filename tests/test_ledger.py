@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
@@ -54,15 +53,6 @@ LEGAL_PAIRS: list[tuple[EffectStatus, EffectStatus]] = [
 ILLEGAL_PAIRS: list[tuple[EffectStatus, EffectStatus]] = [
     (src, dst) for src in ALL_STATUSES for dst in ALL_STATUSES if dst not in EFFECT_TRANSITIONS[src]
 ]
-
-
-@pytest.fixture
-def ledger(db_url: str) -> Iterator[Ledger]:
-    led = Ledger.from_url(db_url)
-    try:
-        yield led
-    finally:
-        led.close()
 
 
 def test_transition_table_is_total_and_reachable() -> None:

@@ -10,8 +10,6 @@ run guard, key clashes, a retry that recognises its own write.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from langgraph_cancel.errors import (
@@ -32,15 +30,6 @@ from langgraph_cancel.types import (
 from ledger_util import new_id
 
 S = EffectStatus
-
-
-@pytest.fixture
-def ledger(db_url: str) -> Iterator[Ledger]:
-    led = Ledger.from_url(db_url)
-    try:
-        yield led
-    finally:
-        led.close()
 
 
 def _new(

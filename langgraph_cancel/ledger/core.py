@@ -573,10 +573,6 @@ class Ledger:
             detail=detail,
         )
 
-    @transient_retry()
-    def _plan(self, **fields: Any) -> tuple[EffectRecord, bool]:
-        return self._plan_once(**fields)
-
     def _plan_once(
         self,
         *,
@@ -664,6 +660,8 @@ class Ledger:
                     key, other["effect_id"] if other else None
                 ) from exc
             raise
+
+    _plan = transient_retry()(_plan_once)
 
     def plan_many(
         self,
@@ -972,16 +970,6 @@ class Ledger:
             "settles": 1 if req.to in _SETTLING else 0,
         }
 
-    @transient_retry()
-    def _transition(
-        self,
-        req: TransitionRequest,
-        allowed: frozenset[EffectStatus],
-        guard: bool,
-        token: str,
-    ) -> EffectRecord:
-        return self._transition_once(req, allowed, guard, token)
-
     def _transition_once(
         self,
         req: TransitionRequest,
@@ -1024,6 +1012,8 @@ class Ledger:
         if before is None:
             raise UnknownEffectError(f"no effect {effect_id!r} in the ledger")
         return self._lost_transition(before, req.to, allowed, guard, token)
+
+    _transition = transient_retry()(_transition_once)
 
     def _lost_transition(
         self,

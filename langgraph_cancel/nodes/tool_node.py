@@ -149,6 +149,18 @@ class _Planned:
         """The tool-call id (checked non-empty when the call was classified)."""
         return str(self.call["id"])
 
+    def new_effect(self, **fields: Any) -> NewEffect:
+        """This call as a ledger row for ``plan_many`` (``fields``: status, result...)."""
+        return NewEffect(
+            tool_call_id=self.call_id,
+            tool=self.tool.name,
+            kind=self.spec.kind,
+            args=self.call["args"],
+            idempotency_key=self.key,
+            seq=self.index,
+            **fields,
+        )
+
 
 @dataclass(slots=True)
 class _Batch:
@@ -357,17 +369,7 @@ class EffectToolNode(ToolNode):
         entries = scope.ledger.plan_many(
             thread_id=scope.thread_id,
             run_id=scope.run_id,
-            items=[
-                NewEffect(
-                    tool_call_id=p.call_id,
-                    tool=p.tool.name,
-                    kind=p.spec.kind,
-                    args=p.call["args"],
-                    idempotency_key=p.key,
-                    seq=p.index,
-                )
-                for p in effects
-            ],
+            items=[p.new_effect() for p in effects],
             owner=scope.owner,
             actor=scope.owner,
         )
@@ -581,13 +583,7 @@ class EffectToolNode(ToolNode):
             await _db(self._plan_call, p, scope, **fields)
             return
         batch.reads.append(
-            NewEffect(
-                tool_call_id=p.call_id,
-                tool=p.tool.name,
-                kind=p.spec.kind,
-                args=p.call["args"],
-                idempotency_key=p.key,
-                seq=p.index,
+            p.new_effect(
                 status=fields["status"],
                 result=fields.get("result"),
                 error=fields.get("error"),
