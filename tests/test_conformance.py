@@ -10,6 +10,7 @@ checks that every saver's ledger works, ``setup()`` is idempotent and
 from __future__ import annotations
 
 import itertools
+import sqlite3
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
@@ -25,6 +26,8 @@ from langgraph_cancel.checkpointers.base import LedgerOwner
 from langgraph_cancel.checkpointers.memory import MemoryCancelSaver
 from langgraph_cancel.checkpointers.sqlite import SqliteCancelSaver
 from langgraph_cancel.errors import UnknownThreadError
+from langgraph_cancel.ledger import Ledger
+from langgraph_cancel.ledger.sql import POSTGRES_MIGRATIONS, SQLITE_MIGRATIONS
 from langgraph_cancel.types import EffectKind, EffectStatus, RunStatus
 
 SaverFactory = Callable[[], AbstractAsyncContextManager[BaseCheckpointSaver[Any]]]
@@ -222,7 +225,7 @@ def test_sync_savers_delete_thread_and_setup_twice(tmp_path: Path) -> None:
         with again.ledger.backend.transaction() as cur:
             cur.execute("SELECT COUNT(*) AS n FROM lgc_migrations")
             row = cur.fetchone()
-        assert row is not None and row["n"] == 1
+        assert row is not None and row["n"] == len(SQLITE_MIGRATIONS)
 
     memory = MemoryCancelSaver()
     memory.setup()
@@ -247,4 +250,27 @@ def test_postgres_second_saver_setup_is_idempotent(pg_url: str) -> None:
         with second.ledger.backend.transaction() as cur:
             cur.execute("SELECT COUNT(*) AS n FROM lgc_migrations")
             row = cur.fetchone()
-        assert row is not None and row["n"] == 1
+        assert row is not None and row["n"] == len(POSTGRES_MIGRATIONS)
+
+
+def test_a_version_0_ledger_is_migrated_and_keeps_its_rows(tmp_path: Path) -> None:
+    """Migrations are append-only: a database made by version 0 gets the later ones."""
+    path = tmp_path / "v0.db"
+    conn = sqlite3.connect(path)
+    for statement in SQLITE_MIGRATIONS[0]:
+        conn.execute(statement)
+    conn.execute("INSERT INTO lgc_migrations (v) VALUES (0)")
+    conn.execute(
+        "INSERT INTO lgc_runs (run_id, thread_id, status, created_at, updated_at) VALUES "
+        "('r0', 't0', 'running', '2026-01-01T00:00:00+00:00', '2026-01-01T00:00:00+00:00')"
+    )
+    conn.commit()
+    conn.close()
+    with Ledger.from_url(f"sqlite:///{path}") as ledger:
+        assert ledger.active_run("t0") is not None  # the old row, still there
+        asked = ledger.request_cancel("t0", reason="stop", requested_by="test")
+        assert asked.accepted and asked.first  # written with the v1 token column
+        with ledger.backend.transaction() as cur:
+            cur.execute("SELECT v FROM lgc_migrations ORDER BY v")
+            versions = [r["v"] for r in cur.fetchall()]
+    assert versions == list(range(len(SQLITE_MIGRATIONS)))
