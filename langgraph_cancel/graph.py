@@ -5,8 +5,10 @@
 - every node is wrapped by a check that, once the run is cancel-requested,
   routes to the cancel node instead of running the node (a signal nobody
   reads is not cancellation);
-- a ``reconcile`` node runs first on every new input, settling effects whose
-  outcome is unknown before anything is dispatched again;
+- new input passes through the ``reconcile`` subgraph first whenever the
+  thread has something to settle (in flight, unknown, compensating), a tool
+  call nobody answered, or a stop to divert to, so that nothing is dispatched
+  again before it is settled; otherwise START goes straight on;
 - a ``cancel`` node drains what never ran, answers every dangling tool call,
   waits for (or reconciles) what is in flight, optionally compensates, makes
   the run's one ``cancelled`` transition, stores the report in the ledger and

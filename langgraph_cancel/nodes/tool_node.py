@@ -7,6 +7,11 @@ Before each dispatch the node checks the cancel signal and the approval state,
 then writes the intent (``dispatched``) durably; only then does the call leave
 the process. A re-run of the node (interrupt, crash, retry policy) replays
 what the ledger already knows instead of calling the tool again.
+
+Ledger I/O is batched where the semantics allow (see ``_Batch``): one read for
+the batch's earlier records, one write planning its side effects, each call's
+outcome written with the next call's intent, and the read-only outcomes
+written together once the reads are back.
 """
 
 from __future__ import annotations
