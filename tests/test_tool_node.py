@@ -221,6 +221,32 @@ def test_malformed_calls_are_answered_and_recorded(saver: Any, log: ExecutionLog
     assert ledger.find_effect(thread_id, "m4").status is EffectStatus.COMMITTED
 
 
+def test_reads_sharing_a_declared_key_are_all_recorded(saver: Any) -> None:
+    # Two read-only calls whose key function maps them to one key: both run and are
+    # answered, and the second outcome is kept under a key derived from its own call.
+    @effect(EffectKind.READ_ONLY, idempotency_key=lambda a: f"quote:{a['item']}")
+    @tool
+    def quote(item: str) -> str:
+        """Look a price up."""
+        return f"{item}: 10"
+
+    model = scripted(calls(("quote", "o-1", "q1"), ("quote", "o-1", "q2")), "fin")
+    graph = cancellable(agent_builder(model, EffectToolNode([quote])), saver)
+    thread_id = new_thread()
+    out = start(graph, thread_id)
+    answers = {m.tool_call_id: m for m in tool_messages(out["messages"])}
+    assert {k: (m.status, m.content) for k, m in answers.items()} == {
+        "q1": ("success", "o-1: 10"),
+        "q2": ("success", "o-1: 10"),
+    }
+    first = saver.ledger.find_effect(thread_id, "q1")
+    second = saver.ledger.find_effect(thread_id, "q2")
+    assert first.idempotency_key == "quote:o-1" and first.status is EffectStatus.COMMITTED
+    assert second.status is EffectStatus.COMMITTED
+    assert second.idempotency_key == f"quote:o-1#duplicate:{thread_id}:q2"
+    assert saver.ledger.history(second.effect_id)[0].detail == {"duplicate_key": "quote:o-1"}
+
+
 def test_non_dict_arguments_via_send(saver: Any, log: ExecutionLog) -> None:
     """A Send payload may carry anything: non-dict arguments are refused, not dispatched."""
     good = counting_tool(log, "good", EffectKind.IRREVERSIBLE)

@@ -24,7 +24,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, TypeVar, cast
 
 from langchain_core.messages import AIMessage, AnyMessage, ToolCall, ToolMessage
@@ -392,28 +392,27 @@ class EffectToolNode(ToolNode):
             owner=scope.owner,
             actor=scope.owner,
         )
-        for item, entry in zip(items, entries, strict=True):
-            if isinstance(entry, DuplicateIdempotencyKeyError):
-                # The read's declared key is held by another call: keep the outcome
-                # under the key derived from this call, so no row is lost.
-                scope.ledger.plan(
-                    thread_id=scope.thread_id,
-                    run_id=scope.run_id,
-                    tool_call_id=item.tool_call_id,
-                    tool=item.tool,
-                    kind=item.kind,
-                    args=item.args,
-                    idempotency_key=(
-                        f"{item.idempotency_key}#duplicate:{scope.thread_id}:{item.tool_call_id}"
-                    ),
-                    seq=item.seq,
-                    status=item.status,
-                    result=item.result,
-                    error=item.error,
-                    owner=scope.owner,
-                    actor=scope.owner,
-                    detail={**(item.detail or {}), "duplicate_key": item.idempotency_key},
-                )
+        # A read whose declared key another call holds: keep its outcome under the
+        # key derived from this call, so no row is lost.
+        clashed = [
+            replace(
+                item,
+                idempotency_key=(
+                    f"{item.idempotency_key}#duplicate:{scope.thread_id}:{item.tool_call_id}"
+                ),
+                detail={**(item.detail or {}), "duplicate_key": item.idempotency_key},
+            )
+            for item, entry in zip(items, entries, strict=True)
+            if isinstance(entry, DuplicateIdempotencyKeyError)
+        ]
+        if clashed:
+            scope.ledger.plan_many(
+                thread_id=scope.thread_id,
+                run_id=scope.run_id,
+                items=clashed,
+                owner=scope.owner,
+                actor=scope.owner,
+            )
 
     def _classify(
         self, index: int, call: ToolCall, tool_runtime: ToolRuntime[Any, Any], scope: RunScope
