@@ -8,10 +8,12 @@ SQLite and PostgreSQL; tools count their real executions in a SQLite file
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import signal
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -224,10 +226,15 @@ def test_malformed_calls_are_answered_and_recorded(saver: Any, log: ExecutionLog
 def test_reads_sharing_a_declared_key_are_all_recorded(saver: Any) -> None:
     # Two read-only calls whose key function maps them to one key: both run and are
     # answered, and the second outcome is kept under a key derived from its own call.
+    # The first call finishes last: call order, not completion order, keeps the key.
+    started = itertools.count()
+
     @effect(EffectKind.READ_ONLY, idempotency_key=lambda a: f"quote:{a['item']}")
     @tool
     def quote(item: str) -> str:
         """Look a price up."""
+        if next(started) == 0:
+            time.sleep(0.2)
         return f"{item}: 10"
 
     model = scripted(calls(("quote", "o-1", "q1"), ("quote", "o-1", "q2")), "fin")

@@ -179,7 +179,7 @@ class _Batch:
     """
 
     records: dict[str, EffectRecord] = field(default_factory=dict)
-    reads: list[NewEffect] = field(default_factory=list)
+    reads: dict[int, NewEffect] = field(default_factory=dict)
     outcome: TransitionRequest | None = None
 
     def take_outcome(self) -> TransitionRequest | None:
@@ -384,7 +384,9 @@ class EffectToolNode(ToolNode):
 
     def _record_reads(self, batch: _Batch, scope: RunScope) -> None:
         """Record the batch's read-only outcomes together (one statement)."""
-        items, batch.reads = batch.reads, []
+        # Reads finish in any order; call order decides which one keeps a shared key.
+        items = [batch.reads[i] for i in sorted(batch.reads)]
+        batch.reads = {}
         entries = scope.ledger.plan_many(
             thread_id=scope.thread_id,
             run_id=scope.run_id,
@@ -586,13 +588,11 @@ class EffectToolNode(ToolNode):
         if batch is None:
             await _db(self._plan_call, p, scope, **fields)
             return
-        batch.reads.append(
-            p.new_effect(
-                status=fields["status"],
-                result=fields.get("result"),
-                error=fields.get("error"),
-                detail=fields.get("detail"),
-            )
+        batch.reads[p.index] = p.new_effect(
+            status=fields["status"],
+            result=fields.get("result"),
+            error=fields.get("error"),
+            detail=fields.get("detail"),
         )
 
     # -------------------------------------------------------------- effects
