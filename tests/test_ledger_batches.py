@@ -101,6 +101,22 @@ def test_plan_many_again_returns_the_records_as_they_are(ledger: Ledger) -> None
     assert len(ledger.history(moved.effect_id)) == 2  # nothing written twice
 
 
+def test_plan_many_and_find_effects_beyond_one_in_list(ledger: Ledger) -> None:
+    # SQLite reads a batch back in IN-lists of 500 ids: a batch of 1,201 calls, 300 of
+    # them already recorded, spans three lists; each call is still answered once.
+    thread, run = _thread(ledger)
+    ledger.plan_many(thread_id=thread, run_id=run, items=[_new(f"c{i}") for i in range(300)])
+    items = [_new(f"c{i}", seq=i) for i in range(1201)]
+    out = ledger.plan_many(thread_id=thread, run_id=run, items=items)
+    created = [e[1] for e in out if isinstance(e, tuple)]
+    assert created == [False] * 300 + [True] * 901
+    call_ids = [i.tool_call_id for i in items]
+    assert [e[0].tool_call_id for e in out if isinstance(e, tuple)] == call_ids
+    found = ledger.find_effects(thread, [*call_ids, "never"])
+    assert len(found) == 1201 and "never" not in found
+    assert len(ledger.history(derive_effect_id(thread, "c1200"))) == 1
+
+
 def test_plan_many_repeated_call_id_is_created_once(ledger: Ledger) -> None:
     thread, run = _thread(ledger)
     out = ledger.plan_many(thread_id=thread, run_id=run, items=[_new("x"), _new("x"), _new("y")])

@@ -12,7 +12,7 @@ import logging
 import sqlite3
 import threading
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, cast
@@ -43,6 +43,7 @@ class Cursor(Protocol):
     """The part of a DB-API cursor the ledger uses, with dict rows."""
 
     def execute(self, sql: str, params: dict[str, Any] | None = None) -> Any: ...
+    def executemany(self, sql: str, params: Sequence[dict[str, Any]]) -> Any: ...
     def fetchone(self) -> dict[str, Any] | None: ...
     def fetchall(self) -> list[dict[str, Any]]: ...
 
@@ -259,6 +260,9 @@ class _SqliteCursor:
 
     def execute(self, sql: str, params: dict[str, Any] | None = None) -> Any:
         return self._cur.execute(self._backend.sql(sql), params or {})
+
+    def executemany(self, sql: str, params: Sequence[dict[str, Any]]) -> Any:
+        return self._cur.executemany(self._backend.sql(sql), params)
 
     def fetchone(self) -> dict[str, Any] | None:
         row = self._cur.fetchone()

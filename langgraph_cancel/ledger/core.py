@@ -36,6 +36,7 @@ from langgraph_cancel.errors import (
 from langgraph_cancel.ledger import sql as q
 from langgraph_cancel.ledger.backends import (
     Backend,
+    Cursor,
     PostgresBackend,
     backend_from_url,
     transient_retry,
@@ -745,13 +746,7 @@ class Ledger:
         for item in items:
             unique.setdefault(item.tool_call_id, item)
         if b.dialect != "postgres":
-            with b.transaction() as _cur:  # one transaction for the batch
-                return {
-                    call_id: self._plan_once(
-                        **self._plan_fields(thread_id, run_id, item), owner=owner, actor=actor
-                    )
-                    for call_id, item in unique.items()
-                }
+            return self._sqlite_plan_many(thread_id, run_id, unique, owner, actor)
         fields = [self._plan_fields(thread_id, run_id, item) for item in unique.values()]
         params = {
             "effect_id": [derive_effect_id(thread_id, f["tool_call_id"]) for f in fields],
@@ -786,6 +781,76 @@ class Ledger:
                     found[row["tool_call_id"]] = (self._effect(row), False)
         return found
 
+    def _sqlite_plan_many(
+        self,
+        thread_id: str,
+        run_id: str,
+        unique: dict[str, NewEffect],
+        owner: str | None,
+        actor: str,
+    ) -> dict[str, tuple[EffectRecord, bool]]:
+        """SQLite: one transaction, a statement per step (not per call).
+
+        A taken idempotency key fails the whole insert (rolled back); the caller
+        then records the batch call by call to tell which key it was.
+        """
+        b = self.backend
+        now = b.ts_in(utcnow())
+        ids = {call_id: derive_effect_id(thread_id, call_id) for call_id in unique}
+        with b.transaction() as cur:
+            known = {
+                row["effect_id"]
+                for row in _select_in(cur, q.SELECT_EFFECT_IDS_IN, list(ids.values()))
+            }
+            rows: list[dict[str, Any]] = []
+            audits: list[dict[str, Any]] = []
+            for call_id, item in unique.items():
+                if ids[call_id] in known:
+                    continue
+                f = self._plan_fields(thread_id, run_id, item)
+                status: EffectStatus = f["status"]
+                detail = b.json_in(f["detail"] or {})
+                rows.append(
+                    {
+                        "effect_id": ids[call_id],
+                        "thread_id": thread_id,
+                        "run_id": run_id,
+                        "tool_call_id": call_id,
+                        "tool": f["tool"],
+                        "kind": f["kind"].value,
+                        "status": status.value,
+                        "idempotency_key": f["key"],
+                        "args": b.json_in(f["args"]),
+                        "seq": f["seq"],
+                        "result": b.json_in(f["result"]),
+                        "error": f["error"],
+                        "owner": owner,
+                        "next_action": None,
+                        "approval": None,
+                        "token": None,
+                        "now": now,
+                        "dispatched_at": None,
+                        "settled_at": now if status not in UNSETTLED_STATUSES else None,
+                    }
+                )
+                audits.append(
+                    {
+                        "effect_id": ids[call_id],
+                        "from_status": None,
+                        "to_status": status.value,
+                        "now": now,
+                        "actor": actor,
+                        "detail": detail,
+                    }
+                )
+            if rows:
+                cur.executemany(q.INSERT_EFFECT_ROW, rows)
+                cur.executemany(q.INSERT_TRANSITION, audits)
+            return {
+                row["tool_call_id"]: (self._effect(row), row["effect_id"] not in known)
+                for row in _select_in(cur, q.SELECT_EFFECTS_IN, list(ids.values()))
+            }
+
     @transient_retry()
     def find_effects(self, thread_id: str, tool_call_ids: Sequence[str]) -> dict[str, EffectRecord]:
         """The recorded effects of several tool calls of a thread, in one read.
@@ -799,9 +864,8 @@ class Ledger:
         if self.backend.dialect == "postgres":
             rows = self._all(q.PG_SELECT_EFFECTS_ANY, {"ids": ids})
         else:
-            params = {f"i{n}": effect_id for n, effect_id in enumerate(ids)}
-            sql = q.SELECT_EFFECTS_IN.format(ids=", ".join(f"%({k})s" for k in params))
-            rows = self._all(sql, params)
+            with self.backend.read() as cur:
+                rows = _select_in(cur, q.SELECT_EFFECTS_IN, ids)
         return {row["tool_call_id"]: self._effect(row) for row in rows}
 
     def transition(
@@ -1263,6 +1327,21 @@ def _checked(req: TransitionRequest) -> tuple[frozenset[EffectStatus], bool]:
         else target is EffectStatus.DISPATCHED
     )
     return allowed, guard
+
+
+# SQLite binds at most 32766 parameters per statement (fewer before 3.32).
+_IN_CHUNK = 500
+
+
+def _select_in(cur: Cursor, template: str, ids: list[str]) -> list[dict[str, Any]]:
+    """SQLite: the rows of ``template`` (an ``IN ({ids})`` query) for many ids."""
+    rows: list[dict[str, Any]] = []
+    for start in range(0, len(ids), _IN_CHUNK):
+        chunk = ids[start : start + _IN_CHUNK]
+        params = {f"i{n}": effect_id for n, effect_id in enumerate(chunk)}
+        cur.execute(template.format(ids=", ".join(f"%({k})s" for k in params)), params)
+        rows.extend(cur.fetchall())
+    return rows
 
 
 def _first_created_once(

@@ -190,7 +190,9 @@ ADD_TOKENS_AFTER_CANCEL = """
 UPDATE lgc_runs SET tokens_after_cancel = COALESCE(tokens_after_cancel, 0) + %(tokens)s
 WHERE run_id = %(run_id)s"""
 
-INSERT_EFFECT = f"""
+# One new effect row; ``INSERT_EFFECT`` returns it, SQLite's ``plan_many`` runs the
+# bare insert for a whole batch (executemany) and reads the rows back once.
+INSERT_EFFECT_ROW = """
 INSERT INTO lgc_effects (effect_id, thread_id, run_id, tool_call_id, tool, kind, status,
     idempotency_key, args, seq, result, error, owner, next_action, approval, version, last_token,
     created_at, updated_at, dispatched_at, settled_at)
@@ -198,7 +200,8 @@ VALUES (%(effect_id)s, %(thread_id)s, %(run_id)s, %(tool_call_id)s, %(tool)s, %(
     %(status)s, %(idempotency_key)s, %(args)s, %(seq)s, %(result)s, %(error)s, %(owner)s,
     %(next_action)s, %(approval)s, 1, %(token)s, %(now)s, %(now)s, %(dispatched_at)s,
     %(settled_at)s)
-ON CONFLICT (effect_id) DO NOTHING
+ON CONFLICT (effect_id) DO NOTHING"""
+INSERT_EFFECT = f"""{INSERT_EFFECT_ROW}
 RETURNING {EFFECT_COLUMNS}"""
 
 SELECT_EFFECT = f"SELECT {EFFECT_COLUMNS} FROM lgc_effects WHERE effect_id = %(effect_id)s"
@@ -206,6 +209,8 @@ SELECT_EFFECT = f"SELECT {EFFECT_COLUMNS} FROM lgc_effects WHERE effect_id = %(e
 # list (``{ids}``: bound placeholders); PostgreSQL binds one array.
 SELECT_EFFECTS_IN = f"""
 SELECT {EFFECT_COLUMNS} FROM lgc_effects WHERE effect_id IN ({{ids}})"""
+SELECT_EFFECT_IDS_IN = """
+SELECT effect_id FROM lgc_effects WHERE effect_id IN ({ids})"""
 PG_SELECT_EFFECTS_ANY = f"""
 SELECT {EFFECT_COLUMNS} FROM lgc_effects WHERE effect_id = ANY(%(ids)s::text[])"""
 

@@ -30,7 +30,7 @@ from typing import Any, Literal, TypeVar, cast
 from langchain_core.messages import AIMessage, AnyMessage, ToolCall, ToolMessage
 from langchain_core.runnables import RunnableConfig
 from langchain_core.runnables.config import get_config_list
-from langchain_core.tools import BaseTool
+from langchain_core.tools import BaseTool, StructuredTool
 from langgraph.errors import GraphBubbleUp, GraphInterrupt
 from langgraph.prebuilt import ToolNode
 from langgraph.prebuilt.tool_node import (
@@ -1027,21 +1027,37 @@ class EffectToolNode(ToolNode):
     ) -> Any:
         injected = self._inject_tool_args(p.call, p.runtime, p.tool)
         call_args = {**injected, "type": "tool_call"}
+        sync = not _offload.get() and _has_sync_body(p.tool)
 
         async def once() -> Any:
             with bound_idempotency_key(p.key):
                 try:
-                    response = await p.tool.ainvoke(call_args, p.runtime.config)
+                    if sync:
+                        # As ToolNode does in a sync graph: tool.invoke in a worker
+                        # thread (ainvoke would add an async callback pass around it).
+                        ctx = contextvars.copy_context()
+                        response = await asyncio.get_running_loop().run_in_executor(
+                            None, ctx.run, p.tool.invoke, call_args, p.runtime.config
+                        )
+                    else:
+                        response = await p.tool.ainvoke(call_args, p.runtime.config)
                 except ValidationError as exc:
                     raise ValueError(f"invalid arguments for {p.tool.name!r}: {exc}") from exc
             return self._normalize_tool_response(response, p.call, input_type)
 
         if not retry or p.spec.max_attempts <= 1:
             return await once()
+        # A plain first attempt: building tenacity's retrier costs more than many
+        # tools take, and most calls never fail.
+        try:
+            return await once()
+        except p.spec.retryable:
+            pass
+        await asyncio.sleep(_FIRST_RETRY_WAIT)
         async for attempt in AsyncRetrying(
             retry=retry_if_exception_type(p.spec.retryable),
-            stop=stop_after_attempt(p.spec.max_attempts),
-            wait=wait_exponential(multiplier=0.05, max=2.0),
+            stop=stop_after_attempt(p.spec.max_attempts - 1),
+            wait=wait_exponential(multiplier=2 * _FIRST_RETRY_WAIT, max=2.0),
             reraise=True,
         ):
             with attempt:
@@ -1067,6 +1083,9 @@ class EffectToolNode(ToolNode):
         return _handle_tool_error(exc, flag=flag)
 
 
+# Backoff before a tool's second attempt; it doubles for each attempt after that.
+_FIRST_RETRY_WAIT = 0.05
+
 _offload: contextvars.ContextVar[bool] = contextvars.ContextVar(
     "langgraph_cancel_offload", default=False
 )
@@ -1081,6 +1100,11 @@ async def _db(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     if _offload.get():
         return await asyncio.to_thread(fn, *args, **kwargs)
     return fn(*args, **kwargs)
+
+
+def _has_sync_body(tool: BaseTool) -> bool:
+    """Whether ``tool.invoke`` works: not a ``StructuredTool`` made from a coroutine only."""
+    return not (isinstance(tool, StructuredTool) and tool.func is None)
 
 
 class _Abandoned(Exception):
