@@ -182,26 +182,39 @@ class CancelSignal:
         """True once cancellation was requested (may poll the database)."""
         if self._event.is_set():
             return True
-        now = time.monotonic()
-        if now - self._last_poll >= self.poll_interval:
-            self._last_poll = now
-            try:
-                run = self.ledger.get_run(self.run_id)
-            except Exception:  # a lost database must not crash a check; the DB guard holds
-                logger.warning("cancel poll failed for run %s", self.run_id, exc_info=True)
-                return False
-            if run.cancel_requested:
-                self._event.set()
-                return True
-        return False
+        return self._claim_poll() and self._poll()
 
     async def acancel_called(self) -> bool:
         """``cancel_called`` for event loops: the flag inline, a due poll in a thread."""
         if self._event.is_set():
             return True
-        if time.monotonic() - self._last_poll < self.poll_interval:
+        if not self._claim_poll():
             return False
-        return await asyncio.to_thread(lambda: self.cancel_called)
+        return await asyncio.to_thread(self._poll)
+
+    def _claim_poll(self) -> bool:
+        """Whether a poll is due; the caller that gets True makes it.
+
+        Claimed before the read, so the calls of a whole batch arriving together
+        cost one read per interval, not one each.
+        """
+        now = time.monotonic()
+        with self._lock:
+            if now - self._last_poll < self.poll_interval:
+                return False
+            self._last_poll = now
+            return True
+
+    def _poll(self) -> bool:
+        try:
+            run = self.ledger.get_run(self.run_id)
+        except Exception:  # a lost database must not crash a check; the DB guard holds
+            logger.warning("cancel poll failed for run %s", self.run_id, exc_info=True)
+            return False
+        if run.cancel_requested:
+            self._event.set()
+            return True
+        return False
 
     def observe(self) -> RunRecord | None:
         """Record, once, that the run saw its signal (``cancel_requested -> cancelling``)."""
