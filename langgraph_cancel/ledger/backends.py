@@ -300,11 +300,13 @@ class PostgresBackend(Backend):
                 kwargs={
                     "autocommit": True,
                     "row_factory": dict_row,
-                    # Every ledger statement is a primary-key probe: prepare it once and
+                    # Every ledger statement is an index probe: prepare it once and
                     # keep the generic plan (planning the CTE writes costs more than
-                    # running them).
+                    # running them). A generic plan made while a table is still small
+                    # is a sequential scan, kept as the table grows until the next
+                    # ANALYZE: no ledger query wants one, so the planner avoids them.
                     "prepare_threshold": 0,
-                    "options": "-c plan_cache_mode=force_generic_plan",
+                    "options": "-c plan_cache_mode=force_generic_plan -c enable_seqscan=off",
                 },
                 open=True,
                 name="langgraph-cancel-ledger",

@@ -747,6 +747,13 @@ class Ledger:
             unique.setdefault(item.tool_call_id, item)
         if b.dialect != "postgres":
             return self._sqlite_plan_many(thread_id, run_id, unique, owner, actor)
+        if len(unique) == 1:  # the one-row statement plans and runs faster than unnest
+            ((call_id, item),) = unique.items()
+            return {
+                call_id: self._plan_once(
+                    **self._plan_fields(thread_id, run_id, item), owner=owner, actor=actor
+                )
+            }
         fields = [self._plan_fields(thread_id, run_id, item) for item in unique.values()]
         params = {
             "effect_id": [derive_effect_id(thread_id, f["tool_call_id"]) for f in fields],
