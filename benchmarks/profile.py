@@ -124,7 +124,7 @@ def instrument(rec: Recorder) -> Iterator[None]:
         (graph_mod._Invocation, "end", "invocation end (close run, get_state, release lease)"),
         (graph_mod, "reconcile_thread", "reconcile node: reconcile_thread"),
         (tn.EffectToolNode, "_func", "EffectToolNode (whole node, sync entry)"),
-        (tn.EffectToolNode, "_invoke", "tool execution (tool.ainvoke: executor hop)"),
+        (tn.EffectToolNode, "_invoke", "tool execution (tool.invoke in a worker thread)"),
         (tn.EffectToolNode, "_classify", "call classification/validation"),
     ]
     for name in (
@@ -368,10 +368,9 @@ def _batched_primitives(ledger: Any, reps: int, times: dict[str, list[float]]) -
 
 
 def _tool_path_ab(saver: Any, base_saver: Any, n: int, reps: int) -> dict[str, Any]:
-    """Diagnostic A/B, not a result: EffectToolNode as is vs the same node whose tool call
-    is made with the sync ``tool.invoke`` in the event-loop thread instead of
-    ``tool.ainvoke`` (a run_in_executor hop, plus async callback dispatch). Measures how
-    much of the added time the async tool path accounts for."""
+    """Diagnostic A/B, not a result: EffectToolNode as is (a sync graph runs ``tool.invoke``
+    in a worker thread, so a cancelled run can stop waiting) vs the same node calling
+    ``tool.invoke`` inline on the event-loop thread. Measures what the thread hop costs."""
     import langgraph_cancel.nodes.tool_node as tn
     from langgraph_cancel.effects import bound_idempotency_key
 
@@ -389,13 +388,13 @@ def _tool_path_ab(saver: Any, base_saver: Any, n: int, reps: int) -> dict[str, A
     tools = [make_tool(SIDE_EFFECT, 0)]
     g_base = build_graph(tools, scripted_model(n), base_saver, effectful=False)
     g_eff = build_graph(tools, scripted_model(n), saver, effectful=True)
-    walls: dict[str, list[float]] = {"base": [], "as_is": [], "sync_tool_call": []}
+    walls: dict[str, list[float]] = {"base": [], "as_is": [], "inline_tool_call": []}
     cpus: dict[str, list[float]] = {k: [] for k in walls}
     try:
         run_once(g_eff, n + 3)
         for _ in range(reps):
             for mode in walls:
-                tn.EffectToolNode._invoke = sync_invoke if mode == "sync_tool_call" else original
+                tn.EffectToolNode._invoke = sync_invoke if mode == "inline_tool_call" else original
                 w, c = run_once(g_base if mode == "base" else g_eff, n + 3)
                 walls[mode].append(w)
                 cpus[mode].append(c)
@@ -407,11 +406,11 @@ def _tool_path_ab(saver: Any, base_saver: Any, n: int, reps: int) -> dict[str, A
     for mode in walls:
         out[f"{mode}_ms"] = rnd((median(walls[mode]) or 0) * 1e3)
         out[f"{mode}_cpu_ms"] = rnd((median(cpus[mode]) or 0) * 1e3)
-    out["async_tool_path_us_per_call"] = rnd(
-        ((median(walls["as_is"]) or 0) - (median(walls["sync_tool_call"]) or 0)) / n * 1e6, 1
+    out["tool_thread_hop_us_per_call"] = rnd(
+        ((median(walls["as_is"]) or 0) - (median(walls["inline_tool_call"]) or 0)) / n * 1e6, 1
     )
-    out["async_tool_path_cpu_us_per_call"] = rnd(
-        ((median(cpus["as_is"]) or 0) - (median(cpus["sync_tool_call"]) or 0)) / n * 1e6, 1
+    out["tool_thread_hop_cpu_us_per_call"] = rnd(
+        ((median(cpus["as_is"]) or 0) - (median(cpus["inline_tool_call"]) or 0)) / n * 1e6, 1
     )
     return out
 

@@ -337,14 +337,14 @@ def findings(res: dict[str, Any]) -> list[str]:
                 f"(cancel poll) {prim.get('get_run (cancel poll)')} us."
             )
     ab = res.get("profile", {}).get("tool_path_ab") or {}
-    if "async_tool_path_us_per_call" in ab:
+    if "tool_thread_hop_us_per_call" in ab:
         notes.append(
             f"Diagnostic A/B on memory, {ab['n_calls']} side-effecting 0 ms calls: EffectToolNode "
-            f"{ab['as_is_ms']} ms as is vs {ab['sync_tool_call_ms']} ms when its tool call uses "
-            f"tool.invoke instead of tool.ainvoke (ToolNode: {ab['base_ms']} ms): the async tool "
-            "path (run_in_executor hop, async callbacks) costs "
-            f"{ab['async_tool_path_us_per_call']} us wall / "
-            f"{ab['async_tool_path_cpu_us_per_call']} us CPU per call; for the remainder see the "
+            f"{ab['as_is_ms']} ms as is vs {ab['inline_tool_call_ms']} ms when it calls "
+            f"tool.invoke inline instead of in a worker thread (ToolNode: {ab['base_ms']} ms): "
+            "the thread hop (which lets a cancelled run stop waiting) costs "
+            f"{ab['tool_thread_hop_us_per_call']} us wall / "
+            f"{ab['tool_thread_hop_cpu_us_per_call']} us CPU per call; for the remainder see the "
             "per-backend breakdowns (ledger writes, per-run work)."
         )
     if micro:
@@ -352,7 +352,7 @@ def findings(res: dict[str, Any]) -> list[str]:
             f"Python-level costs on this box: asyncio.run() of an empty coroutine "
             f"{micro.get('asyncio_run_empty_us')} us (EffectToolNode's sync entry reuses "
             f"pooled loops instead); a sync tool via tool.ainvoke "
-            f"(executor hop) "
+            f"(executor hop, async callbacks; EffectToolNode uses it in async graphs only) "
             f"{micro.get('tool_ainvoke_sync_tool_us_per_call')} us/call vs tool.invoke "
             f"{micro.get('tool_invoke_sync_us_per_call')} us/call."
         )

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_core.runnables import RunnableConfig
-from langchain_core.tools import tool
+from langchain_core.tools import StructuredTool, tool
 from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode
 from langgraph.types import Command, RetryPolicy, Send, interrupt
@@ -221,6 +221,42 @@ def test_malformed_calls_are_answered_and_recorded(saver: Any, log: ExecutionLog
         assert rec.dispatched_at is None
         assert rec.error
     assert ledger.find_effect(thread_id, "m4").status is EffectStatus.COMMITTED
+
+
+@pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])
+def test_tool_body_is_the_one_toolnode_would_call(saver: Any, use_async: bool) -> None:
+    # A sync graph calls a tool's function (tool.invoke, in a worker thread), an async
+    # graph its coroutine, as ToolNode does; a coroutine-only tool works in both.
+    def read_sync(item: str) -> str:
+        return f"sync:{item}"
+
+    async def read_async(item: str) -> str:
+        return f"async:{item}"
+
+    async def write_async(item: str) -> str:
+        return f"async-only:{item}"
+
+    both = effect(EffectKind.READ_ONLY)(
+        StructuredTool.from_function(
+            func=read_sync, coroutine=read_async, name="look", description="Look up."
+        )
+    )
+    only_async = effect(EffectKind.IRREVERSIBLE, requires_approval=False)(
+        StructuredTool.from_function(coroutine=write_async, name="send", description="Send.")
+    )
+    model = scripted(calls(("look", "a", "l1"), ("send", "b", "s1")), "fin")
+    builder = agent_builder(model, EffectToolNode([both, only_async]), use_async=use_async)
+    graph = cancellable(builder, saver)
+    thread_id = new_thread()
+    inp = {"messages": [HumanMessage("go")]}
+    cfg = config_for(thread_id)
+    out = asyncio.run(graph.ainvoke(inp, cfg)) if use_async else graph.invoke(inp, cfg)
+    answers = {m.tool_call_id: m.content for m in tool_messages(out["messages"])}
+    assert answers == {
+        "l1": "async:a" if use_async else "sync:a",
+        "s1": "async-only:b",
+    }
+    assert saver.ledger.find_effect(thread_id, "s1").status is EffectStatus.COMMITTED
 
 
 def test_reads_sharing_a_declared_key_are_all_recorded(saver: Any) -> None:
