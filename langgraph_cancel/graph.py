@@ -24,15 +24,17 @@ import contextlib
 import dataclasses
 import logging
 import time
+import uuid
 from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Self, TypedDict, cast
 
 from langchain_core.messages import ToolCall, ToolMessage
 from langchain_core.runnables import RunnableConfig
-from langchain_core.runnables.config import ensure_config, merge_configs
+from langchain_core.runnables.config import ensure_config, merge_configs, var_child_runnable_config
 from langchain_core.tools import BaseTool
 from langgraph._internal._runnable import RunnableCallable
+from langgraph.callbacks import GraphCallbackHandler, GraphInterruptEvent
 from langgraph.errors import GraphDrained
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
@@ -607,6 +609,65 @@ class CancellableStateGraph(StateGraph):  # type: ignore[type-arg]
 
 
 # -------------------------------------------------------- the compiled graph
+class _PauseWatch(GraphCallbackHandler):
+    """Notes that the invocation paused at an interrupt (LangGraph's lifecycle event).
+
+    A run whose stream returned without one ran to its end: no ``get_state`` needed
+    to tell a completed run from a paused one.
+    """
+
+    run_inline = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.paused = False
+        self.run_id: str | None = None
+
+    @property
+    def ignore_chain(self) -> bool:
+        """Only the graph's lifecycle events matter here."""
+        return True
+
+    @property
+    def ignore_llm(self) -> bool:
+        """Only the graph's lifecycle events matter here."""
+        return True
+
+    @property
+    def ignore_chat_model(self) -> bool:
+        """Only the graph's lifecycle events matter here."""
+        return True
+
+    @property
+    def ignore_retriever(self) -> bool:
+        """Only the graph's lifecycle events matter here."""
+        return True
+
+    @property
+    def ignore_agent(self) -> bool:
+        """Only the graph's lifecycle events matter here."""
+        return True
+
+    @property
+    def ignore_retry(self) -> bool:
+        """Only the graph's lifecycle events matter here."""
+        return True
+
+    @property
+    def ignore_custom_event(self) -> bool:
+        """Only the graph's lifecycle events matter here."""
+        return True
+
+    def on_interrupt(self, event: GraphInterruptEvent) -> None:
+        """The graph paused: its run goes on later.
+
+        A graph invoked from inside one of this graph's nodes inherits the handler;
+        its pauses are its own (``run_id`` tells them apart).
+        """
+        if str(event.run_id) == self.run_id:
+            self.paused = True
+
+
 class _Invocation:
     """One invocation's run scope, lease and heartbeat."""
 
@@ -633,6 +694,35 @@ class _Invocation:
         self.owner = owner
         self._lease = LEASES.hold(self.ledger, self.scope.thread_id, owner, ttl=LEASE_TTL)
         self.token = current_scope.set(self.scope)
+        self.watch = _PauseWatch()
+
+    def watching(self, config: RunnableConfig | None) -> RunnableConfig:
+        """``config`` with the handler that sees the graph pause.
+
+        Added to the callbacks the graph would inherit (a parent graph's, when
+        invoked from inside one of its nodes), not in place of them.
+        """
+        out: dict[str, Any] = dict(config or {})
+        # LangGraph's run id for this invocation (the caller's, when given): the
+        # lifecycle events of this graph carry it.
+        if out.get("run_id") is None:
+            out["run_id"] = uuid.uuid4()
+        self.watch.run_id = str(out["run_id"])
+        # Not merge_configs: inside another graph's node it would fold that graph's
+        # configurable (thread, namespace) into this one's.
+        callbacks = out.get("callbacks")
+        if callbacks is None:
+            ambient = var_child_runnable_config.get() or {}
+            callbacks = ambient.get("callbacks")
+        if callbacks is None:
+            out["callbacks"] = [self.watch]
+        elif isinstance(callbacks, list):
+            out["callbacks"] = [*callbacks, self.watch]
+        else:
+            manager = callbacks.copy()
+            manager.add_handler(self.watch, inherit=True)
+            out["callbacks"] = manager
+        return cast(RunnableConfig, out)
 
     def end(self, *, drained: bool, failed: bool, interrupted: bool = False) -> None:
         """Close the run if it ended; clear drained work; release the lease.
@@ -744,15 +834,8 @@ class _Invocation:
         The compare-and-set only moves a ``running`` run: a run asked to stop
         meanwhile, or already finished, is left to ``_close_run``.
         """
-        if self.graph.checkpointer is None:
-            return False
-        try:
-            snapshot = self.graph.get_state(self._state_config())
-        except Exception:
-            logger.debug("no state to inspect", exc_info=True)
-            return False
-        if snapshot.next or snapshot.interrupts:
-            return False  # paused (an interrupt, a drained queue): the run goes on later
+        if self.graph.checkpointer is None or self.watch.paused:
+            return False  # paused at an interrupt: the run goes on later
         try:
             return self.ledger.finish_run(self.scope.run_id, RunStatus.COMPLETED)
         except IllegalTransitionError:
@@ -769,7 +852,9 @@ class CancellableGraph(CompiledStateGraph):  # type: ignore[type-arg]
         bound = self.cancellation.ledger
         if bound is None:
             return config
-        return merge_configs(config, {"configurable": {CONFIG_KEY_LEDGER: bound}})
+        out: dict[str, Any] = dict(config or {})
+        out["configurable"] = {**(out.get("configurable") or {}), CONFIG_KEY_LEDGER: bound}
+        return cast(RunnableConfig, out)
 
     def copy(self, update: dict[str, Any] | None = None) -> Self:
         """As ``Pregel.copy``, keeping the cancellation settings.
@@ -797,7 +882,7 @@ class CancellableGraph(CompiledStateGraph):  # type: ignore[type-arg]
         kwargs.setdefault("control", RunControl())
         drained = failed = interrupted = False
         try:
-            yield from super().stream(input, config, **kwargs)
+            yield from super().stream(input, inv.watching(config), **kwargs)
         except GraphDrained as exc:
             if exc.reason != DRAIN_REASON:
                 failed = True
@@ -828,7 +913,7 @@ class CancellableGraph(CompiledStateGraph):  # type: ignore[type-arg]
         kwargs.setdefault("control", RunControl())
         drained = failed = interrupted = False
         try:
-            async for chunk in super().astream(input, config, **kwargs):
+            async for chunk in super().astream(input, inv.watching(config), **kwargs):
                 yield chunk
         except GraphDrained as exc:
             if exc.reason != DRAIN_REASON:

@@ -1,0 +1,100 @@
+"""When an invocation ends, its run is completed only if the graph ran to its end.
+
+A graph that pauses (``interrupt()`` in a node, ``interrupt_before``) leaves its
+run ``running`` for the resume to finish; LangGraph's lifecycle event says so,
+sync and async, and for a graph invoked from inside another graph's node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from langchain_core.messages import AIMessage, HumanMessage
+from langchain_core.runnables import RunnableConfig
+from langgraph.graph import END, START, MessagesState, StateGraph
+from langgraph.types import Command, interrupt
+
+from graphs import config_for, new_thread, open_saver
+from langgraph_cancel import add_cancellation
+from langgraph_cancel.subagents import child_config
+from langgraph_cancel.types import RunStatus
+
+
+def _builder() -> StateGraph:
+    def ask(state: MessagesState) -> dict[str, Any]:
+        answer = interrupt("proceed?")
+        return {"messages": [AIMessage(f"asked: {answer}")]}
+
+    def finish(state: MessagesState) -> dict[str, Any]:
+        return {"messages": [AIMessage("finished")]}
+
+    b = StateGraph(MessagesState)
+    b.add_node("ask", ask)
+    b.add_node("finish", finish)
+    b.add_edge(START, "ask")
+    b.add_edge("ask", "finish")
+    b.add_edge("finish", END)
+    return b
+
+
+def _run(graph: Any, inp: Any, cfg: Any, use_async: bool) -> Any:
+    return asyncio.run(graph.ainvoke(inp, cfg)) if use_async else graph.invoke(inp, cfg)
+
+
+@pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])
+def test_a_paused_run_stays_running_and_completes_on_resume(
+    db_url: str, use_async: bool
+) -> None:
+    with open_saver(db_url) as saver:
+        graph = add_cancellation(_builder()).compile(checkpointer=saver)
+        thread = new_thread()
+        out = _run(graph, {"messages": [HumanMessage("go")]}, config_for(thread), use_async)
+        assert out["__interrupt__"][0].value == "proceed?"
+        run = saver.ledger.latest_run(thread)
+        assert run.status is RunStatus.RUNNING
+        out = _run(graph, Command(resume="yes"), config_for(thread), use_async)
+        assert [m.content for m in out["messages"][1:]] == ["asked: yes", "finished"]
+        again = saver.ledger.latest_run(thread)
+        assert again.run_id == run.run_id and again.status is RunStatus.COMPLETED
+
+
+def test_interrupt_before_leaves_the_run_running(db_url: str) -> None:
+    with open_saver(db_url) as saver:
+        graph = add_cancellation(_builder()).compile(
+            checkpointer=saver, interrupt_before=["finish"]
+        )
+        thread = new_thread()
+        graph.invoke({"messages": [HumanMessage("go")]}, config_for(thread))
+        graph.invoke(Command(resume="yes"), config_for(thread))
+        assert graph.get_state(config_for(thread)).next == ("finish",)
+        assert saver.ledger.latest_run(thread).status is RunStatus.RUNNING
+        graph.invoke(None, config_for(thread))
+        assert saver.ledger.latest_run(thread).status is RunStatus.COMPLETED
+
+
+def test_a_child_graph_pausing_inside_a_parent_node_keeps_its_own_thread(db_url: str) -> None:
+    # The child is invoked with its own thread from the parent's node: its run, its
+    # checkpoints and its pause are its own; the parent's run is not paused by it.
+    with open_saver(db_url) as saver:
+        child = add_cancellation(_builder()).compile(checkpointer=saver)
+        parent_thread, child_thread = new_thread(), new_thread()
+
+        def delegate(state: MessagesState, config: RunnableConfig) -> dict[str, Any]:
+            cfg = child_config(config, child_thread)
+            out = child.invoke({"messages": [HumanMessage("child go")]}, cfg)
+            return {"messages": [AIMessage(f"child paused: {'__interrupt__' in out}")]}
+
+        b = StateGraph(MessagesState)
+        b.add_node("delegate", delegate)
+        b.add_edge(START, "delegate")
+        b.add_edge("delegate", END)
+        parent = add_cancellation(b).compile(checkpointer=saver)
+        out = parent.invoke({"messages": [HumanMessage("go")]}, config_for(parent_thread))
+        assert out["messages"][-1].content == "child paused: True"
+        assert saver.ledger.latest_run(parent_thread).status is RunStatus.COMPLETED
+        child_run = saver.ledger.latest_run(child_thread)
+        assert child_run.status is RunStatus.RUNNING
+        state = child.get_state({"configurable": {"thread_id": child_thread}})
+        assert state.next == ("ask",)
