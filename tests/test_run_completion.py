@@ -44,9 +44,7 @@ def _run(graph: Any, inp: Any, cfg: Any, use_async: bool) -> Any:
 
 
 @pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])
-def test_a_paused_run_stays_running_and_completes_on_resume(
-    db_url: str, use_async: bool
-) -> None:
+def test_a_paused_run_stays_running_and_completes_on_resume(db_url: str, use_async: bool) -> None:
     with open_saver(db_url) as saver:
         graph = add_cancellation(_builder()).compile(checkpointer=saver)
         thread = new_thread()
