@@ -8,6 +8,7 @@ sync and async, and for a graph invoked from inside another graph's node.
 from __future__ import annotations
 
 import asyncio
+import uuid
 from typing import Any
 
 import pytest
@@ -96,3 +97,32 @@ def test_a_child_graph_pausing_inside_a_parent_node_keeps_its_own_thread(db_url:
         assert child_run.status is RunStatus.RUNNING
         state = child.get_state({"configurable": {"thread_id": child_thread}})
         assert state.next == ("ask",)
+
+
+def test_a_child_graph_does_not_take_the_parents_run_id(db_url: str) -> None:
+    # A LangGraph API server puts the run id in the parent's configurable; a child
+    # graph invoked with its own thread from a parent node has a run of its own.
+    with open_saver(db_url) as saver:
+        child = add_cancellation(_builder()).compile(checkpointer=saver)
+        parent_thread, child_thread = new_thread(), new_thread()
+        parent_run_id = str(uuid.uuid4())
+
+        def delegate(state: MessagesState, config: RunnableConfig) -> dict[str, Any]:
+            child.invoke(
+                {"messages": [HumanMessage("child go")]}, child_config(config, child_thread)
+            )
+            return {"messages": [AIMessage("delegated")]}
+
+        b = StateGraph(MessagesState)
+        b.add_node("delegate", delegate)
+        b.add_edge(START, "delegate")
+        b.add_edge("delegate", END)
+        parent = add_cancellation(b).compile(checkpointer=saver)
+        cfg = {"configurable": {"thread_id": parent_thread, "run_id": parent_run_id}}
+        parent.invoke({"messages": [HumanMessage("go")]}, cfg)
+        parent_run = saver.ledger.latest_run(parent_thread)
+        child_run = saver.ledger.latest_run(child_thread)
+        assert parent_run.run_id == parent_run_id
+        assert child_run.run_id != parent_run_id
+        assert child_run.parent_run_id == parent_run_id
+        assert child_run.status is RunStatus.RUNNING  # paused at its interrupt
