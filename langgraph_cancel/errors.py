@@ -84,7 +84,22 @@ class DuplicateIdempotencyKeyError(LedgerError):
 
 
 class EffectConflictError(LedgerError):
-    """An effect id was reused with a different tool or arguments."""
+    """A tool-call id already names a different call in the thread's ledger.
+
+    The ledger knows a call by its thread and tool-call id. Some model providers
+    number tool-call ids per message and so repeat them across turns; the record
+    found under an id may then be another call's (another tool, other arguments).
+    Replaying it, or dispatching under it, would answer or skip the wrong call.
+    """
+
+    def __init__(self, effect_id: str, tool_call_id: str, recorded: str, asked: str) -> None:
+        self.effect_id = effect_id
+        self.tool_call_id = tool_call_id
+        super().__init__(
+            f"Not run: tool-call id {tool_call_id!r} already names another call in this "
+            f"thread ({recorded}); this one is {asked}. The model provider reused a "
+            "tool-call id: ask again so the call gets an id of its own."
+        )
 
 
 class UnknownEffectError(LedgerError, KeyError):

@@ -57,6 +57,7 @@ from langgraph_cancel.nodes.tool_node import (
     EffectToolNode,
     apply_outcome,
     dangling_tool_calls,
+    is_same_call,
     mark_unknown,
     replay_message,
 )
@@ -281,6 +282,7 @@ def finalize_cancel(
         for call in dangling:
             if ledger.find_effect(scope.thread_id, call["id"]) is None:
                 _plan_dropped(scope, settings, call)
+            # (A record of another call under a reused id stays as it is.)
         # 2. In flight: wait within the timeout, then reconcile or record unknown.
         _settle_dispatched(scope, settings, ledger.run_effects(run.run_id))
         # 3. Children (sub-agents) stop too: wait, bounded, for each to end.
@@ -314,7 +316,7 @@ def _answer_dangling(scope: RunScope, dangling: list[ToolCall]) -> list[ToolMess
     out: list[ToolMessage] = []
     for call in dangling:
         rec = scope.ledger.find_effect(scope.thread_id, call["id"])
-        if rec is None:
+        if rec is None or not is_same_call(rec, call):
             out.append(
                 ToolMessage(
                     NOT_RUN_CANCELLED,
@@ -442,6 +444,8 @@ def _make_reconcile_subgraph(settings: CancellationSettings, state_schema: Any) 
                 rec = scope.ledger.find_effect(scope.thread_id, call["id"])
                 if rec is None:
                     _plan_dropped(scope, settings, call)
+                elif not is_same_call(rec, call):
+                    pass  # the id names another call's record: leave that one be
                 elif rec.status in UNDISPATCHED_STATUSES or rec.status is EffectStatus.NOT_APPLIED:
                     _drop(scope, rec)
             update[settings.messages_key] = _answer_dangling(scope, dangling)

@@ -13,7 +13,6 @@ import operator
 import subprocess
 import threading
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
 import pytest
@@ -56,37 +55,14 @@ from langgraph_cancel.ledger import Ledger
 from langgraph_cancel.runtime import ledger_for_url
 from langgraph_cancel.testing import tool_call
 from langgraph_cancel.types import RunStatus
+from module_fixtures import (  # noqa: F401 (fixtures: pytest finds them by name)
+    db_url_fixture,
+    log_fixture,
+    providers_path_fixture,
+    saver_fixture,
+)
 
 TIMEOUT = 60.0
-
-
-@pytest.fixture
-def providers_path(tmp_path: Path) -> Iterator[str]:
-    path = str(tmp_path / "providers.db")
-    Providers(path)
-    refund_tools.set_providers_path(path)
-    try:
-        yield path
-    finally:
-        refund_tools.set_providers_path(None)
-
-
-@pytest.fixture
-def log(providers_path: str) -> ExecutionLog:
-    return ExecutionLog(providers_path)
-
-
-@pytest.fixture(scope="module", params=backend_params())
-def db_url(request: pytest.FixtureRequest) -> Iterator[str]:
-    """memory, SQLite, PostgreSQL: one database per module (tests use their own threads)."""
-    with module_database(request) as url:
-        yield url
-
-
-@pytest.fixture(scope="module")
-def saver(db_url: str) -> Iterator[Any]:
-    with open_saver(db_url) as s:
-        yield s
 
 
 @pytest.fixture

@@ -15,7 +15,6 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -57,36 +56,12 @@ from langgraph_cancel import (
 )
 from langgraph_cancel.ledger import derive_idempotency_key
 from langgraph_cancel.testing import tool_call
-
-
-@pytest.fixture
-def providers_path(tmp_path: Path) -> Iterator[str]:
-    """The providers' SQLite file (refund agent systems + the execution log)."""
-    path = str(tmp_path / "providers.db")
-    Providers(path)
-    refund_tools.set_providers_path(path)
-    try:
-        yield path
-    finally:
-        refund_tools.set_providers_path(None)
-
-
-@pytest.fixture
-def log(providers_path: str) -> ExecutionLog:
-    return ExecutionLog(providers_path)
-
-
-@pytest.fixture(scope="module", params=backend_params())
-def db_url(request: pytest.FixtureRequest) -> Iterator[str]:
-    """memory, SQLite, PostgreSQL: one database per module (tests use their own threads)."""
-    with module_database(request) as url:
-        yield url
-
-
-@pytest.fixture(scope="module")
-def saver(db_url: str) -> Iterator[Any]:
-    with open_saver(db_url) as s:
-        yield s
+from module_fixtures import (  # noqa: F401 (fixtures: pytest finds them by name)
+    db_url_fixture,
+    log_fixture,
+    providers_path_fixture,
+    saver_fixture,
+)
 
 
 def start(graph: Any, thread_id: str, text: str = "go", **kwargs: Any) -> dict[str, Any]:

@@ -68,7 +68,7 @@ from langgraph_cancel.errors import (
     InvalidDecisionError,
 )
 from langgraph_cancel.ledger import Ledger, derive_idempotency_key
-from langgraph_cancel.nodes.tool_node import _validate_args
+from langgraph_cancel.nodes.tool_node import _validate_args, is_same_call
 from langgraph_cancel.runtime import RunScope, scope_for
 from langgraph_cancel.types import EffectRecord, EffectStatus, utcnow
 
@@ -298,11 +298,16 @@ class ApprovalGate(RunnableCallable):
     def _prepare(self, input: Any, scope: RunScope) -> _Batch:
         """Find the calls needing approval and record them ``pending_approval``."""
         messages = _messages_of(input, self.messages_key)
-        message = next((m for m in reversed(messages) if isinstance(m, AIMessage)), None)
+        at = next(
+            (n for n in range(len(messages) - 1, -1, -1) if isinstance(messages[n], AIMessage)),
+            -1,
+        )
+        message = cast(AIMessage, messages[at]) if at >= 0 else None
         batch = _Batch(scope=scope, message=message)
         if message is None or not message.tool_calls:
             return batch
-        answered = {m.tool_call_id for m in messages if isinstance(m, ToolMessage)}
+        # Answers to this message's calls (ids may repeat across turns: look after it).
+        answered = {m.tool_call_id for m in messages[at + 1 :] if isinstance(m, ToolMessage)}
         for index, call in enumerate(message.tool_calls):
             call_id = call.get("id")
             if not call_id or call_id in answered:
@@ -333,6 +338,8 @@ class ApprovalGate(RunnableCallable):
         spec = self.specs[name]
         call_id = str(call.get("id"))
         existing = scope.ledger.find_effect(scope.thread_id, call_id)
+        if existing is not None and not is_same_call(existing, call):
+            return None  # the id names another call: the tool node refuses this one
         if existing is not None:
             if existing.status is EffectStatus.PLANNED and _needs_approval(spec, args, name):
                 # Planned by someone else (an earlier, gate-less pass): ask about it now.

@@ -54,6 +54,7 @@ from langgraph_cancel.effects import (
 from langgraph_cancel.errors import (
     DispatchRefusedError,
     DuplicateIdempotencyKeyError,
+    EffectConflictError,
     IllegalTransitionError,
     LedgerError,
 )
@@ -96,6 +97,47 @@ def message_payload(msg: ToolMessage) -> dict[str, Any]:
     if msg.artifact is not None:
         payload["artifact"] = msg.artifact
     return cast(dict[str, Any], json.loads(json.dumps(payload, default=str)))
+
+
+def _canonical(value: Any) -> str:
+    return json.dumps(value, default=str, sort_keys=True)
+
+
+def ensure_same_call(rec: EffectRecord, name: str, args: Any) -> None:
+    """The check before acting on a found record: is it this call ("same step?")?
+
+    Same tool and the recorded arguments, or the arguments an approved edit
+    replaced. A re-run of the call (crash, interrupt, retry) always passes.
+
+    Raises:
+        EffectConflictError: The record is another call's: its tool-call id was
+            reused (some providers number ids per message).
+    """
+    wanted = _canonical(args)
+    if rec.tool == name and _canonical(rec.args) == wanted:
+        return
+    approval = rec.approval or {}
+    if (
+        rec.tool == name
+        and approval.get("decision") == "edit"
+        and _canonical(approval.get("original_args")) == wanted
+    ):
+        return
+    raise EffectConflictError(
+        rec.effect_id,
+        rec.tool_call_id,
+        f"{rec.tool} with {_canonical(rec.args)}, {rec.status.value}",
+        f"{name} with {wanted}",
+    )
+
+
+def is_same_call(rec: EffectRecord, call: ToolCall) -> bool:
+    """Whether ``rec`` records ``call`` (see ``ensure_same_call``)."""
+    try:
+        ensure_same_call(rec, str(call.get("name") or ""), call.get("args"))
+    except EffectConflictError:
+        return False
+    return True
 
 
 def replay_message(rec: EffectRecord, call: ToolCall | None = None) -> ToolMessage:
@@ -527,6 +569,8 @@ class EffectToolNode(ToolNode):
             if batch is not None
             else await _db(ledger.find_effect, scope.thread_id, p.call_id)
         )
+        if existing is not None and (conflict := _conflict(p, existing)) is not None:
+            return conflict
         if existing is not None and existing.settled:
             return replay_message(existing, p.call)
         if existing is not None:  # approved or in flight: the full lifecycle applies
@@ -612,6 +656,8 @@ class EffectToolNode(ToolNode):
         planned = known if known is not None else await _db(self._plan_effect, p, scope)
         if isinstance(planned, ToolMessage):
             return planned  # the key belongs to another effect: not dispatched
+        if (conflict := _conflict(p, planned)) is not None:
+            return conflict
         rec = planned
         if rec.status is EffectStatus.DISPATCHED:
             # Left in flight by an earlier attempt (crash, cancelled task): settle it first.
@@ -1102,6 +1148,16 @@ async def _db(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     return fn(*args, **kwargs)
 
 
+def _conflict(p: _Planned, rec: EffectRecord) -> ToolMessage | None:
+    """The answer for a call whose id names another call's record; None when it is its own."""
+    try:
+        ensure_same_call(rec, p.tool.name, p.call.get("args"))
+    except EffectConflictError as exc:
+        logger.warning("%s", exc)
+        return ToolMessage(str(exc), name=p.tool.name, tool_call_id=p.call_id, status="error")
+    return None
+
+
 def _has_sync_body(tool: BaseTool) -> bool:
     """Whether ``tool.invoke`` works: not a ``StructuredTool`` made from a coroutine only."""
     return not (isinstance(tool, StructuredTool) and tool.func is None)
@@ -1290,13 +1346,22 @@ def apply_outcome(
 
 
 def dangling_tool_calls(messages: Sequence[Any]) -> list[ToolCall]:
-    """Tool calls in a history that have no ToolMessage answering them."""
-    answered = {m.tool_call_id for m in messages if isinstance(m, ToolMessage)}
-    out: list[ToolCall] = []
+    """Tool calls in a history that have no ToolMessage answering them.
+
+    A ToolMessage answers the earliest unanswered call with its id before it: a
+    provider that repeats ids across turns (``call_0`` each turn) leaves a later
+    turn's call unanswered even though an earlier ``call_0`` was answered.
+    """
+    pending: list[ToolCall] = []
     for m in messages:
         if isinstance(m, AIMessage):
-            out.extend(c for c in m.tool_calls if c.get("id") and c["id"] not in answered)
-    return out
+            pending.extend(c for c in m.tool_calls if c.get("id"))
+        elif isinstance(m, ToolMessage):
+            for n, call in enumerate(pending):
+                if call["id"] == m.tool_call_id:
+                    del pending[n]
+                    break
+    return pending
 
 
 __all__ = [
@@ -1305,6 +1370,8 @@ __all__ = [
     "EffectToolNode",
     "apply_outcome",
     "dangling_tool_calls",
+    "ensure_same_call",
+    "is_same_call",
     "mark_unknown",
     "message_payload",
     "replay_message",

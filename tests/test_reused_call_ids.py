@@ -1,0 +1,216 @@
+"""A provider that repeats tool-call ids across turns cannot make a call replay another.
+
+The ledger knows a call by (thread, tool-call id). Some OpenAI-compatible servers
+number ids per message, so turn two's ``call_0`` is not turn one's. Before acting
+on a record it finds, the node checks it is this call (DBOS's "same step?"): same
+tool, same arguments (or the ones an approved edit replaced). Another call's
+record is never replayed as this call's answer, and this call is never dispatched
+under it: it is answered with ``EffectConflictError``'s explanation instead.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
+from langgraph.graph import END, START, MessagesState, StateGraph
+from langgraph.prebuilt import tools_condition
+from langgraph.types import Command
+
+from graphs import ExecutionLog, cancellable, config_for, counting_tool, new_thread
+from langgraph_cancel import ApprovalGate, EffectKind, EffectStatus, EffectToolNode, effect
+from langgraph_cancel.errors import EffectConflictError
+from langgraph_cancel.nodes.tool_node import dangling_tool_calls, ensure_same_call
+from langgraph_cancel.testing import tool_call
+from module_fixtures import (  # noqa: F401 (fixtures: pytest finds them by name)
+    db_url_fixture,
+    log_fixture,
+    providers_path_fixture,
+    saver_fixture,
+)
+
+
+def _provider(*turns: list[tuple[str, str]]) -> Any:
+    """A model node whose every turn numbers its calls call_0, call_1, ... again."""
+
+    def agent(state: MessagesState) -> dict[str, list[BaseMessage]]:
+        n = sum(isinstance(m, AIMessage) for m in state["messages"])
+        if n >= len(turns):
+            return {"messages": [AIMessage("fin")]}
+        calls = [
+            tool_call(name, {"item": item}, id=f"call_{i}")
+            for i, (name, item) in enumerate(turns[n])
+        ]
+        return {"messages": [AIMessage("", tool_calls=calls)]}
+
+    return agent
+
+
+def _graph(saver: Any, tools: list[Any], *turns: list[tuple[str, str]], gate: bool = False) -> Any:
+    b = StateGraph(MessagesState)
+    b.add_node("agent", _provider(*turns))
+    b.add_node("tools", EffectToolNode(tools))
+    b.add_edge(START, "agent")
+    if gate:
+        b.add_node("approval", ApprovalGate(tools))
+        b.add_conditional_edges("agent", tools_condition, {"tools": "approval", END: END})
+        b.add_edge("approval", "tools")
+    else:
+        b.add_conditional_edges("agent", tools_condition)
+    b.add_edge("tools", "agent")
+    return cancellable(b, saver)
+
+
+def _answers(out: dict[str, Any]) -> list[tuple[str, str, str]]:
+    return [
+        (m.tool_call_id, m.status, str(m.content))
+        for m in out["messages"]
+        if isinstance(m, ToolMessage)
+    ]
+
+
+def test_a_reused_id_with_other_arguments_is_refused_not_replayed(
+    saver: Any, log: ExecutionLog
+) -> None:
+    refund = counting_tool(log, "refund", EffectKind.IRREVERSIBLE)
+    graph = _graph(saver, [refund], [("refund", "o-1")], [("refund", "o-2")])
+    thread = new_thread()
+    out = graph.invoke({"messages": [HumanMessage("refund both")]}, config_for(thread))
+    (first, second) = _answers(out)
+    assert first == ("call_0", "success", "refund(o-1) ok")
+    assert second[:2] == ("call_0", "error")
+    assert "already names another call" in second[2] and "o-2" in second[2]
+    # o-1 was refunded once; o-2 was neither run nor reported as done.
+    assert [r["item"] for r in log.rows("refund")] == ["o-1"]
+    rec = saver.ledger.find_effect(thread, "call_0")
+    assert rec.args == {"item": "o-1"} and rec.status is EffectStatus.COMMITTED
+    assert len(saver.ledger.history(rec.effect_id)) == 3  # planned, dispatched, committed
+    assert saver.ledger.latest_run(thread).status.value == "completed"
+
+
+def test_a_reused_id_naming_another_tool_is_refused(saver: Any, log: ExecutionLog) -> None:
+    lookup = counting_tool(log, "lookup", EffectKind.READ_ONLY)
+    email = counting_tool(log, "email", EffectKind.IRREVERSIBLE)
+    graph = _graph(saver, [lookup, email], [("lookup", "o-1")], [("email", "o-1")])
+    thread = new_thread()
+    out = graph.invoke({"messages": [HumanMessage("go")]}, config_for(thread))
+    (first, second) = _answers(out)
+    assert first == ("call_0", "success", "lookup(o-1) ok")
+    assert second[1] == "error" and "already names another call" in second[2]
+    assert log.attempts("email") == 0
+
+
+def test_a_reused_id_on_a_read_is_refused_too(saver: Any, log: ExecutionLog) -> None:
+    lookup = counting_tool(log, "lookup", EffectKind.READ_ONLY)
+    graph = _graph(saver, [lookup], [("lookup", "a")], [("lookup", "b")])
+    out = graph.invoke({"messages": [HumanMessage("go")]}, config_for(new_thread()))
+    (first, second) = _answers(out)
+    assert first == ("call_0", "success", "lookup(a) ok")
+    assert second[1] == "error" and "already names another call" in second[2]
+    assert [r["item"] for r in log.rows("lookup")] == ["a"]
+
+
+def test_the_same_call_again_is_a_replay(saver: Any, log: ExecutionLog) -> None:
+    # Same id, same tool, same arguments: the provider's repeat is the same step, so
+    # it is answered from the ledger and nothing runs twice.
+    refund = counting_tool(log, "refund", EffectKind.IRREVERSIBLE)
+    graph = _graph(saver, [refund], [("refund", "o-1")], [("refund", "o-1")])
+    out = graph.invoke({"messages": [HumanMessage("go")]}, config_for(new_thread()))
+    assert [a[1:] for a in _answers(out)] == [("success", "refund(o-1) ok")] * 2
+    assert log.applied("refund") == 1
+
+
+def test_ensure_same_call_accepts_an_approved_edit(saver: Any) -> None:
+    ledger = saver.ledger
+    thread = new_thread()
+    run = ledger.start_run(thread)
+    rec, _ = ledger.plan(
+        thread_id=thread,
+        run_id=run.run_id,
+        tool_call_id="call_0",
+        tool="refund",
+        kind=EffectKind.IRREVERSIBLE,
+        args={"item": "o-1", "amount": 150},
+        status=EffectStatus.PENDING_APPROVAL,
+    )
+    edited = ledger.transition(
+        rec.effect_id,
+        EffectStatus.APPROVED,
+        args={"item": "o-1", "amount": 100},
+        approval={"decision": "edit", "original_args": {"item": "o-1", "amount": 150}},
+    )
+    ensure_same_call(edited, "refund", {"amount": 100, "item": "o-1"})  # key order is no matter
+    ensure_same_call(edited, "refund", {"item": "o-1", "amount": 150})  # the edit was lost
+    try:
+        ensure_same_call(edited, "refund", {"item": "o-1", "amount": 999})
+    except EffectConflictError as exc:
+        assert exc.tool_call_id == "call_0" and "999" in str(exc)
+    else:  # pragma: no cover - the assertion is the point
+        raise AssertionError("a different call passed as the same")
+
+
+def test_the_approval_gate_does_not_ask_about_a_reused_id(saver: Any, log: ExecutionLog) -> None:
+    refund = effect(EffectKind.IRREVERSIBLE, requires_approval=True)(
+        counting_tool(log, "refund", None)
+    )
+    graph = _graph(saver, [refund], [("refund", "o-1")], [("refund", "o-2")], gate=True)
+    thread = new_thread()
+    out = graph.invoke({"messages": [HumanMessage("go")]}, config_for(thread))
+    assert out["__interrupt__"]  # turn one's refund waits for a person
+    out = graph.invoke(Command(resume={"decisions": [{"type": "approve"}]}), config_for(thread))
+    # Turn two's call_0 is another refund: not asked about, not run, explained.
+    assert "__interrupt__" not in out
+    (first, second) = _answers(out)
+    assert first == ("call_0", "success", "refund(o-1) ok")
+    assert second[1] == "error" and "already names another call" in second[2]
+    assert [r["item"] for r in log.rows("refund")] == ["o-1"]
+
+
+def test_a_cancel_answers_a_reused_id_as_not_run(saver: Any, log: ExecutionLog) -> None:
+    # The stop comes between the model's turn and the tool node: the dangling call_0
+    # is answered "not run", not with turn one's result.
+    refund = counting_tool(log, "refund", EffectKind.IRREVERSIBLE)
+    turns = [[("refund", "o-1")], [("refund", "o-2")]]
+    model = _provider(*turns)
+    thread = new_thread()
+
+    def agent(state: MessagesState) -> dict[str, list[BaseMessage]]:
+        out = model(state)
+        if sum(isinstance(m, AIMessage) for m in state["messages"]) == 1:
+            saver.ledger.request_cancel(thread, reason="stop", requested_by="test")
+        return out
+
+    b = StateGraph(MessagesState)
+    b.add_node("agent", agent)
+    b.add_node("tools", EffectToolNode([refund]))
+    b.add_edge(START, "agent")
+    b.add_conditional_edges("agent", tools_condition)
+    b.add_edge("tools", "agent")
+    out = cancellable(b, saver).invoke({"messages": [HumanMessage("go")]}, config_for(thread))
+    (first, second) = _answers(out)
+    assert first == ("call_0", "success", "refund(o-1) ok")
+    assert second[1] == "error" and "refund(o-1) ok" not in second[2]
+    assert [r["item"] for r in log.rows("refund")] == ["o-1"]
+    assert saver.ledger.latest_run(thread).status.value == "cancelled"
+
+
+def test_dangling_calls_are_matched_in_order_not_by_id_alone() -> None:
+    def turn(*ids: str) -> AIMessage:
+        return AIMessage("", tool_calls=[tool_call("t", {"item": i}, id=i) for i in ids])
+
+    def answer(call_id: str) -> ToolMessage:
+        return ToolMessage("ok", tool_call_id=call_id)
+
+    history = [
+        HumanMessage("go"),
+        turn("call_0", "call_1"),
+        answer("call_1"),
+        answer("call_0"),
+        turn("call_0"),  # the same id again, next turn: not answered yet
+    ]
+    assert [c["args"] for c in dangling_tool_calls(history)] == [{"item": "call_0"}]
+    assert dangling_tool_calls([*history, answer("call_0")]) == []
+    # One message repeating an id needs one answer per call.
+    twice = [turn("x", "x"), answer("x")]
+    assert len(dangling_tool_calls(twice)) == 1
+    assert dangling_tool_calls([*twice, answer("x")]) == []
