@@ -999,12 +999,23 @@ def cmd_resume(args: argparse.Namespace) -> int:
     console = _console(stderr=args.json)
     with open_saver(args.db) as saver:
         _require_thread(saver.ledger, args.thread)
+        if args.force:
+            held = saver.ledger.lease(args.thread)
+            if held is not None and _lease_live(held):
+                # The operator knows its worker is gone (kill -9, lost host): break the
+                # lease now instead of waiting out its TTL.
+                saver.ledger.release_lease(args.thread, held.owner)
+                console.print(
+                    f"Broke the live lease of {escape(held.owner)} on thread "
+                    f"{escape(args.thread)} (--force)."
+                )
         settled = reconcile(saver.ledger, args.thread, tools=tools)
         if any(r.busy for r in settled):
             busy = settled[0]
             raise CliError(
                 f"thread {args.thread!r} is being run by {busy.busy} (lease until "
-                f"{busy.busy_until}): it cannot be resumed twice"
+                f"{busy.busy_until}): it cannot be resumed twice (if that worker is "
+                "dead, --force takes the thread over now)"
             )
         if not args.json and any(r.effects for r in settled):
             _render_reconciled(console, settled)
@@ -1440,6 +1451,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="JSON",
         help="answer a pending interrupt with Command(resume=JSON)",
+    )
+    resume.add_argument(
+        "--force",
+        action="store_true",
+        help="take the thread over even if its lease is live: only when you know its "
+        "worker is dead (kill -9, lost host), instead of waiting for the lease to expire",
     )
     resume.set_defaults(func=cmd_resume)
 

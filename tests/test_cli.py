@@ -255,6 +255,25 @@ def test_resume_without_a_saved_checkpoint_says_so(tmp_path: Path) -> None:
     assert resumed["run"]["status"] == "running"
 
 
+def test_resume_force_takes_over_a_dead_workers_live_lease(tmp_path: Path) -> None:
+    # kill -9 leaves the worker's lease live until its TTL runs out; an operator who
+    # knows the worker is gone takes the thread over with --force instead of waiting.
+    db = sqlite_url(tmp_path / "agent.db")
+    with Ledger.from_url(db) as ledger:
+        ledger.start_run("orphaned")
+        ledger.acquire_lease("orphaned", "worker-killed-9", ttl=3600)
+    refused = one_line_error(run_main(["resume", "orphaned", "--db", db], tmp_path))
+    assert "being run by worker-killed-9" in refused and "--force" in refused
+    with Ledger.from_url(db) as ledger:
+        lease = ledger.lease("orphaned")
+        assert lease is not None and lease.owner == "worker-killed-9"  # nothing changed
+    out = ok(run_main(["resume", "orphaned", "--db", db, "--force"], tmp_path))
+    assert "Broke the live lease of worker-killed-9" in out
+    assert "nothing to resume" in out
+    with Ledger.from_url(db) as ledger:
+        assert ledger.lease("orphaned") is None
+
+
 def test_reconcile_with_nothing_to_settle(demo: Demo) -> None:
     out = ok(demo.cli("reconcile", THREAD))
     assert "Nothing to reconcile" in out
