@@ -122,9 +122,9 @@ def savers(backend: str, settings: Settings) -> Iterator[tuple[Any, Any]]:
         d = tempfile.mkdtemp(prefix="overhead-", dir=settings.workdir)
         c1 = sqlite3.connect(os.path.join(d, "base.db"), check_same_thread=False)
         c2 = sqlite3.connect(os.path.join(d, "cancel.db"), check_same_thread=False)
-        base = SqliteSaver(c1)
+        base: Any = SqliteSaver(c1)
         base.setup()
-        ours = SqliteCancelSaver(c2)
+        ours: Any = SqliteCancelSaver(c2)
         ours.setup()
         try:
             yield base, ours

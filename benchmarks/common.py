@@ -102,9 +102,9 @@ def with_dbname(dsn: str, dbname: str) -> str:
         return urlunsplit(("postgresql", parts.netloc, "/" + quote(dbname), parts.query, ""))
     from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-    params = {k: v for k, v in conninfo_to_dict(dsn).items() if v is not None}
+    params: dict[str, Any] = {k: v for k, v in conninfo_to_dict(dsn).items() if v is not None}
     params["dbname"] = dbname
-    return make_conninfo(**params)
+    return make_conninfo("", **params)
 
 
 def _admin(dsn: str, statement: str, dbname: str) -> None:

@@ -80,8 +80,8 @@ def _open_saver(url: str) -> Any:
 
         from langgraph_cancel.checkpointers.sqlite import SqliteCancelSaver
 
-        conn = sqlite3.connect(url[len("sqlite:///") :], check_same_thread=False, timeout=30)
-        saver = SqliteCancelSaver(conn)
+        lite = sqlite3.connect(url[len("sqlite:///") :], check_same_thread=False, timeout=30)
+        saver: Any = SqliteCancelSaver(lite)
     else:
         from psycopg import Connection
         from psycopg.rows import dict_row

@@ -394,14 +394,15 @@ def _tool_path_ab(saver: Any, base_saver: Any, n: int, reps: int) -> dict[str, A
         run_once(g_eff, n + 3)
         for _ in range(reps):
             for mode in walls:
-                tn.EffectToolNode._invoke = sync_invoke if mode == "inline_tool_call" else original
+                patched = sync_invoke if mode == "inline_tool_call" else original
+                tn.EffectToolNode._invoke = patched  # type: ignore[method-assign]
                 w, c = run_once(g_base if mode == "base" else g_eff, n + 3)
                 walls[mode].append(w)
                 cpus[mode].append(c)
     except Exception as exc:  # the library changed shape: report, do not fail the run
         return {"skipped": f"{type(exc).__name__}: {exc}"}
     finally:
-        tn.EffectToolNode._invoke = original
+        tn.EffectToolNode._invoke = original  # type: ignore[method-assign]
     out: dict[str, Any] = {"n_calls": n, "reps": reps}
     for mode in walls:
         out[f"{mode}_ms"] = rnd((median(walls[mode]) or 0) * 1e3)
@@ -488,7 +489,7 @@ def run(settings: Settings, backends_: list[str]) -> dict[str, Any]:
                         }
                         for label, total in rec.total.items()
                     ),
-                    key=lambda d: -(d["ms_per_invoke"] or 0),
+                    key=lambda d: -float(d["ms_per_invoke"] or 0),
                 )
                 base_ms = (median(walls["base"]) or 0) * 1e3
                 eff_ms = (median(walls["effect"]) or 0) * 1e3

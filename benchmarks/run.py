@@ -207,7 +207,7 @@ def evaluate_targets(res: dict[str, Any], settings: Settings) -> list[dict[str, 
                 (_cell(res, "postgres", "side_effecting", 0, n) or {}).get("added_us_per_call")
                 for n in batches
             ]
-            m = f and f["marginal_us_per_call"]
+            m = f["marginal_us_per_call"] if f else None
             add(
                 "PG: <=1 ms added per side-effecting call (marginal)",
                 f"{m} us/call" if m is not None else "n/a",
@@ -229,7 +229,7 @@ def evaluate_targets(res: dict[str, Any], settings: Settings) -> list[dict[str, 
                 )
         for b in backends:
             f = _fit(res, b, "read_only", 0)
-            m = f and f["marginal_us_per_call"]
+            m = f["marginal_us_per_call"] if f else None
             c10 = _cell(res, b, "read_only", 0, 10) or {}
             add(
                 f"{b}: <=0.1 ms per read-only call (marginal)",
@@ -694,7 +694,7 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             t0 = time.perf_counter()
             log(f"== {name} (load average {os.getloadavg()[0]:.1f})")
-            res[name] = modules[name].run(settings, backends)  # type: ignore[attr-defined]
+            res[name] = modules[name].run(settings, backends)
             durations[name] = round(time.perf_counter() - t0, 1)
     finally:
         shutil.rmtree(settings.workdir, ignore_errors=True)
