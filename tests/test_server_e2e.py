@@ -269,6 +269,10 @@ async def interrupted_on_refund(served: Served, client: Any, thread_id: str, amo
     assert set(review["allowed_decisions"]) == {"approve", "edit", "reject"}
     assert state["next"] == ["approval"]
     assert (await client.threads.get(thread_id))["status"] == "interrupted"
+    # Paused, not finished: the ledger's run waits for the decision (the server's run id
+    # is the one LangGraph's interrupt event carries).
+    paused = served.ledger.latest_run(thread_id)
+    assert paused is not None and paused.status is RunStatus.RUNNING, paused
     # Nothing irreversible left the process while the human decides.
     assert served.providers.attempts(key) == 0
     assert in_status(served.ledger, key, EffectStatus.PENDING_APPROVAL)
@@ -321,6 +325,8 @@ async def test_approval_interrupt_then_resume_dispatches_once(
     no_dangling_calls(result["messages"])
     assert "cancellation_report" not in result or result["cancellation_report"] is None
     assert (await client.threads.get(thread_id))["status"] == "idle"
+    runs = served.ledger.runs(thread_id)
+    assert [r.status for r in runs] == [RunStatus.COMPLETED], runs  # one run, paused and resumed
 
 
 @pytest.mark.server
