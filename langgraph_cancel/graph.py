@@ -621,46 +621,14 @@ class _PauseWatch(GraphCallbackHandler):
     """
 
     run_inline = True
+    # Only the graph's lifecycle events matter here: skip every other callback.
+    ignore_chain = ignore_llm = ignore_chat_model = ignore_retriever = True
+    ignore_agent = ignore_retry = ignore_custom_event = True
 
     def __init__(self) -> None:
         super().__init__()
         self.paused = False
         self.run_id: str | None = None
-
-    @property
-    def ignore_chain(self) -> bool:
-        """Only the graph's lifecycle events matter here."""
-        return True
-
-    @property
-    def ignore_llm(self) -> bool:
-        """Only the graph's lifecycle events matter here."""
-        return True
-
-    @property
-    def ignore_chat_model(self) -> bool:
-        """Only the graph's lifecycle events matter here."""
-        return True
-
-    @property
-    def ignore_retriever(self) -> bool:
-        """Only the graph's lifecycle events matter here."""
-        return True
-
-    @property
-    def ignore_agent(self) -> bool:
-        """Only the graph's lifecycle events matter here."""
-        return True
-
-    @property
-    def ignore_retry(self) -> bool:
-        """Only the graph's lifecycle events matter here."""
-        return True
-
-    @property
-    def ignore_custom_event(self) -> bool:
-        """Only the graph's lifecycle events matter here."""
-        return True
 
     def on_interrupt(self, event: GraphInterruptEvent) -> None:
         """The graph paused: its run goes on later.
