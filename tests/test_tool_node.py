@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_core.runnables import RunnableConfig
-from langchain_core.tools import StructuredTool, tool
+from langchain_core.tools import StructuredTool, Tool, tool
 from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode
 from langgraph.types import Command, RetryPolicy, Send, interrupt
@@ -211,6 +211,9 @@ def test_tool_body_is_the_one_toolnode_would_call(saver: Any, use_async: bool) -
     async def write_async(item: str) -> str:
         return f"async-only:{item}"
 
+    async def note_async(text: str) -> str:
+        return f"noted:{text}"
+
     both = effect(EffectKind.READ_ONLY)(
         StructuredTool.from_function(
             func=read_sync, coroutine=read_async, name="look", description="Look up."
@@ -219,8 +222,26 @@ def test_tool_body_is_the_one_toolnode_would_call(saver: Any, use_async: bool) -
     only_async = effect(EffectKind.IRREVERSIBLE, requires_approval=False)(
         StructuredTool.from_function(coroutine=write_async, name="send", description="Send.")
     )
-    model = scripted(calls(("look", "a", "l1"), ("send", "b", "s1")), "fin")
-    builder = agent_builder(model, EffectToolNode([both, only_async]), use_async=use_async)
+    # Single-input Tools (no args schema: the tool parses its input), sync and
+    # coroutine-only, run too (they used to be refused as malformed).
+    note = effect(EffectKind.READ_ONLY)(
+        Tool(name="note", func=None, coroutine=note_async, description="Take a note.")
+    )
+    shout = effect(EffectKind.READ_ONLY)(
+        Tool(name="shout", func=str.upper, description="Say it loud.")
+    )
+    model = scripted(
+        calls(
+            ("look", "a", "l1"),
+            ("send", "b", "s1"),
+            {"name": "note", "args": {"__arg1": "c"}, "id": "n1"},
+            {"name": "shout", "args": {"__arg1": "hey"}, "id": "h1"},
+        ),
+        "fin",
+    )
+    builder = agent_builder(
+        model, EffectToolNode([both, only_async, note, shout]), use_async=use_async
+    )
     graph = cancellable(builder, saver)
     thread_id = new_thread()
     inp = {"messages": [HumanMessage("go")]}
@@ -230,6 +251,8 @@ def test_tool_body_is_the_one_toolnode_would_call(saver: Any, use_async: bool) -
     assert answers == {
         "l1": "async:a" if use_async else "sync:a",
         "s1": "async-only:b",
+        "n1": "noted:c",
+        "h1": "HEY",
     }
     assert saver.ledger.find_effect(thread_id, "s1").status is EffectStatus.COMMITTED
 

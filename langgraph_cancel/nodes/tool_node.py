@@ -30,7 +30,7 @@ from typing import Any, Literal, TypeVar, cast
 from langchain_core.messages import AIMessage, AnyMessage, ToolCall, ToolMessage
 from langchain_core.runnables import RunnableConfig
 from langchain_core.runnables.config import get_config_list
-from langchain_core.tools import BaseTool, StructuredTool
+from langchain_core.tools import BaseTool
 from langgraph.errors import GraphBubbleUp, GraphInterrupt
 from langgraph.prebuilt import ToolNode
 from langgraph.prebuilt.tool_node import (
@@ -1159,8 +1159,9 @@ def _conflict(p: _Planned, rec: EffectRecord) -> ToolMessage | None:
 
 
 def _has_sync_body(tool: BaseTool) -> bool:
-    """Whether ``tool.invoke`` works: not a ``StructuredTool`` made from a coroutine only."""
-    return not (isinstance(tool, StructuredTool) and tool.func is None)
+    """Whether ``tool.invoke`` works: not a ``Tool`` / ``StructuredTool`` made from a
+    coroutine only."""
+    return not (getattr(tool, "func", True) is None and getattr(tool, "coroutine", None))
 
 
 class _Abandoned(Exception):
@@ -1266,6 +1267,10 @@ def _needs_approval(spec: EffectSpec, args: dict[str, Any]) -> bool:
 def _validate_args(tool: BaseTool, args: Any) -> str | None:
     if not isinstance(args, dict):
         return f"arguments must be an object, got {type(args).__name__}"
+    if tool.args_schema is None:
+        # A single-input ``Tool``: its schema is inferred from ``_run(*args, config, ...)``
+        # and would refuse every call; the tool parses its own input when invoked.
+        return None
     schema = tool.tool_call_schema
     if isinstance(schema, type) and issubclass(schema, BaseModel):
         try:
