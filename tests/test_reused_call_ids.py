@@ -46,9 +46,16 @@ def _provider(*turns: list[tuple[str, str]]) -> Any:
     return agent
 
 
-def _graph(saver: Any, tools: list[Any], *turns: list[tuple[str, str]], gate: bool = False) -> Any:
+def _graph(
+    saver: Any,
+    tools: list[Any],
+    *turns: list[tuple[str, str]],
+    gate: bool = False,
+    agent: Any = None,
+) -> Any:
+    """agent (``_provider(*turns)`` unless given) -> [approval] -> tools, cancellable."""
     b = StateGraph(MessagesState)
-    b.add_node("agent", _provider(*turns))
+    b.add_node("agent", agent or _provider(*turns))
     b.add_node("tools", EffectToolNode(tools))
     b.add_edge(START, "agent")
     if gate:
@@ -180,13 +187,8 @@ def test_a_cancel_answers_a_reused_id_as_not_run(saver: Any, log: ExecutionLog) 
             saver.ledger.request_cancel(thread, reason="stop", requested_by="test")
         return out
 
-    b = StateGraph(MessagesState)
-    b.add_node("agent", agent)
-    b.add_node("tools", EffectToolNode([refund]))
-    b.add_edge(START, "agent")
-    b.add_conditional_edges("agent", tools_condition)
-    b.add_edge("tools", "agent")
-    out = cancellable(b, saver).invoke({"messages": [HumanMessage("go")]}, config_for(thread))
+    graph = _graph(saver, [refund], agent=agent)
+    out = graph.invoke({"messages": [HumanMessage("go")]}, config_for(thread))
     (first, second) = _answers(out)
     assert first == ("call_0", "success", "refund(o-1) ok")
     assert second[1] == "error" and "refund(o-1) ok" not in second[2]
