@@ -163,6 +163,61 @@ def test_plan_many_refuses_a_status_no_record_starts_in(ledger: Ledger) -> None:
     assert ledger.plan_many(thread_id=thread, run_id=run, items=[]) == []
 
 
+def test_plan_many_returns_exactly_the_records_the_ledger_holds(ledger: Ledger) -> None:
+    # SQLite builds new records from the rows it inserted instead of reading them
+    # back: they must equal a fresh read, JSON normalisation and timestamps included.
+    thread, run = _thread(ledger)
+    odd = NewEffect(
+        tool_call_id="odd",
+        tool="refund",
+        kind=EffectKind.REVERSIBLE,
+        args={"pair": (1, 2), "nested": {"b": 1, "a": [None, 1.5, "é"]}},
+        seq=7,
+    )
+    ledger.plan_many(thread_id=thread, run_id=run, items=[_new("old")])
+    items = [
+        odd,
+        _new("old"),
+        _new("r", kind="read_only", status=S.COMMITTED, result={"content": "42"}),
+    ]
+    out = ledger.plan_many(thread_id=thread, run_id=run, items=items, owner="w1", actor="w1")
+    returned = [entry[0] for entry in out if isinstance(entry, tuple)]
+    assert [entry[1] for entry in out if isinstance(entry, tuple)] == [True, False, True]
+    assert returned == [ledger.get_effect(r.effect_id) for r in returned]
+    assert returned[0].args == {"pair": [1, 2], "nested": {"b": 1, "a": [None, 1.5, "é"]}}
+    assert returned[2].settled_at == returned[2].created_at == returned[2].updated_at
+
+
+def test_record_many_writes_what_plan_many_would_without_reading_back(ledger: Ledger) -> None:
+    other, other_run = _thread(ledger)
+    ledger.plan_many(
+        thread_id=other, run_id=other_run, items=[_new("held", idempotency_key="k:held")]
+    )
+    thread, run = _thread(ledger)
+    ledger.plan_many(thread_id=thread, run_id=run, items=[_new("before")])
+    moved = ledger.transition(derive_effect_id(thread, "before"), S.DISPATCHED, owner="w")
+    items = [
+        _new("r1", kind="read_only", status=S.COMMITTED, result={"content": "1"}),
+        _new("r2", kind="read_only", status=S.COMMITTED, idempotency_key="k:held"),
+        _new("r3", kind="read_only", status=S.FAILED, error="boom", detail={"why": "x"}),
+        _new("before"),  # recorded before: left as it is
+    ]
+    out = ledger.record_many(thread_id=thread, run_id=run, items=items, owner="w1", actor="w1")
+    assert out[0] is None and out[2] is None and out[3] is None
+    assert isinstance(out[1], DuplicateIdempotencyKeyError)
+    assert out[1].existing_effect_id == derive_effect_id(other, "held")
+    recs = {r.tool_call_id: r for r in ledger.effects(thread)}
+    assert sorted(recs) == ["before", "r1", "r3"]
+    assert recs["r1"].result == {"content": "1"} and recs["r1"].owner == "w1"
+    assert recs["r3"].status is S.FAILED and recs["r3"].error == "boom"
+    assert recs["before"] == moved and len(ledger.history(moved.effect_id)) == 2
+    (audit,) = ledger.history(derive_effect_id(thread, "r3"))
+    assert audit.to_status is S.FAILED and audit.actor == "w1" and audit.detail == {"why": "x"}
+    with pytest.raises(IllegalTransitionError):
+        ledger.record_many(thread_id=thread, run_id=run, items=[_new("z", status=S.DISPATCHED)])
+    assert ledger.record_many(thread_id=thread, run_id=run, items=[]) == []
+
+
 def test_find_effects_answers_in_one_read(ledger: Ledger) -> None:
     thread, run = _thread(ledger)
     ledger.plan_many(thread_id=thread, run_id=run, items=[_new("a"), _new("b")])
@@ -277,3 +332,5 @@ async def test_async_twins(ledger: Ledger) -> None:
     found = await ledger.afind_effects(thread, ["a"])
     (begun,) = await ledger.atransition_many([_dispatch(found["a"].effect_id)])
     assert isinstance(begun, EffectRecord) and begun.status is S.DISPATCHED
+    assert await ledger.arecord_many(thread_id=thread, run_id=run, items=[_new("b")]) == [None]
+    assert (await ledger.afind_effects(thread, ["b"]))["b"].status is S.PLANNED

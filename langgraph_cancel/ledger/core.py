@@ -686,35 +686,75 @@ class Ledger:
         Raises:
             IllegalTransitionError: An item's status is not an initial one.
         """
-        for item in items:
-            if item.status not in _INITIAL_STATUSES:
-                raise IllegalTransitionError(
-                    item.tool_call_id, "(new)", item.status.value, "not an initial status"
-                )
+        _check_initial(items)
         if not items:
             return []
         try:
-            found = self._plan_many(thread_id, run_id, items, owner, actor)
+            found = self._plan_many(thread_id, run_id, items, owner, actor, read_back=True)
         except Exception as exc:
             if not (isinstance(exc, DuplicateIdempotencyKeyError) or _is_unique_violation(exc)):
                 raise
-            # Some key is taken: record the batch one call at a time to tell which.
-            found = {}
-            errors: dict[str, DuplicateIdempotencyKeyError] = {}
-            for item in items:
-                if item.tool_call_id in found or item.tool_call_id in errors:
-                    continue
-                try:
-                    found[item.tool_call_id] = self._plan(
-                        **self._plan_fields(thread_id, run_id, item), owner=owner, actor=actor
-                    )
-                except DuplicateIdempotencyKeyError as dup:
-                    errors[item.tool_call_id] = dup
-            out: list[tuple[EffectRecord, bool] | DuplicateIdempotencyKeyError] = []
-            for item in items:
-                out.append(errors.get(item.tool_call_id) or found[item.tool_call_id])
-            return _first_created_once(items, out)
+            return self._plan_each(thread_id, run_id, items, owner, actor)
         return _first_created_once(items, [found[item.tool_call_id] for item in items])
+
+    def record_many(
+        self,
+        *,
+        thread_id: str,
+        run_id: str,
+        items: Sequence[NewEffect],
+        owner: str | None = None,
+        actor: str = "system",
+    ) -> list[DuplicateIdempotencyKeyError | None]:
+        """``plan_many`` for a caller that does not need the records back.
+
+        The same rows and audit entries are written (rows already recorded are
+        left alone), but nothing is read back: the outcomes of read-only calls,
+        recorded once the batch is back, need only know which keys were taken.
+
+        Returns:
+            One entry per item, in order: ``None`` (recorded, now or before) or
+            the ``DuplicateIdempotencyKeyError`` that kept it out.
+
+        Raises:
+            IllegalTransitionError: An item's status is not an initial one.
+        """
+        _check_initial(items)
+        if not items:
+            return []
+        try:
+            self._plan_many(thread_id, run_id, items, owner, actor, read_back=False)
+        except Exception as exc:
+            if not (isinstance(exc, DuplicateIdempotencyKeyError) or _is_unique_violation(exc)):
+                raise
+            entries = self._plan_each(thread_id, run_id, items, owner, actor)
+            return [e if isinstance(e, DuplicateIdempotencyKeyError) else None for e in entries]
+        return [None] * len(items)
+
+    def _plan_each(
+        self,
+        thread_id: str,
+        run_id: str,
+        items: Sequence[NewEffect],
+        owner: str | None,
+        actor: str,
+    ) -> list[tuple[EffectRecord, bool] | DuplicateIdempotencyKeyError]:
+        """Some key of the batch is taken: record it one call at a time to tell which."""
+        found: dict[str, tuple[EffectRecord, bool]] = {}
+        errors: dict[str, DuplicateIdempotencyKeyError] = {}
+        for item in items:
+            if item.tool_call_id in found or item.tool_call_id in errors:
+                continue
+            try:
+                found[item.tool_call_id] = self._plan(
+                    **self._plan_fields(thread_id, run_id, item), owner=owner, actor=actor
+                )
+            except DuplicateIdempotencyKeyError as dup:
+                errors[item.tool_call_id] = dup
+        out: list[tuple[EffectRecord, bool] | DuplicateIdempotencyKeyError] = []
+        for item in items:
+            out.append(errors.get(item.tool_call_id) or found[item.tool_call_id])
+        return _first_created_once(items, out)
 
     def _plan_fields(self, thread_id: str, run_id: str, item: NewEffect) -> dict[str, Any]:
         return {
@@ -740,34 +780,47 @@ class Ledger:
         items: Sequence[NewEffect],
         owner: str | None,
         actor: str,
+        *,
+        read_back: bool,
     ) -> dict[str, tuple[EffectRecord, bool]]:
+        """Insert the batch; with ``read_back``, every item's record by tool-call id
+        (else an empty dict)."""
         b = self.backend
         unique: dict[str, NewEffect] = {}
         for item in items:
             unique.setdefault(item.tool_call_id, item)
         if b.dialect != "postgres":
-            return self._sqlite_plan_many(thread_id, run_id, unique, owner, actor)
-        if len(unique) == 1:  # the one-row statement plans and runs faster than unnest
+            return self._sqlite_plan_many(thread_id, run_id, unique, owner, actor, read_back)
+        if len(unique) == 1:  # the one-row statement plans and runs faster than a row set
             ((call_id, item),) = unique.items()
             return {
                 call_id: self._plan_once(
                     **self._plan_fields(thread_id, run_id, item), owner=owner, actor=actor
                 )
             }
-        fields = [self._plan_fields(thread_id, run_id, item) for item in unique.values()]
+        rows = []
+        for item in unique.values():
+            f = self._plan_fields(thread_id, run_id, item)
+            rows.append(
+                {
+                    "effect_id": derive_effect_id(thread_id, item.tool_call_id),
+                    "tool_call_id": item.tool_call_id,
+                    "tool": f["tool"],
+                    "kind": f["kind"].value,
+                    "status": f["status"].value,
+                    "idempotency_key": f["key"],
+                    "args": f["args"],
+                    "seq": f["seq"],
+                    "result": f["result"],
+                    "error": f["error"],
+                    "settles": f["status"] not in UNSETTLED_STATUSES,
+                    "detail": f["detail"] or {},
+                }
+            )
         params = {
-            "effect_id": [derive_effect_id(thread_id, f["tool_call_id"]) for f in fields],
-            "tool_call_id": [f["tool_call_id"] for f in fields],
-            "tool": [f["tool"] for f in fields],
-            "kind": [f["kind"].value for f in fields],
-            "status": [f["status"].value for f in fields],
-            "idempotency_key": [f["key"] for f in fields],
-            "args": [b.json_in(f["args"]) for f in fields],
-            "seq": [f["seq"] for f in fields],
-            "result": [b.json_in(f["result"]) for f in fields],
-            "error": [f["error"] for f in fields],
-            "settles": [f["status"] not in UNSETTLED_STATUSES for f in fields],
-            "detail": [b.json_in(f["detail"] or {}) for f in fields],
+            # One JSON document, not an array per column: psycopg quotes every array
+            # element in Python, which cost more than the server's insert.
+            "rows": b.json_in(rows),
             "thread_id": thread_id,
             "run_id": run_id,
             "owner": owner,
@@ -777,11 +830,11 @@ class Ledger:
         found: dict[str, tuple[EffectRecord, bool]] = {}
         with b.statement() as cur:
             cur.execute(q.PG_INSERT_EFFECTS, params)
+            if not read_back:
+                return found
             for row in cur.fetchall():
                 found[row["tool_call_id"]] = (self._effect(row), True)
-            missing = [
-                e for e, c in zip(params["effect_id"], unique, strict=True) if c not in found
-            ]
+            missing = [r["effect_id"] for r in rows if r["tool_call_id"] not in found]
             if missing:
                 cur.execute(q.PG_SELECT_EFFECTS_ANY, {"ids": missing})
                 for row in cur.fetchall():
@@ -795,28 +848,37 @@ class Ledger:
         unique: dict[str, NewEffect],
         owner: str | None,
         actor: str,
+        read_back: bool,
     ) -> dict[str, tuple[EffectRecord, bool]]:
         """SQLite: one transaction, a statement per step (not per call).
 
         A taken idempotency key fails the whole insert (rolled back); the caller
-        then records the batch call by call to tell which key it was.
+        then records the batch call by call to tell which key it was. The new
+        records are built from the rows as inserted (the writer lock is held, so
+        nothing else wrote them); only rows recorded before are read.
         """
         b = self.backend
         now = b.ts_in(utcnow())
         ids = {call_id: derive_effect_id(thread_id, call_id) for call_id in unique}
+        found: dict[str, tuple[EffectRecord, bool]] = {}
         with b.transaction() as cur:
             known = {
-                row["effect_id"]
-                for row in _select_in(cur, q.SELECT_EFFECT_IDS_IN, list(ids.values()))
+                row["effect_id"]: row
+                for row in _select_in(
+                    cur,
+                    q.SELECT_EFFECTS_IN if read_back else q.SELECT_EFFECT_IDS_IN,
+                    list(ids.values()),
+                )
             }
             rows: list[dict[str, Any]] = []
             audits: list[dict[str, Any]] = []
             for call_id, item in unique.items():
                 if ids[call_id] in known:
+                    if read_back:
+                        found[call_id] = (self._effect(known[ids[call_id]]), False)
                     continue
                 f = self._plan_fields(thread_id, run_id, item)
                 status: EffectStatus = f["status"]
-                detail = b.json_in(f["detail"] or {})
                 rows.append(
                     {
                         "effect_id": ids[call_id],
@@ -847,16 +909,17 @@ class Ledger:
                         "to_status": status.value,
                         "now": now,
                         "actor": actor,
-                        "detail": detail,
+                        "detail": b.json_in(f["detail"] or {}),
                     }
                 )
             if rows:
                 cur.executemany(q.INSERT_EFFECT_ROW, rows)
                 cur.executemany(q.INSERT_TRANSITION, audits)
-            return {
-                row["tool_call_id"]: (self._effect(row), row["effect_id"] not in known)
-                for row in _select_in(cur, q.SELECT_EFFECTS_IN, list(ids.values()))
-            }
+        if read_back:
+            for row in rows:
+                record = self._effect({**row, "version": 1, "created_at": now, "updated_at": now})
+                found[row["tool_call_id"]] = (record, True)
+        return found
 
     @transient_retry()
     def find_effects(self, thread_id: str, tool_call_ids: Sequence[str]) -> dict[str, EffectRecord]:
@@ -1275,6 +1338,7 @@ class Ledger:
     afinish_run = _to_thread(finish_run)
     aplan = _to_thread(plan)
     aplan_many = _to_thread(plan_many)
+    arecord_many = _to_thread(record_many)
     afind_effects = _to_thread(find_effects)
     atransition = _to_thread(transition)
     atransition_many = _to_thread(transition_many)
@@ -1349,6 +1413,14 @@ def _select_in(cur: Cursor, template: str, ids: list[str]) -> list[dict[str, Any
         cur.execute(template.format(ids=", ".join(f"%({k})s" for k in params)), params)
         rows.extend(cur.fetchall())
     return rows
+
+
+def _check_initial(items: Sequence[NewEffect]) -> None:
+    for item in items:
+        if item.status not in _INITIAL_STATUSES:
+            raise IllegalTransitionError(
+                item.tool_call_id, "(new)", item.status.value, "not an initial status"
+            )
 
 
 def _first_created_once(

@@ -305,12 +305,9 @@ SELECT * FROM ins"""
 # (a re-run) are left alone; the caller reads them back.
 PG_INSERT_EFFECTS = f"""
 WITH new AS (
-    SELECT * FROM unnest(%(effect_id)s::text[], %(tool_call_id)s::text[], %(tool)s::text[],
-        %(kind)s::text[], %(status)s::text[], %(idempotency_key)s::text[], %(args)s::jsonb[],
-        %(seq)s::int[], %(result)s::jsonb[], %(error)s::text[], %(settles)s::bool[],
-        %(detail)s::jsonb[])
-    AS r(effect_id, tool_call_id, tool, kind, status, idempotency_key, args, seq, result,
-        error, settles, detail)
+    SELECT * FROM jsonb_to_recordset(%(rows)s::jsonb) AS r(effect_id text, tool_call_id text,
+        tool text, kind text, status text, idempotency_key text, args jsonb, seq int,
+        result jsonb, error text, settles bool, detail jsonb)
 ), ins AS (
     INSERT INTO lgc_effects (effect_id, thread_id, run_id, tool_call_id, tool, kind, status,
         idempotency_key, args, seq, result, error, owner, next_action, approval, version,

@@ -429,7 +429,7 @@ class EffectToolNode(ToolNode):
         # Reads finish in any order; call order decides which one keeps a shared key.
         items = [batch.reads[i] for i in sorted(batch.reads)]
         batch.reads = {}
-        entries = scope.ledger.plan_many(
+        entries = scope.ledger.record_many(
             thread_id=scope.thread_id,
             run_id=scope.run_id,
             items=items,
@@ -450,7 +450,7 @@ class EffectToolNode(ToolNode):
             if isinstance(entry, DuplicateIdempotencyKeyError)
         ]
         if clashed:
-            scope.ledger.plan_many(
+            scope.ledger.record_many(
                 thread_id=scope.thread_id,
                 run_id=scope.run_id,
                 items=clashed,
