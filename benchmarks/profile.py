@@ -136,6 +136,7 @@ def instrument(rec: Recorder) -> Iterator[None]:
         "heartbeat",
         "plan",
         "plan_many",
+        "record_many",
         "transition",
         "transition_many",
         "find_effect",
@@ -293,7 +294,7 @@ def _ledger_primitives(ledger: Any, reps: int) -> dict[str, Any]:
         1,
     )
     out["read_only_call_batched_us"] = rnd(
-        (median(times["plan_many (10 read outcomes), per row"]) or 0) * 1e6, 1
+        (median(times["record_many (10 read outcomes), per row"]) or 0) * 1e6, 1
     )
     out["read_only_call_total_us"] = rnd(
         sum(
@@ -346,7 +347,7 @@ def _batched_primitives(ledger: Any, reps: int, times: dict[str, list[float]]) -
             )
             times["transition_many (outcome + next intent)"].append(time.perf_counter() - t1)
         t2 = time.perf_counter()
-        ledger.plan_many(
+        ledger.record_many(
             thread_id=thread,
             run_id=run.run_id,
             items=[
@@ -364,7 +365,7 @@ def _batched_primitives(ledger: Any, reps: int, times: dict[str, list[float]]) -
             owner="bench",
             actor="bench",
         )
-        times["plan_many (10 read outcomes), per row"].append((time.perf_counter() - t2) / 10)
+        times["record_many (10 read outcomes), per row"].append((time.perf_counter() - t2) / 10)
 
 
 def _tool_path_ab(saver: Any, base_saver: Any, n: int, reps: int) -> dict[str, Any]:

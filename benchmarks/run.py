@@ -333,7 +333,7 @@ def findings(res: dict[str, Any]) -> list[str]:
                 f"transition_many: outcome with the next intent) "
                 f"{prim.get('side_effecting_call_batched_us')} us; read-only, one at a time "
                 f"(find_effect + plan) {prim.get('read_only_call_total_us')} us, batched (a "
-                f"tenth of plan_many) {prim.get('read_only_call_batched_us')} us; get_run "
+                f"tenth of record_many) {prim.get('read_only_call_batched_us')} us; get_run "
                 f"(cancel poll) {prim.get('get_run (cancel poll)')} us."
             )
     ab = res.get("profile", {}).get("tool_path_ab") or {}
