@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import random
 import statistics
 import tempfile
 import time
@@ -50,6 +51,30 @@ def summary(xs: Sequence[float], *, scale: float = 1.0, digits: int = 3) -> dict
         "min": r(min(ys)),
         "max": r(max(ys)),
     }
+
+
+def paired_ratio(
+    base: Sequence[float], other: Sequence[float], *, resamples: int = 2000, seed: int = 0
+) -> tuple[float, float, float] | None:
+    """Median of the per-trial ratios ``other[i] / base[i]`` and its 95% bootstrap interval.
+
+    The trials were interleaved, so trial ``i`` of each variant ran back to back:
+    the pair shares whatever the machine was doing then, and a slow phase of the
+    machine moves both. A percentile bootstrap over the pairs (fixed seed: the
+    same samples give the same interval) says how far the median could move.
+
+    Returns:
+        ``(median, low, high)``, or None without pairs.
+    """
+    ratios = [o / b for b, o in zip(base, other, strict=False) if b > 0]
+    if not ratios:
+        return None
+    rng = random.Random(seed)
+    k = len(ratios)
+    meds = sorted(statistics.median(rng.choices(ratios, k=k)) for _ in range(resamples))
+    low = meds[int(0.025 * (resamples - 1))]
+    high = meds[int(0.975 * (resamples - 1))]
+    return statistics.median(ratios), low, high
 
 
 def ratio(a: float | None, b: float | None) -> float | None:

@@ -14,7 +14,7 @@ from benchmarks.agent import (
     savers,
     scripted_model,
 )
-from benchmarks.common import Settings, log, median, ratio, rnd, summary
+from benchmarks.common import Settings, log, median, paired_ratio, ratio, rnd, summary
 
 
 def plan(settings: Settings) -> dict[str, Any]:
@@ -30,7 +30,9 @@ def plan(settings: Settings) -> dict[str, Any]:
         cfg = {
             "batches": [1, 10, 100],
             "tool_ms": [0, 5],
-            "reps": {1: 16, 10: 10, 100: 4},
+            # N=10 carries the 10%-of-wall targets: enough pairs for a usable interval
+            # on a machine whose speed moves by +-15% between trials.
+            "reps": {1: 16, 10: 30, 100: 4},
             "warmup": 1,
         }
     if settings.batches:
@@ -53,6 +55,15 @@ def _fit(points: list[tuple[int, float]]) -> tuple[float | None, float | None]:
     per_call = (k * sxy - sx * sy) / (k * sxx - sx * sx)
     fixed = (sy - per_call * sx) / k
     return fixed, per_call
+
+
+def _paired(name: str, base: list[float], other: list[float]) -> dict[str, Any]:
+    """``paired_<name>``: the median of the per-pair added %, and its 95% interval."""
+    est = paired_ratio(base, other)
+    if est is None:
+        return {}
+    mid, low, high = (rnd(x * 100 - 100, 1) for x in est)
+    return {f"paired_{name}": mid, f"paired_{name}_ci95": [low, high]}
 
 
 def measure_cell(
@@ -141,6 +152,7 @@ def run(settings: Settings, backends: list[str]) -> dict[str, Any]:
                             "effect_cpu_ms": rnd(eff_cpu * 1e3),
                             "added_cpu_us_per_call": rnd(added_cpu * 1e6 / n, 1),
                         }
+                        cell.update(_paired("added_pct", s["base"]["wall"], s["effect"]["wall"]))
                         if "effect_concurrent" in s:
                             conc = median(s["effect_concurrent"]["wall"])
                             cell["effect_concurrent_ms"] = summary(
@@ -149,6 +161,13 @@ def run(settings: Settings, backends: list[str]) -> dict[str, Any]:
                             cell["effect_concurrent_ratio"] = rnd(ratio(conc, base))
                             cell["effect_concurrent_added_pct"] = rnd(
                                 (ratio(conc, base) or 0) * 100 - 100, 1
+                            )
+                            cell.update(
+                                _paired(
+                                    "effect_concurrent_added_pct",
+                                    s["base"]["wall"],
+                                    s["effect_concurrent"]["wall"],
+                                )
                             )
                         cells.append(cell)
                         log(
@@ -184,7 +203,9 @@ def run(settings: Settings, backends: list[str]) -> dict[str, Any]:
             "LangGraph's saver vs EffectToolNode + add_cancellation on the matching "
             "CancelSaver (each on its own fresh database). graph.invoke (sync, default "
             "durability) on a fresh thread per trial, plain and effect trials interleaved, "
-            "medians. Side-effecting = irreversible without approval; read-only = read_only. "
+            "medians; paired_* = median over trial pairs of effect/base (the pair ran back to "
+            "back), with a 95% bootstrap interval. Side-effecting = irreversible without "
+            "approval; read-only = read_only. "
             "added_us_per_call = (median effect - median base) / N, so it includes the "
             "per-run fixed cost amortised over the batch; 'marginal' is the slope over N. "
             "cpu = process CPU time (all threads of the benchmark process; the database "

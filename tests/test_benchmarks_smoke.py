@@ -70,6 +70,8 @@ def test_benchmarks_quick_run_writes_every_section(tmp_path: Path) -> None:
     }
     for c in cells:
         assert c["base_ms"]["n"] == 1 and c["effect_ms"]["n"] == 1
+        low, high = c["paired_added_pct_ci95"]
+        assert low <= c["paired_added_pct"] <= high
     assert set(data["profile"]["backends"]) == set(run)
     assert set(data["latency"]["backends"]) == set(run)
     for b in run:
@@ -83,3 +85,18 @@ def test_benchmarks_quick_run_writes_every_section(tmp_path: Path) -> None:
     assert rec["sqlite"]["ours"]["charges_at_provider"] == [1]
     assert rec["sqlite"]["ours"]["effect_statuses"] == ["committed"]
     assert "Targets" in proc.stdout  # the rich tables went to stdout
+
+
+def test_paired_ratio_is_the_median_pair_with_its_interval() -> None:
+    from benchmarks.common import paired_ratio
+
+    base = [10.0, 20.0, 10.0, 40.0, 10.0]
+    # A slow phase of the machine (trials 2 and 4) moves both variants of a pair.
+    other = [11.0, 22.0, 11.0, 44.0, 12.0]
+    est = paired_ratio(base, other)
+    assert est is not None
+    mid, low, high = est
+    assert mid == pytest.approx(1.1)
+    assert low == pytest.approx(1.1) and high == pytest.approx(1.2)
+    assert paired_ratio([], []) is None
+    assert paired_ratio(base, other) == est  # the same samples, the same interval
