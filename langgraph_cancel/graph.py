@@ -660,10 +660,11 @@ class _Invocation:
             new_run=not continuation,
             run_id=conf.get("run_id"),
             owner=owner,
+            lease_ttl=LEASE_TTL,
         )
         self.ledger = self.scope.ledger
-        self.ledger.acquire_lease(self.scope.thread_id, owner, ttl=LEASE_TTL)
         self.owner = owner
+        self._released = False
         self._lease = LEASES.hold(self.ledger, self.scope.thread_id, owner, ttl=LEASE_TTL)
         self.token = current_scope.set(self.scope)
         self.watch = _PauseWatch()
@@ -718,7 +719,8 @@ class _Invocation:
                 self._close_run()
         finally:
             try:
-                self.ledger.release_lease(self.scope.thread_id, self.owner)
+                if not self._released:
+                    self.ledger.release_lease(self.scope.thread_id, self.owner)
             finally:
                 drop_scope(self.scope)
 
@@ -809,9 +811,13 @@ class _Invocation:
         if self.graph.checkpointer is None or self.watch.paused:
             return False  # paused at an interrupt: the run goes on later
         try:
-            return self.ledger.finish_run(self.scope.run_id, RunStatus.COMPLETED)
+            # The lease goes back in the same round trip when this call ends the run.
+            self._released = self.ledger.finish_run(
+                self.scope.run_id, RunStatus.COMPLETED, release_lease=self.owner
+            )
         except IllegalTransitionError:
             return False
+        return self._released
 
 
 class CancellableGraph(CompiledStateGraph):  # type: ignore[type-arg]

@@ -432,6 +432,7 @@ def scope_for(
     run_id: str | None = None,
     owner: str | None = None,
     parent_run_id: str | None = None,
+    lease_ttl: float | None = None,
 ) -> RunScope:
     """The run scope of the thread in ``config``.
 
@@ -439,26 +440,44 @@ def scope_for(
     Otherwise: the thread's live run; or, when the last run is over, a new run
     if ``new_run`` (new input) else the finished run (a continuation of a
     cancelled run must not start new work).
+
+    ``lease_ttl``: also hold the thread's lease for the owner; a run started
+    here takes it in the same round trip.
+
+    Raises:
+        ThreadBusyError: With ``lease_ttl``: another owner holds the thread.
     """
     resolved = resolve_ledger(config, ledger)
     thread_id = thread_id_of(config)
+    worker = owner or WORKER_ID
+
+    def leased(found: RunScope) -> RunScope:
+        if lease_ttl is not None:
+            resolved.acquire_lease(thread_id, worker, ttl=lease_ttl)
+        return found
+
     active = None if new_run else current_scope.get()
     if active is not None and active.thread_id == thread_id and active.ledger.url == resolved.url:
-        return active
+        return leased(active)
     key = (resolved.url, thread_id)
     with _scopes_lock:
         scope = _scopes.get(key)
     if scope is not None and (not scope.run.terminal or not new_run):
-        return scope
-    worker = owner or WORKER_ID
+        return leased(scope)
     run: RunRecord | None = None
     if not new_run:
         latest = resolved.latest_run(thread_id)
         if latest is not None and latest.terminal:
             run = latest
+            if lease_ttl is not None:
+                resolved.acquire_lease(thread_id, worker, ttl=lease_ttl)
     if run is None:
         run = resolved.start_run(
-            thread_id, run_id=run_id, owner=worker, parent_run_id=parent_run_id
+            thread_id,
+            run_id=run_id,
+            owner=worker,
+            parent_run_id=parent_run_id,
+            lease_ttl=lease_ttl,
         )
     scope = RunScope(
         ledger=resolved,

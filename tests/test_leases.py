@@ -12,10 +12,10 @@ import time
 
 import pytest
 
-from langgraph_cancel.errors import ThreadBusyError
+from langgraph_cancel.errors import IllegalTransitionError, ThreadBusyError
 from langgraph_cancel.ledger import Ledger
 from langgraph_cancel.runtime import LeaseKeeper
-from langgraph_cancel.types import utcnow
+from langgraph_cancel.types import RunStatus, utcnow
 from ledger_util import new_id
 
 TTL = 1.2
@@ -80,3 +80,59 @@ def test_a_failed_renewal_is_tried_again(ledger: Ledger, monkeypatch: pytest.Mon
         time.sleep(0.02)
     keeper.let_go(handle)
     assert ledger.lease(thread).owner == "w1"  # type: ignore[union-attr]
+
+
+# ------------------------------------------- a run's lease, taken and given back with it
+def test_start_run_takes_the_lease_with_the_run(ledger: Ledger) -> None:
+    thread = new_id("t")
+    run = ledger.start_run(thread, owner="w1", lease_ttl=30)
+    lease = ledger.lease(thread)
+    assert run.status.value == "running" and lease is not None and lease.owner == "w1"
+    # Re-entrant for its owner: the same live run, the lease renewed.
+    again = ledger.start_run(thread, owner="w1", lease_ttl=30)
+    assert again.run_id == run.run_id
+    with pytest.raises(ValueError, match="owner"):
+        ledger.start_run(thread, lease_ttl=30)
+
+
+def test_start_run_on_a_held_thread_starts_nothing(ledger: Ledger) -> None:
+    thread = new_id("t")
+    ledger.acquire_lease(thread, "w1", ttl=30)
+    with pytest.raises(ThreadBusyError):
+        ledger.start_run(thread, owner="w2", lease_ttl=30)
+    assert ledger.runs(thread) == []  # the run row is only written under the lease
+    lease = ledger.lease(thread)
+    assert lease is not None and lease.owner == "w1"
+
+
+def test_start_run_takes_over_an_expired_lease(ledger: Ledger) -> None:
+    thread = new_id("t")
+    ledger.acquire_lease(thread, "dead", ttl=0.05)
+    time.sleep(0.1)
+    run = ledger.start_run(thread, owner="w2", lease_ttl=30)
+    lease = ledger.lease(thread)
+    assert lease is not None and lease.owner == "w2"
+    assert [r.run_id for r in ledger.runs(thread)] == [run.run_id]
+
+
+def test_finish_run_gives_the_lease_back_only_when_it_ends_the_run(ledger: Ledger) -> None:
+    thread = new_id("t")
+    run = ledger.start_run(thread, owner="w1", lease_ttl=30)
+    ledger.request_cancel(thread, reason="stop", requested_by="test")
+    # Refused (a run asked to stop cannot complete): the lease stays with its owner.
+    with pytest.raises(IllegalTransitionError):
+        ledger.finish_run(run.run_id, RunStatus.COMPLETED, release_lease="w1")
+    assert ledger.lease(thread) is not None
+    # Another owner's name releases nothing.
+    assert ledger.finish_run(run.run_id, RunStatus.CANCELLED, release_lease="w2")
+    held = ledger.lease(thread)
+    assert held is not None and held.owner == "w1"
+    # Already terminal: False, and the lease is kept.
+    assert not ledger.finish_run(run.run_id, RunStatus.CANCELLED, release_lease="w1")
+    assert ledger.lease(thread) is not None
+
+    other = new_id("t")
+    done = ledger.start_run(other, owner="w1", lease_ttl=30)
+    assert ledger.finish_run(done.run_id, RunStatus.COMPLETED, release_lease="w1")
+    assert ledger.lease(other) is None
+    assert ledger.get_run(done.run_id).status is RunStatus.COMPLETED

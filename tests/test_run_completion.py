@@ -19,6 +19,7 @@ from langgraph.types import Command, interrupt
 
 from graphs import config_for, new_thread, open_saver
 from langgraph_cancel import add_cancellation
+from langgraph_cancel.errors import ThreadBusyError
 from langgraph_cancel.subagents import child_config
 from langgraph_cancel.types import RunStatus
 
@@ -126,3 +127,36 @@ def test_a_child_graph_does_not_take_the_parents_run_id(db_url: str) -> None:
         assert child_run.run_id != parent_run_id
         assert child_run.parent_run_id == parent_run_id
         assert child_run.status is RunStatus.RUNNING  # paused at its interrupt
+
+
+@pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])
+def test_the_run_holds_its_lease_while_it_runs_and_gives_it_back(
+    db_url: str, use_async: bool
+) -> None:
+    # Taken with the run in one round trip, given back with its completion in another.
+    seen: list[Any] = []
+    with open_saver(db_url) as saver:
+        ledger = saver.ledger
+
+        def work(state: MessagesState, config: RunnableConfig) -> dict[str, Any]:
+            thread = config["configurable"]["thread_id"]
+            seen.append(ledger.lease(thread))
+            with pytest.raises(ThreadBusyError):
+                ledger.start_run(thread, owner="another-worker", lease_ttl=30)
+            if len(seen) == 1:
+                interrupt("pause")
+            return {"messages": [AIMessage("worked")]}
+
+        b = StateGraph(MessagesState)
+        b.add_node("work", work)
+        b.add_edge(START, "work")
+        b.add_edge("work", END)
+        graph = add_cancellation(b).compile(checkpointer=saver)
+        thread = new_thread()
+        _run(graph, {"messages": [HumanMessage("go")]}, config_for(thread), use_async)
+        assert seen[0] is not None and seen[0].owner != "another-worker"
+        assert ledger.lease(thread) is None  # paused: given back, the run still running
+        assert ledger.latest_run(thread).status is RunStatus.RUNNING
+        _run(graph, Command(resume="go on"), config_for(thread), use_async)
+        assert ledger.lease(thread) is None
+        assert [r.status for r in ledger.runs(thread)] == [RunStatus.COMPLETED]

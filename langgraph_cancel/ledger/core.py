@@ -261,34 +261,72 @@ class Ledger:
         run_id: str | None = None,
         owner: str | None = None,
         parent_run_id: str | None = None,
+        lease_ttl: float | None = None,
     ) -> RunRecord:
         """The thread's live run, or a new ``running`` one when it has none.
 
         At most one run per thread is live; the database enforces it, so two
         workers starting the same thread at once get the same run.
+
+        Args:
+            thread_id: The thread.
+            run_id: The new run's id (default: a fresh UUID).
+            owner: The worker starting it.
+            parent_run_id: The run of the parent graph, for a subgraph's run.
+            lease_ttl: Also take the thread's lease for ``owner`` (as
+                ``acquire_lease``), first and in the same round trip.
+
+        Raises:
+            ThreadBusyError: With ``lease_ttl``: another owner holds a live lease
+                (no run is started then).
         """
-        now = self.backend.ts_in(utcnow())
-        with self.backend.statement() as cur:
-            # Insert first: new input on a finished thread (the common case) is one
-            # statement. The partial unique index turns it into a no-op when the
-            # thread has a live run, which is then read.
-            cur.execute(
-                q.INSERT_RUN,
-                {
-                    "run_id": run_id or str(uuid.uuid4()),
-                    "thread_id": thread_id,
-                    "now": now,
-                    "owner": owner,
-                    "parent_run_id": parent_run_id,
-                },
-            )
-            row = cur.fetchone()
-            if row is None:  # the thread's live run (or a run id clash)
-                cur.execute(q.SELECT_ACTIVE_RUN, {"thread_id": thread_id})
+        b = self.backend
+        now_dt = utcnow()
+        params = {
+            "run_id": run_id or str(uuid.uuid4()),
+            "thread_id": thread_id,
+            "now": b.ts_in(now_dt),
+            "owner": owner,
+            "parent_run_id": parent_run_id,
+        }
+        if lease_ttl is None:
+            with b.statement() as cur:
+                # Insert first: new input on a finished thread (the common case) is one
+                # statement. The partial unique index turns it into a no-op when the
+                # thread has a live run, which is then read.
+                cur.execute(q.INSERT_RUN, params)
                 row = cur.fetchone()
-                if row is None:
-                    raise UnknownRunError(run_id or "")
-            return self._run(row)
+        else:
+            if owner is None:
+                raise ValueError("start_run: a lease needs an owner")
+            lease = {
+                "thread_id": thread_id,
+                "owner": owner,
+                "now": params["now"],
+                "expires_at": b.ts_in(now_dt + timedelta(seconds=lease_ttl)),
+            }
+            if isinstance(b, PostgresBackend):
+                with b.pipeline() as execute:
+                    leasing = execute(q.ACQUIRE_LEASE, lease)
+                    inserting = execute(q.INSERT_RUN_LEASED, params)
+                leased, row = leasing.fetchone(), inserting.fetchone()
+            else:
+                with b.transaction() as cur:
+                    cur.execute(q.ACQUIRE_LEASE, lease)
+                    leased = cur.fetchone()
+                    cur.execute(q.INSERT_RUN_LEASED, params)
+                    row = cur.fetchone()
+            if leased is None:
+                # Held by another owner, or let go in between: acquire_lease tells which.
+                self.acquire_lease(thread_id, owner, ttl=lease_ttl)
+                return self.start_run(
+                    thread_id, run_id=run_id, owner=owner, parent_run_id=parent_run_id
+                )
+        if row is None:  # the thread's live run (or a run id clash)
+            row = self._one(q.SELECT_ACTIVE_RUN, {"thread_id": thread_id})
+            if row is None:
+                raise UnknownRunError(run_id or "")
+        return self._run(row)
 
     @transient_retry()
     def get_run(self, run_id: str) -> RunRecord:
@@ -456,8 +494,12 @@ class Ledger:
         report: dict[str, Any] | None = None,
         quiesced_at: datetime | None = None,
         tokens_after_cancel: int | None = None,
+        release_lease: str | None = None,
     ) -> bool:
         """Make the run's one terminal transition.
+
+        ``release_lease``: an owner whose lease on the run's thread is given back in
+        the same round trip, if this call makes the transition (else it is kept).
 
         Returns:
             True if this call made it; False if the run was already terminal
@@ -477,6 +519,7 @@ class Ledger:
             quiesced_at=quiesced_at,
             tokens_after_cancel=tokens_after_cancel,
             token=uuid.uuid4().hex,
+            release_lease=release_lease,
         )
 
     @transient_retry()
@@ -489,27 +532,40 @@ class Ledger:
         quiesced_at: datetime | None,
         tokens_after_cancel: int | None,
         token: str,
+        release_lease: str | None = None,
     ) -> bool:
         allowed = [s for s, nxt in RUN_TRANSITIONS.items() if target in nxt]
         placeholders = ", ".join(f"'{s.value}'" for s in allowed)
         b = self.backend
-        with b.statement() as cur:
-            cur.execute(
-                q.FINISH_RUN.format(allowed=placeholders),
-                {
-                    "run_id": run_id,
-                    "status": target.value,
-                    "now": b.ts_in(utcnow()),
-                    "quiesced_at": b.ts_in(quiesced_at),
-                    "tokens_after_cancel": tokens_after_cancel,
-                    "report": b.json_in(report),
-                    "token": token,
-                },
-            )
-            if cur.fetchone() is not None:
-                return True
-            cur.execute(q.SELECT_RUN, {"run_id": run_id})
-            row = cur.fetchone()
+        finish = q.FINISH_RUN.format(allowed=placeholders)
+        params = {
+            "run_id": run_id,
+            "status": target.value,
+            "now": b.ts_in(utcnow()),
+            "quiesced_at": b.ts_in(quiesced_at),
+            "tokens_after_cancel": tokens_after_cancel,
+            "report": b.json_in(report),
+            "token": token,
+            "lease_owner": release_lease,
+        }
+        if release_lease is None:
+            with b.statement() as cur:
+                cur.execute(finish, params)
+                finished = cur.fetchone()
+        elif isinstance(b, PostgresBackend):
+            with b.pipeline() as execute:
+                finishing = execute(finish, params)
+                execute(q.RELEASE_LEASE_AFTER_FINISH, params)
+            finished = finishing.fetchone()
+        else:
+            with b.transaction() as cur:
+                cur.execute(finish, params)
+                finished = cur.fetchone()
+                if finished is not None:
+                    cur.execute(q.RELEASE_LEASE_AFTER_FINISH, params)
+        if finished is not None:
+            return True
+        row = self._one(q.SELECT_RUN, {"run_id": run_id})
         if row is None:
             raise UnknownRunError(run_id)
         current = run_status(row["status"])

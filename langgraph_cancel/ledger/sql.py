@@ -150,6 +150,15 @@ VALUES (%(run_id)s, %(thread_id)s, 'running', %(now)s, %(now)s, %(owner)s, %(par
 ON CONFLICT DO NOTHING
 RETURNING {RUN_COLUMNS}"""
 
+# New input with the thread's lease taken first, in the same transaction (one round
+# trip): the run row is written only if the lease (ACQUIRE_LEASE just before) is ours.
+INSERT_RUN_LEASED = f"""
+INSERT INTO lgc_runs (run_id, thread_id, status, created_at, updated_at, owner, parent_run_id)
+SELECT %(run_id)s, %(thread_id)s, 'running', %(now)s, %(now)s, %(owner)s, %(parent_run_id)s
+WHERE EXISTS (SELECT 1 FROM lgc_leases WHERE thread_id = %(thread_id)s AND owner = %(owner)s)
+ON CONFLICT DO NOTHING
+RETURNING {RUN_COLUMNS}"""
+
 SELECT_RUN = f"SELECT {RUN_COLUMNS} FROM lgc_runs WHERE run_id = %(run_id)s"
 SELECT_ACTIVE_RUN = f"""
 SELECT {RUN_COLUMNS} FROM lgc_runs
@@ -357,6 +366,11 @@ UPDATE lgc_leases SET heartbeat_at = %(now)s, expires_at = %(expires_at)s
 WHERE thread_id = %(thread_id)s AND owner = %(owner)s"""
 
 RELEASE_LEASE = "DELETE FROM lgc_leases WHERE thread_id = %(thread_id)s AND owner = %(owner)s"
+# After FINISH_RUN, in the same transaction: the lease goes only if that finish wrote
+# the run's terminal status (the run's last token is its token).
+RELEASE_LEASE_AFTER_FINISH = """
+DELETE FROM lgc_leases WHERE owner = %(lease_owner)s AND thread_id = (
+    SELECT thread_id FROM lgc_runs WHERE run_id = %(run_id)s AND last_token = %(token)s)"""
 
 SELECT_EXPIRED_LEASES = """
 SELECT thread_id, owner, acquired_at, heartbeat_at, expires_at FROM lgc_leases
