@@ -52,6 +52,7 @@ from langgraph_cancel import (
     request_cancel,
 )
 from langgraph_cancel.ledger import Ledger
+from langgraph_cancel.nodes.tool_node import ABANDONED_READ
 from langgraph_cancel.runtime import ledger_for_url
 from langgraph_cancel.testing import tool_call
 from langgraph_cancel.types import RunStatus
@@ -372,6 +373,9 @@ def test_in_flight_read_is_abandoned_on_cancel(log: ExecutionLog) -> None:
             run.result()
         assert finished, "the cancel waited for an abandoned read"
         assert log.attempts("w1") == 0
+        abandoned = memory.ledger.find_effect(thread_id, "g1")
+        assert abandoned is not None and abandoned.status is EffectStatus.FAILED
+        assert abandoned.error == ABANDONED_READ
 
 
 def test_cancel_right_after_a_write_is_acknowledged(saver: Any, log: ExecutionLog) -> None:

@@ -17,6 +17,7 @@ written together once the reads are back.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import contextvars
 import json
@@ -42,7 +43,13 @@ from langgraph.prebuilt.tool_node import (
 )
 from langgraph.runtime import Runtime
 from pydantic import BaseModel, ValidationError
-from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
+from tenacity import (
+    AsyncRetrying,
+    Retrying,
+    retry_if_exception_type,
+    stop_after_attempt,
+    wait_exponential,
+)
 
 from langgraph_cancel.effects import (
     CLASSIFIED_TOOLS,
@@ -371,18 +378,34 @@ class EffectToolNode(ToolNode):
             return await self._run_effect(p, req, it, sc, batch)
 
         if reads:
+            pooled: list[_Planned] = []
             if batch is not None:
                 batch.records = await _db(
                     scope.ledger.find_effects, scope.thread_id, [p.call_id for p in reads]
                 )
+                if not _offload.get():
+                    # A sync graph: fresh reads run in a thread pool, as ToolNode runs its
+                    # calls, without an asyncio task and wait per call.
+                    pooled = [
+                        p
+                        for p in reads
+                        if p.call_id not in batch.records and _has_sync_body(p.tool)
+                    ]
+            taken = {p.index for p in pooled}
+            rest = [p for p in reads if p.index not in taken]
             try:
+                if pooled:
+                    assert batch is not None
+                    answers = self._run_reads_pooled(pooled, input_type, scope, batch)
+                    for p, out in zip(pooled, answers, strict=True):
+                        outputs[p.index] = out
                 results = await asyncio.gather(
-                    *(self._guarded(p, input_type, scope, run_read) for p in reads)
+                    *(self._guarded(p, input_type, scope, run_read) for p in rest)
                 )
             finally:
                 if batch is not None and batch.reads:
                     await _db(self._record_reads, batch, scope)
-            for p, out in zip(reads, results, strict=True):
+            for p, out in zip(rest, results, strict=True):
                 outputs[p.index] = out
 
         effects.sort(key=lambda p: (_KIND_ORDER[p.spec.kind], p.index))
@@ -625,6 +648,92 @@ class EffectToolNode(ToolNode):
             )
         return msg
 
+    def _run_reads_pooled(
+        self,
+        reads: list[_Planned],
+        input_type: Literal["list", "dict", "tool_calls"],
+        scope: RunScope,
+        batch: _Batch,
+    ) -> list[Any]:
+        """Fresh reads of a sync graph: the same steps as ``_run_read``, the calls in a pool.
+
+        The wait checks the cancel signal between timeouts; on cancel, reads that may
+        be abandoned are (their threads finish on their own, their results unused),
+        the others are waited for.
+        """
+        if scope.cancel_called():
+            scope.signal.observe()
+            for p in reads:
+                self._drop(scope, p, None)
+            return [
+                ToolMessage(
+                    NOT_RUN_CANCELLED, name=p.tool.name, tool_call_id=p.call_id, status="error"
+                )
+                for p in reads
+            ]
+        pool = _tool_pool()
+        futures = [
+            pool.submit(contextvars.copy_context().run, self._invoke_blocking, p, input_type)
+            for p in reads
+        ]
+        pending = set(futures)
+        abandoned: set[concurrent.futures.Future[Any]] = set()
+        observed = False
+        while pending:
+            _done, pending = concurrent.futures.wait(pending, timeout=0.05)
+            if pending and not observed and scope.cancel_called():
+                observed = True
+                scope.signal.observe()
+                for fut, p in zip(futures, reads, strict=True):
+                    if fut in pending and p.spec.cancel_policy is CancelPolicy.ABANDON:
+                        fut.cancel()
+                        abandoned.add(fut)
+                pending -= abandoned
+        out: list[Any] = []
+        for fut, p in zip(futures, reads, strict=True):
+            if fut in abandoned:
+                self._note_read(
+                    batch,
+                    p,
+                    status=EffectStatus.FAILED,
+                    error=ABANDONED_READ,
+                    detail={"abandoned": True},
+                )
+                out.append(
+                    ToolMessage(
+                        ABANDONED_READ, name=p.tool.name, tool_call_id=p.call_id, status="error"
+                    )
+                )
+                continue
+            exc = fut.exception()
+            if isinstance(exc, GraphBubbleUp) or (
+                exc is not None and not isinstance(exc, Exception)
+            ):
+                raise exc
+            if exc is not None:
+                content = self._error_content(exc)
+                self._note_read(batch, p, status=EffectStatus.FAILED, error=content)
+                out.append(
+                    ToolMessage(content, name=p.tool.name, tool_call_id=p.call_id, status="error")
+                )
+                continue
+            msg = fut.result()
+            if isinstance(msg, ToolMessage):
+                self._note_read(
+                    batch, p, status=EffectStatus.COMMITTED, result=message_payload(msg)
+                )
+            out.append(msg)
+        return out
+
+    def _note_read(self, batch: _Batch, p: _Planned, **fields: Any) -> None:
+        """A read's outcome, kept for the batch's one write."""
+        batch.reads[p.index] = p.new_effect(
+            status=fields["status"],
+            result=fields.get("result"),
+            error=fields.get("error"),
+            detail=fields.get("detail"),
+        )
+
     async def _record_read(
         self, batch: _Batch | None, p: _Planned, scope: RunScope, **fields: Any
     ) -> None:
@@ -632,12 +741,7 @@ class EffectToolNode(ToolNode):
         if batch is None:
             await _db(self._plan_call, p, scope, **fields)
             return
-        batch.reads[p.index] = p.new_effect(
-            status=fields["status"],
-            result=fields.get("result"),
-            error=fields.get("error"),
-            detail=fields.get("detail"),
-        )
+        self._note_read(batch, p, **fields)
 
     # -------------------------------------------------------------- effects
     async def _run_effect(
@@ -1100,14 +1204,36 @@ class EffectToolNode(ToolNode):
         except p.spec.retryable:
             pass
         await asyncio.sleep(_FIRST_RETRY_WAIT)
-        async for attempt in AsyncRetrying(
-            retry=retry_if_exception_type(p.spec.retryable),
-            stop=stop_after_attempt(p.spec.max_attempts - 1),
-            wait=wait_exponential(multiplier=2 * _FIRST_RETRY_WAIT, max=2.0),
-            reraise=True,
-        ):
+        async for attempt in AsyncRetrying(**_later_attempts(p.spec)):
             with attempt:
                 return await once()
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _invoke_blocking(
+        self, p: _Planned, input_type: Literal["list", "dict", "tool_calls"]
+    ) -> Any:
+        """``_invoke(retry=True)`` of a sync tool, in the calling (worker) thread."""
+        injected = self._inject_tool_args(p.call, p.runtime, p.tool)
+        call_args = {**injected, "type": "tool_call"}
+
+        def once() -> Any:
+            with bound_idempotency_key(p.key):
+                try:
+                    response = p.tool.invoke(call_args, p.runtime.config)
+                except ValidationError as exc:
+                    raise ValueError(f"invalid arguments for {p.tool.name!r}: {exc}") from exc
+            return self._normalize_tool_response(response, p.call, input_type)
+
+        if p.spec.max_attempts <= 1:
+            return once()
+        try:
+            return once()
+        except p.spec.retryable:
+            pass
+        time.sleep(_FIRST_RETRY_WAIT)
+        for attempt in Retrying(**_later_attempts(p.spec)):
+            with attempt:
+                return once()
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _failure_content(self, exc: Exception) -> str:
@@ -1131,6 +1257,32 @@ class EffectToolNode(ToolNode):
 
 # Backoff before a tool's second attempt; it doubles for each attempt after that.
 _FIRST_RETRY_WAIT = 0.05
+
+
+def _later_attempts(spec: EffectSpec) -> dict[str, Any]:
+    """Tenacity's arguments for the attempts after a failed first one."""
+    return {
+        "retry": retry_if_exception_type(spec.retryable),
+        "stop": stop_after_attempt(spec.max_attempts - 1),
+        "wait": wait_exponential(multiplier=2 * _FIRST_RETRY_WAIT, max=2.0),
+        "reraise": True,
+    }
+
+
+_pool_lock = threading.Lock()
+_pool: concurrent.futures.ThreadPoolExecutor | None = None
+
+
+def _tool_pool() -> concurrent.futures.ThreadPoolExecutor:
+    """The process's pool for the read-only calls of sync graphs (created on first use)."""
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = concurrent.futures.ThreadPoolExecutor(
+                thread_name_prefix="langgraph-cancel-tool"
+            )
+        return _pool
+
 
 _offload: contextvars.ContextVar[bool] = contextvars.ContextVar(
     "langgraph_cancel_offload", default=False
