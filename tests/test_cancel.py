@@ -12,6 +12,7 @@ import json
 import operator
 import subprocess
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Annotated, Any, TypedDict
 
@@ -376,6 +377,64 @@ def test_in_flight_read_is_abandoned_on_cancel(log: ExecutionLog) -> None:
         abandoned = memory.ledger.find_effect(thread_id, "g1")
         assert abandoned is not None and abandoned.status is EffectStatus.FAILED
         assert abandoned.error == ABANDONED_READ
+
+
+@pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])
+def test_a_side_effect_outliving_its_grace_is_unknown_then_settles_late(
+    log: ExecutionLog, use_async: bool
+) -> None:
+    # The stop waits cancel_timeout for the call in flight, then records it unknown
+    # (with an owner) and returns; when the call finishes later, its outcome is kept.
+    tools = [counting_tool(log, "slow_write", EffectKind.IRREVERSIBLE, reconcile=False)]
+    model = scripted(calls(("slow_write", "a", "s1")))
+    with open_saver("memory://") as memory:
+        graph = cancellable(
+            agent_builder(model, EffectToolNode(tools, cancel_timeout=0.3)),
+            memory,
+            cancel_timeout=0.3,
+        )
+        thread_id = new_thread()
+        inp = {"messages": [HumanMessage("go")]}
+        returned = threading.Event()
+
+        async def ainvoke() -> Any:
+            try:
+                out = await graph.ainvoke(inp, config_for(thread_id))
+            finally:
+                returned.set()
+            # The loop lives on, as a server's does (asyncio.run would cancel the call's
+            # task on return): the late outcome is recorded on it.
+            for _ in range(250):
+                if memory.ledger.find_effect(thread_id, "s1").status is not EffectStatus.UNKNOWN:
+                    break
+                await asyncio.sleep(0.02)
+            return out
+
+        def invoke() -> Any:
+            try:
+                return graph.invoke(inp, config_for(thread_id))
+            finally:
+                returned.set()
+
+        log.arm("slow_write")
+        run = Background(lambda: asyncio.run(ainvoke()) if use_async else invoke())
+        try:
+            run.wait_for(lambda: log.started("slow_write"), "the write to start")
+            request_cancel(memory, thread_id, reason="stop", requested_by="t")
+            finished = returned.wait(5.0)
+            rec = memory.ledger.find_effect(thread_id, "s1")
+        finally:
+            log.release("slow_write")
+            run.result()
+        assert finished, "the stop waited past cancel_timeout"
+        assert rec is not None and rec.status is EffectStatus.UNKNOWN and rec.owner
+        deadline = time.monotonic() + 5.0
+        while memory.ledger.find_effect(thread_id, "s1").status is EffectStatus.UNKNOWN:
+            assert time.monotonic() < deadline, "the late outcome was never recorded"
+            time.sleep(0.02)
+        late = memory.ledger.find_effect(thread_id, "s1")
+        assert late.status is EffectStatus.COMMITTED and log.applied("slow_write") == 1
+        assert memory.ledger.latest_run(thread_id).status is RunStatus.CANCELLED
 
 
 def test_cancel_right_after_a_write_is_acknowledged(saver: Any, log: ExecutionLog) -> None:

@@ -895,16 +895,37 @@ class EffectToolNode(ToolNode):
         planned = _Planned(
             p.index, cast(ToolCall, call), p.tool, p.spec, rec.idempotency_key, p.runtime
         )
-        task = asyncio.ensure_future(self._invoke(planned, input_type, retry=p.spec.retry_safe))
+        task: asyncio.Future[Any] | concurrent.futures.Future[Any]
         try:
-            msg = await _await_in_flight(task, scope, self._grace(p.spec))
+            if (
+                batch is not None
+                and self.effect_concurrency == 1
+                and not _offload.get()
+                and _has_sync_body(p.tool)
+            ):
+                # A sync graph's calls, one at a time: the call in the pool, the wait
+                # here (nothing else runs on this private loop meanwhile).
+                task = _tool_pool().submit(
+                    contextvars.copy_context().run,
+                    self._invoke_blocking,
+                    planned,
+                    input_type,
+                    retry=p.spec.retry_safe,
+                )
+                msg = _wait_in_flight(task, scope, self._grace(p.spec))
+            else:
+                task = asyncio.ensure_future(
+                    self._invoke(planned, input_type, retry=p.spec.retry_safe)
+                )
+                msg = await _await_in_flight(task, scope, self._grace(p.spec))
         except _StoppedWaiting as stop:
             return await self._stop_waiting(planned, rec, task, scope, stop)
         except asyncio.CancelledError:
             # Our task was cancelled (runs.cancel, disconnect, Ctrl-C). The request has
             # left the process: wait for its outcome within the timeout, record it, then
             # let the cancellation propagate. Never drop the wait silently.
-            await self._settle_after_task_cancel(planned, rec, task, scope)
+            waited = task if isinstance(task, asyncio.Future) else asyncio.wrap_future(task)
+            await self._settle_after_task_cancel(planned, rec, waited, scope)
             raise
         except GraphInterrupt:
             # interrupt() inside the tool: the call paused before it finished, and
@@ -939,7 +960,7 @@ class EffectToolNode(ToolNode):
         self,
         p: _Planned,
         rec: EffectRecord,
-        task: asyncio.Future[Any],
+        task: asyncio.Future[Any] | concurrent.futures.Future[Any],
         scope: RunScope,
         stop: _StoppedWaiting,
     ) -> ToolMessage:
@@ -947,7 +968,7 @@ class EffectToolNode(ToolNode):
         ledger = scope.ledger
         unknown = await _db(mark_unknown, ledger, rec, p.spec, str(stop))
 
-        def settle_late(done: asyncio.Future[Any]) -> None:
+        def settle_late(done: asyncio.Future[Any] | concurrent.futures.Future[Any]) -> None:
             if done.cancelled() or done.exception() is not None:
                 return  # still unknown: reconciliation (or a person) settles it
             msg = done.result()
@@ -1210,9 +1231,9 @@ class EffectToolNode(ToolNode):
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _invoke_blocking(
-        self, p: _Planned, input_type: Literal["list", "dict", "tool_calls"]
+        self, p: _Planned, input_type: Literal["list", "dict", "tool_calls"], *, retry: bool = True
     ) -> Any:
-        """``_invoke(retry=True)`` of a sync tool, in the calling (worker) thread."""
+        """``_invoke`` of a sync tool, in the calling (worker) thread."""
         injected = self._inject_tool_args(p.call, p.runtime, p.tool)
         call_args = {**injected, "type": "tool_call"}
 
@@ -1224,7 +1245,7 @@ class EffectToolNode(ToolNode):
                     raise ValueError(f"invalid arguments for {p.tool.name!r}: {exc}") from exc
             return self._normalize_tool_response(response, p.call, input_type)
 
-        if p.spec.max_attempts <= 1:
+        if not retry or p.spec.max_attempts <= 1:
             return once()
         try:
             return once()
@@ -1370,6 +1391,23 @@ async def _await_in_flight(
         if deadline is not None and time.monotonic() >= deadline:
             raise _StoppedWaiting(grace or 0.0)
     return await task
+
+
+def _wait_in_flight(
+    fut: concurrent.futures.Future[Any], scope: RunScope, grace: float | None
+) -> Any:
+    """``_await_in_flight`` for a call in the pool, waited for by a blocked private loop."""
+    deadline: float | None = None
+    while True:
+        # wait(), not result(timeout): a tool may raise TimeoutError itself.
+        concurrent.futures.wait((fut,), timeout=0.05)
+        if fut.done():
+            return fut.result()
+        if deadline is None and scope.cancel_called():
+            scope.signal.observe()
+            deadline = time.monotonic() + (grace if grace is not None else float("inf"))
+        if deadline is not None and time.monotonic() >= deadline:
+            raise _StoppedWaiting(grace or 0.0)
 
 
 def _as_tool_call(call: Any) -> ToolCall:
