@@ -133,6 +133,21 @@ class Backend:
         """
         return self.transaction()
 
+    def first_rows(
+        self, statements: Sequence[tuple[str, dict[str, Any]]]
+    ) -> list[dict[str, Any] | None]:
+        """Run statements in order, in one round trip: the first row of each (or None).
+
+        Each sees what the ones before it wrote. SQLite runs them in one
+        transaction; PostgreSQL in one pipeline.
+        """
+        with self.transaction() as cur:
+            out: list[dict[str, Any] | None] = []
+            for sql, params in statements:
+                cur.execute(sql, params)
+                out.append(cur.fetchone())
+            return out
+
     def read(self) -> Any:
         """A context manager yielding a ``Cursor`` for one self-contained ``SELECT``.
 
@@ -383,6 +398,14 @@ class PostgresBackend(Backend):
         assert self._conn is not None and self._lock is not None
         with self._lock, self._conn.pipeline():
             yield run(self._conn)
+
+    def first_rows(
+        self, statements: Sequence[tuple[str, dict[str, Any]]]
+    ) -> list[dict[str, Any] | None]:
+        with self.pipeline() as execute:
+            cursors = [execute(sql, params) for sql, params in statements]
+        # A statement without RETURNING has no rows to fetch (psycopg would raise).
+        return [cur.fetchone() if getattr(cur, "description", None) else None for cur in cursors]
 
     def close(self) -> None:
         self.closed = True

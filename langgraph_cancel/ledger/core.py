@@ -305,17 +305,7 @@ class Ledger:
                 "now": params["now"],
                 "expires_at": b.ts_in(now_dt + timedelta(seconds=lease_ttl)),
             }
-            if isinstance(b, PostgresBackend):
-                with b.pipeline() as execute:
-                    leasing = execute(q.ACQUIRE_LEASE, lease)
-                    inserting = execute(q.INSERT_RUN_LEASED, params)
-                leased, row = leasing.fetchone(), inserting.fetchone()
-            else:
-                with b.transaction() as cur:
-                    cur.execute(q.ACQUIRE_LEASE, lease)
-                    leased = cur.fetchone()
-                    cur.execute(q.INSERT_RUN_LEASED, params)
-                    row = cur.fetchone()
+            leased, row = b.first_rows([(q.ACQUIRE_LEASE, lease), (q.INSERT_RUN_LEASED, params)])
             if leased is None:
                 # Held by another owner, or let go in between: acquire_lease tells which.
                 self.acquire_lease(thread_id, owner, ttl=lease_ttl)
@@ -552,17 +542,8 @@ class Ledger:
             with b.statement() as cur:
                 cur.execute(finish, params)
                 finished = cur.fetchone()
-        elif isinstance(b, PostgresBackend):
-            with b.pipeline() as execute:
-                finishing = execute(finish, params)
-                execute(q.RELEASE_LEASE_AFTER_FINISH, params)
-            finished = finishing.fetchone()
-        else:
-            with b.transaction() as cur:
-                cur.execute(finish, params)
-                finished = cur.fetchone()
-                if finished is not None:
-                    cur.execute(q.RELEASE_LEASE_AFTER_FINISH, params)
+        else:  # the release is a no-op unless this finish wrote the run's status
+            finished, _ = b.first_rows([(finish, params), (q.RELEASE_LEASE_AFTER_FINISH, params)])
         if finished is not None:
             return True
         row = self._one(q.SELECT_RUN, {"run_id": run_id})
@@ -1093,14 +1074,11 @@ class Ledger:
                         out.append(exc)
             return out
         now = utcnow()
-        with b.pipeline() as execute:  # one round trip for all of them
-            cursors = [
-                execute(*self._pg_cas(req, allowed, guard, token, now))
-                for req, (allowed, guard), token in jobs
-            ]
+        rows = b.first_rows(  # one round trip for all of them
+            [self._pg_cas(req, allowed, guard, token, now) for req, (allowed, guard), token in jobs]
+        )
         lost: list[tuple[int, str]] = []
-        for n, ((req, _, _), cur) in enumerate(zip(jobs, cursors, strict=True)):
-            row = cur.fetchone()
+        for n, ((req, _, _), row) in enumerate(zip(jobs, rows, strict=True)):
             out.append(self._effect(row) if row is not None else UnknownEffectError(req.effect_id))
             if row is None:
                 lost.append((n, req.effect_id))
