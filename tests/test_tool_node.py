@@ -439,6 +439,25 @@ def test_tool_exceptions_propagate_without_handling(
         assert "nope" in (rec.error or "")
 
 
+def test_an_unhandled_read_error_keeps_its_siblings_outcomes(saver: Any, log: ExecutionLog) -> None:
+    # One read raises what handle_tool_errors does not cover: the node raises it, and
+    # the reads of the batch that did answer are still recorded.
+    tools = [
+        counting_tool(log, "bad_read", EffectKind.READ_ONLY, fail=[KeyError("nope")]),
+        counting_tool(log, "good_read", EffectKind.READ_ONLY),
+    ]
+    model = scripted(calls(("bad_read", "a", "u1"), ("good_read", "b", "u2")))
+    graph = cancellable(
+        agent_builder(model, EffectToolNode(tools, handle_tool_errors=ValueError)), saver
+    )
+    thread_id = new_thread()
+    with pytest.raises(KeyError, match="nope"):
+        start(graph, thread_id)
+    good = saver.ledger.find_effect(thread_id, "u2")
+    assert good is not None and good.status is EffectStatus.COMMITTED
+    assert saver.ledger.find_effect(thread_id, "u1") is None  # a re-run runs it again
+
+
 # ----------------------------------------------------------------------------- transient faults
 
 

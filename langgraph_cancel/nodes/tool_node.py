@@ -690,6 +690,7 @@ class EffectToolNode(ToolNode):
                         abandoned.add(fut)
                 pending -= abandoned
         out: list[Any] = []
+        failure: BaseException | None = None  # raised once every other outcome is noted
         for fut, p in zip(futures, reads, strict=True):
             if fut in abandoned:
                 self._note_read(
@@ -709,9 +710,16 @@ class EffectToolNode(ToolNode):
             if isinstance(exc, GraphBubbleUp) or (
                 exc is not None and not isinstance(exc, Exception)
             ):
-                raise exc
+                failure = failure or exc
+                out.append(None)
+                continue
             if exc is not None:
-                content = self._error_content(exc)
+                try:
+                    content = self._error_content(exc)
+                except Exception as unhandled:  # handle_tool_errors does not cover it
+                    failure = failure or unhandled
+                    out.append(None)
+                    continue
                 self._note_read(batch, p, status=EffectStatus.FAILED, error=content)
                 out.append(
                     ToolMessage(content, name=p.tool.name, tool_call_id=p.call_id, status="error")
@@ -723,6 +731,8 @@ class EffectToolNode(ToolNode):
                     batch, p, status=EffectStatus.COMMITTED, result=message_payload(msg)
                 )
             out.append(msg)
+        if failure is not None:
+            raise failure
         return out
 
     def _note_read(self, batch: _Batch, p: _Planned, **fields: Any) -> None:
