@@ -8,6 +8,7 @@ what the run did is checked against what the external systems did.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import operator
 import subprocess
@@ -18,8 +19,10 @@ from typing import Annotated, Any, TypedDict
 
 import pytest
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, ToolMessage
-from langgraph.graph import START, StateGraph
+from langchain_core.tools import tool
+from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.graph.message import add_messages
+from langgraph.prebuilt import tools_condition
 
 import langgraph_cancel
 from examples.refund_agent import tools as refund_tools
@@ -49,6 +52,7 @@ from langgraph_cancel import (
     EffectToolNode,
     UnknownThreadError,
     add_cancellation,
+    effect,
     get_report,
     request_cancel,
 )
@@ -746,3 +750,51 @@ def test_every_dispatch_checks_the_signal(saver: Any, log: ExecutionLog) -> None
     assert [e.tool_call_id for e in report.reversible_committed] == ["e2"]
     assert sorted(e.tool_call_id for e in report.not_run) == ["e1", "e3", "e4"]
     assert report.dispatched_after_cancel == 0
+
+
+def test_a_call_the_cancel_dropped_runs_when_asked_again(saver: Any) -> None:
+    # The stop drops refund(o-2) before dispatch; the declared key never left the
+    # process. Asked again in the next turn, the refund runs, once.
+    charged: list[str] = []
+
+    @tool
+    def refund(order_id: str) -> str:
+        """Refund an order."""
+        charged.append(order_id)
+        return f"refunded {order_id}"
+
+    declared = effect(
+        EffectKind.IRREVERSIBLE,
+        idempotency_key=lambda args: f"refund:{args['order_id']}",
+        requires_approval=False,
+    )(refund)
+    thread_id = new_thread()
+    turns = itertools.count(1)
+
+    def agent(state: MessagesState) -> dict[str, Any]:
+        if isinstance(state["messages"][-1], ToolMessage):
+            return {"messages": [AIMessage("done")]}
+        turn = next(turns)
+        if turn == 1:  # the user presses stop while the model answers
+            request_cancel(saver, thread_id, reason="stop", requested_by="user")
+        call = tool_call("refund", {"order_id": "o-2"}, id=f"c{turn}")
+        return {"messages": [AIMessage("", tool_calls=[call])]}
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("agent", agent)
+    builder.add_node("tools", EffectToolNode([declared]))
+    builder.add_edge(START, "agent")
+    builder.add_conditional_edges("agent", tools_condition)
+    builder.add_edge("tools", "agent")
+    graph = add_cancellation(builder).compile(checkpointer=saver)
+    graph.invoke({"messages": [HumanMessage("refund o-2")]}, config_for(thread_id))
+    report = get_report(saver, thread_id)
+    assert [e.tool_call_id for e in report.not_run] == ["c1"] and charged == []
+
+    out = graph.invoke({"messages": [HumanMessage("please try again")]}, config_for(thread_id))
+    answer = [m for m in out["messages"] if isinstance(m, ToolMessage)][-1]
+    assert answer.tool_call_id == "c2" and answer.content == "refunded o-2"
+    assert charged == ["o-2"]
+    ledger = saver.ledger
+    assert ledger.find_effect(thread_id, "c2").idempotency_key == "refund:o-2"
+    assert ledger.find_effect(thread_id, "c1").status is EffectStatus.DROPPED

@@ -155,6 +155,77 @@ def test_plan_many_key_clash_costs_only_its_own_slot(ledger: Ledger) -> None:
     assert sorted(r.tool_call_id for r in ledger.effects(thread)) == ["a", "c"]
 
 
+@pytest.mark.parametrize("unsent", [S.DROPPED, S.REJECTED])
+def test_a_key_held_by_a_call_that_never_left_goes_to_the_next_call(
+    ledger: Ledger, unsent: EffectStatus
+) -> None:
+    # Dropped before dispatch or rejected at approval: the external system never saw
+    # the key, so a later call asking for the same effect gets it (and runs once).
+    thread, run = _thread(ledger)
+    (held,) = ledger.plan_many(
+        thread_id=thread, run_id=run, items=[_new("first", idempotency_key="refund:o-2")]
+    )
+    assert isinstance(held, tuple)
+    first = held[0]
+    if unsent is S.REJECTED:
+        ledger.transition(first.effect_id, S.PENDING_APPROVAL)
+    ledger.transition(first.effect_id, unsent)
+    history = ledger.history(first.effect_id)
+    later, _run = _thread(ledger)
+    rec, created = ledger.plan(
+        thread_id=later,
+        run_id=_run,
+        tool_call_id="again",
+        tool="refund",
+        kind=EffectKind.IRREVERSIBLE,
+        args={"n": "again"},
+        idempotency_key="refund:o-2",
+    )
+    assert created and rec.idempotency_key == "refund:o-2"
+    before = ledger.get_effect(first.effect_id)
+    assert before.status is unsent and before.idempotency_key == (
+        f"refund:o-2#released-to:{rec.effect_id}"
+    )
+    assert ledger.history(first.effect_id) == history
+    # The batch write takes it the same way.
+    ledger.transition(rec.effect_id, S.DROPPED)
+    out = ledger.plan_many(
+        thread_id=thread,
+        run_id=run,
+        items=[_new("b1"), _new("b2", idempotency_key="refund:o-2")],
+    )
+    assert all(isinstance(e, tuple) for e in out)
+    assert ledger.effect_by_key("refund:o-2").tool_call_id == "b2"  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("status", [S.PLANNED, S.DISPATCHED, S.COMMITTED, S.NOT_APPLIED])
+def test_a_key_that_may_have_left_stays_with_its_holder(
+    ledger: Ledger, status: EffectStatus
+) -> None:
+    thread, run = _thread(ledger)
+    ledger.plan_many(thread_id=thread, run_id=run, items=[_new("first", idempotency_key="k:1")])
+    holder = derive_effect_id(thread, "first")
+    path = {
+        S.PLANNED: [],
+        S.DISPATCHED: [S.DISPATCHED],
+        S.COMMITTED: [S.DISPATCHED, S.COMMITTED],
+        S.NOT_APPLIED: [S.DISPATCHED, S.NOT_APPLIED],
+    }[status]
+    for step in path:
+        ledger.transition(holder, step, owner="w")
+    with pytest.raises(DuplicateIdempotencyKeyError):
+        ledger.plan(
+            thread_id=thread,
+            run_id=run,
+            tool_call_id="second",
+            tool="refund",
+            kind=EffectKind.IRREVERSIBLE,
+            args={},
+            idempotency_key="k:1",
+        )
+    assert ledger.get_effect(holder).idempotency_key == "k:1"
+
+
 def test_plan_many_refuses_a_status_no_record_starts_in(ledger: Ledger) -> None:
     thread, run = _thread(ledger)
     with pytest.raises(IllegalTransitionError):

@@ -694,10 +694,36 @@ class Ledger:
                     # The same tool call planned concurrently: on PostgreSQL ON CONFLICT
                     # (effect_id) does not cover the racing insert's key index.
                     return self._effect(other), False
+                if other is not None and self._release_unsent_key(key, effect_id):
+                    # The holder never reached the external system: the key is free.
+                    return self._plan_once(
+                        thread_id=thread_id,
+                        run_id=run_id,
+                        tool_call_id=tool_call_id,
+                        tool=tool,
+                        kind=kind,
+                        args=args,
+                        key=key,
+                        seq=seq,
+                        status=status,
+                        result=result,
+                        error=error,
+                        owner=owner,
+                        actor=actor,
+                        detail=detail,
+                    )
                 raise DuplicateIdempotencyKeyError(
                     key, other["effect_id"] if other else None
                 ) from exc
             raise
+
+    def _release_unsent_key(self, key: str, taker: str) -> bool:
+        """Free ``key`` if its holder was never dispatched (dropped or rejected)."""
+        with self.backend.statement() as cur:
+            cur.execute(
+                q.RELEASE_UNSENT_KEY, {"key": key, "released": f"{key}#released-to:{taker}"}
+            )
+            return cur.fetchone() is not None
 
     _plan = transient_retry()(_plan_once)
 
