@@ -60,6 +60,7 @@ from langgraph_cancel.nodes.tool_node import (
     is_same_call,
     mark_unknown,
     replay_message,
+    reused_call_id,
 )
 from langgraph_cancel.report import CancellationReport, build_report
 from langgraph_cancel.runtime import (
@@ -127,6 +128,25 @@ def _messages(state: Any, key: str) -> list[Any]:
     if isinstance(state, list):
         return state
     return list(getattr(state, key, None) or [])
+
+
+def _record_dangling_dropped(
+    scope: RunScope, settings: CancellationSettings, call: ToolCall
+) -> EffectRecord | None:
+    """Record a dangling call that will never run; its own record, if it has one.
+
+    A call whose id names another call's record (ids reused across turns) is
+    recorded under ``reused_call_id``, so the report counts it as not run; the
+    other call's record stays as it is.
+    """
+    rec = scope.ledger.find_effect(scope.thread_id, call["id"])
+    if rec is None:
+        _plan_dropped(scope, settings, call)
+        return None
+    if not is_same_call(rec, call):
+        _plan_dropped(scope, settings, cast(ToolCall, {**call, "id": reused_call_id(call)}))
+        return None
+    return rec
 
 
 def _plan_dropped(scope: RunScope, settings: CancellationSettings, call: ToolCall) -> None:
@@ -280,9 +300,7 @@ def finalize_cancel(
             if e.status in UNDISPATCHED_STATUSES or e.status is EffectStatus.NOT_APPLIED:
                 _drop(scope, e)
         for call in dangling:
-            if ledger.find_effect(scope.thread_id, call["id"]) is None:
-                _plan_dropped(scope, settings, call)
-            # (A record of another call under a reused id stays as it is.)
+            _record_dangling_dropped(scope, settings, call)
         # 2. In flight: wait within the timeout, then reconcile or record unknown.
         _settle_dispatched(scope, settings, ledger.run_effects(run.run_id))
         # 3. Children (sub-agents) stop too: wait, bounded, for each to end.
@@ -441,12 +459,10 @@ def _make_reconcile_subgraph(settings: CancellationSettings, state_schema: Any) 
             # earlier cancelled, interrupted or crashed run left unanswered will never
             # run. Record them so and answer each (invariant I5).
             for call in dangling:
-                rec = scope.ledger.find_effect(scope.thread_id, call["id"])
-                if rec is None:
-                    _plan_dropped(scope, settings, call)
-                elif not is_same_call(rec, call):
-                    pass  # the id names another call's record: leave that one be
-                elif rec.status in UNDISPATCHED_STATUSES or rec.status is EffectStatus.NOT_APPLIED:
+                rec = _record_dangling_dropped(scope, settings, call)
+                if rec is not None and (
+                    rec.status in UNDISPATCHED_STATUSES or rec.status is EffectStatus.NOT_APPLIED
+                ):
                     _drop(scope, rec)
             update[settings.messages_key] = _answer_dangling(scope, dangling)
         if scope.run.terminal or scope.cancel_called():

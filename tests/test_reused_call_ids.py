@@ -18,7 +18,14 @@ from langgraph.prebuilt import tools_condition
 from langgraph.types import Command
 
 from graphs import ExecutionLog, cancellable, config_for, counting_tool, new_thread
-from langgraph_cancel import ApprovalGate, EffectKind, EffectStatus, EffectToolNode, effect
+from langgraph_cancel import (
+    ApprovalGate,
+    EffectKind,
+    EffectStatus,
+    EffectToolNode,
+    effect,
+    get_report,
+)
 from langgraph_cancel.errors import EffectConflictError
 from langgraph_cancel.nodes.tool_node import dangling_tool_calls, ensure_same_call
 from langgraph_cancel.testing import tool_call
@@ -194,6 +201,10 @@ def test_a_cancel_answers_a_reused_id_as_not_run(saver: Any, log: ExecutionLog) 
     assert second[1] == "error" and "refund(o-1) ok" not in second[2]
     assert [r["item"] for r in log.rows("refund")] == ["o-1"]
     assert saver.ledger.latest_run(thread).status.value == "cancelled"
+    # The report counts it as not run, under an id of its own; turn one's record stays.
+    (dropped,) = get_report(saver, thread).not_run
+    assert dropped.tool_call_id.startswith("call_0~") and dropped.args == {"item": "o-2"}
+    assert saver.ledger.find_effect(thread, "call_0").status.value == "committed"
 
 
 def test_dangling_calls_are_matched_in_order_not_by_id_alone() -> None:

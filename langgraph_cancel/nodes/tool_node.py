@@ -20,6 +20,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import contextvars
+import hashlib
 import json
 import logging
 import threading
@@ -108,6 +109,16 @@ def message_payload(msg: ToolMessage) -> dict[str, Any]:
 
 def _canonical(value: Any) -> str:
     return json.dumps(value, default=str, sort_keys=True)
+
+
+def reused_call_id(call: ToolCall) -> str:
+    """The ledger id of a call whose tool-call id already names another call's record.
+
+    The id plus a digest of the call's tool and arguments: the same call gets the
+    same id again (a re-run records nothing twice), another call another one.
+    """
+    content = f"{call.get('name')}\0{_canonical(call.get('args'))}"
+    return f"{call['id']}~{hashlib.sha256(content.encode()).hexdigest()[:12]}"
 
 
 def ensure_same_call(rec: EffectRecord, name: str, args: Any) -> None:
@@ -1580,5 +1591,6 @@ __all__ = [
     "mark_unknown",
     "message_payload",
     "replay_message",
+    "reused_call_id",
     "unknown_owner",
 ]
