@@ -382,6 +382,129 @@ def test_a_retry_recognises_its_own_write(ledger: Ledger) -> None:
     assert len(ledger.history(a)) == 3 and len(ledger.history(b)) == 2
 
 
+def _every_field(effect_id: str, step: int) -> TransitionRequest:
+    """Step ``step`` of a legal path that sets every field a transition can set."""
+    return [
+        TransitionRequest(
+            effect_id=effect_id,
+            to=S.PENDING_APPROVAL,
+            actor="gate",
+            detail={"asked": ["alice"], "why": "refund"},
+        ),
+        TransitionRequest(
+            effect_id=effect_id,
+            to=S.APPROVED,
+            actor="alice",
+            approval={"decision": "edit", "original_args": {"n": "x"}},
+            args={"n": "edited", "amount": 5},
+        ),
+        TransitionRequest(effect_id=effect_id, to=S.DISPATCHED, actor="w", owner="w"),
+        TransitionRequest(
+            effect_id=effect_id,
+            to=S.UNKNOWN,
+            actor="w",
+            owner="operator",
+            next_action="ask the bank",
+            error="timed out",
+        ),
+        TransitionRequest(
+            effect_id=effect_id,
+            to=S.COMMITTED,
+            actor="reconciler",
+            result={"content": "refunded", "at": [1, 2.5, None]},
+            error=None,
+            next_action=None,
+        ),
+    ][step]
+
+
+def test_a_batch_records_exactly_what_one_at_a_time_records(ledger: Ledger) -> None:
+    # The same requests, batched for half of the effects and one at a time for the
+    # other half: every field and audit row must come out the same.
+    _thread_id, _run, ids = _planned(ledger, 6)
+    batched, single = ids[:3], ids[3:]
+    for step in range(5):
+        out = ledger.transition_many([_every_field(e, step) for e in batched])
+        assert all(isinstance(r, EffectRecord) for r in out), out
+        for e in single:
+            req = _every_field(e, step)
+            fields = {
+                f: getattr(req, f)
+                for f in ("result", "error", "next_action")
+                if getattr(req, f) is not ...
+            }
+            ledger.transition(
+                e,
+                req.to,
+                actor=req.actor,
+                detail=req.detail,
+                owner=req.owner,
+                approval=req.approval,
+                args=req.args,
+                **fields,
+            )
+
+    def comparable(effect_id: str) -> tuple[object, ...]:
+        r = ledger.get_effect(effect_id)
+        trail = [
+            (t.from_status, t.to_status, t.actor, t.detail) for t in ledger.history(r.effect_id)
+        ]
+        return (
+            r.status, r.args, r.result, r.error, r.owner, r.next_action, r.approval,
+            r.version, r.dispatched_at is not None, r.settled_at is not None, trail,
+        )  # fmt: skip
+
+    assert comparable(batched[0])[:7] == (
+        S.COMMITTED,
+        {"n": "edited", "amount": 5},
+        {"content": "refunded", "at": [1, 2.5, None]},
+        None,
+        "operator",
+        None,
+        {"decision": "edit", "original_args": {"n": "x"}},
+    )
+    assert all(comparable(e) == comparable(batched[0]) for e in ids)
+
+
+def test_two_writers_batching_the_same_effects_in_opposite_orders(
+    ledger: Ledger, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Row locks are taken in one order whatever the request order, so two batches
+    # over the same effects do not deadlock (a deadlock would show as a logged
+    # retry): each effect moves once, and the loser of each compare-and-set is told.
+    import logging
+    import threading
+
+    caplog.set_level(logging.WARNING, logger="langgraph_cancel")
+    _thread_id, _run, ids = _planned(ledger, 40)
+    pairs = list(zip(ids[::2], ids[1::2], strict=True))
+    barrier = threading.Barrier(2)
+    results: dict[str, list[EffectRecord | Exception]] = {"fwd": [], "rev": []}
+
+    def writer(name: str) -> None:
+        for a, b in pairs:
+            order = [a, b] if name == "fwd" else [b, a]
+            barrier.wait()
+            try:
+                results[name].extend(ledger.transition_many([_dispatch(e) for e in order]))
+            except Exception as exc:  # pragma: no cover - what the test looks for
+                results[name].append(exc)
+
+    threads = [threading.Thread(target=writer, args=(n,)) for n in results]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    outcomes = results["fwd"] + results["rev"]
+    assert len(outcomes) == 2 * len(ids)
+    won = [r for r in outcomes if isinstance(r, EffectRecord)]
+    assert len(won) == len(ids) and {r.effect_id for r in won} == set(ids)
+    lost = [r for r in outcomes if not isinstance(r, EffectRecord)]
+    assert all(isinstance(r, TransitionConflictError | IllegalTransitionError) for r in lost)
+    assert all(len(ledger.history(e)) == 2 for e in ids)
+    assert not [r.getMessage() for r in caplog.records if "Retrying" in r.getMessage()]
+
+
 def test_transition_many_rejects_what_transition_rejects(ledger: Ledger) -> None:
     _thread_id, _run, (a, b) = _planned(ledger, 2)
     with pytest.raises(IllegalTransitionError):

@@ -348,7 +348,7 @@ class PostgresBackend(Backend):
             return None
         from psycopg.types.json import Jsonb
 
-        return Jsonb(value, dumps=_dumps)
+        return Jsonb(value, dumps=json_text)
 
     @contextmanager
     def transaction(self) -> Iterator[Cursor]:
@@ -413,8 +413,12 @@ class PostgresBackend(Backend):
             self._pool.close()
 
 
-def _dumps(value: Any) -> str:
-    """JSON for a JSONB column; what JSON cannot hold is kept as its string."""
+def json_text(value: Any) -> str:
+    """JSON for a JSONB column; what JSON cannot hold is kept as its string.
+
+    Bound as text and cast in the statement (``%(rows)s::jsonb``), a document costs
+    psycopg less client time than a ``Jsonb`` wrapper does.
+    """
     return json.dumps(value, default=str)
 
 

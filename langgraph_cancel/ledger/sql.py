@@ -306,6 +306,45 @@ WITH prev AS (
 )
 SELECT * FROM upd"""
 
+# PostgreSQL: several compare-and-sets and their audit rows in ONE statement, whatever
+# their number (one statement text, so one prepared plan). Each request is a row of
+# ``%(rows)s``; its own allowed statuses and run guard travel with it. Rows are locked
+# in effect-id order, so two writers' batches cannot deadlock. A request missing
+# from the result did not apply; the caller reads the row to say why.
+PG_TRANSITION_EFFECTS = f"""
+WITH req AS (
+    SELECT * FROM jsonb_to_recordset(%(rows)s::jsonb) AS r(n int, effect_id text, "to" text,
+        token text, allowed text[], guard bool, set_result bool, result jsonb,
+        set_error bool, error text, owner text, set_next_action bool, next_action text,
+        approval jsonb, args jsonb, settles bool, actor text, detail jsonb)
+), prev AS (
+    SELECT e.effect_id, e.status AS from_status FROM lgc_effects e
+    WHERE e.effect_id IN (SELECT effect_id FROM req) ORDER BY e.effect_id FOR UPDATE
+), upd AS (
+    UPDATE lgc_effects e SET status = r."to", version = e.version + 1, last_token = r.token,
+        updated_at = %(now)s,
+        result = CASE WHEN r.set_result THEN r.result ELSE e.result END,
+        error = CASE WHEN r.set_error THEN r.error ELSE e.error END,
+        owner = COALESCE(r.owner, e.owner),
+        next_action = CASE WHEN r.set_next_action THEN r.next_action ELSE e.next_action END,
+        approval = COALESCE(r.approval, e.approval),
+        args = COALESCE(r.args, e.args),
+        dispatched_at = CASE WHEN r."to" = 'dispatched' THEN %(now)s ELSE e.dispatched_at END,
+        settled_at = CASE WHEN r.settles THEN %(now)s ELSE e.settled_at END
+    FROM req r JOIN prev p ON p.effect_id = r.effect_id
+    WHERE e.effect_id = r.effect_id AND e.status = ANY (r.allowed)
+        -- a retry whose first attempt committed (lost ack) must not apply twice
+        AND e.last_token IS DISTINCT FROM r.token
+        AND (NOT r.guard
+             OR (SELECT x.status FROM lgc_runs x WHERE x.run_id = e.run_id) = 'running')
+    RETURNING r.n, {", ".join("e." + c.strip() for c in EFFECT_COLUMNS.split(","))},
+        p.from_status, r.actor, r.detail AS audit_detail
+), audit AS (
+    INSERT INTO lgc_transitions (effect_id, from_status, to_status, at, actor, detail)
+    SELECT effect_id, from_status, status, %(now)s, actor, audit_detail FROM upd ORDER BY n
+)
+SELECT * FROM upd"""
+
 PG_INSERT_EFFECT = f"""
 WITH ins AS ({INSERT_EFFECT}
 ), audit AS (
