@@ -500,7 +500,10 @@ def _needs_reconcile(state: Any, config: RunnableConfig, settings: CancellationS
         return True
     if dangling_tool_calls(_messages(state, settings.messages_key)):
         return True
-    return any(e.status in _RECONCILABLE for e in scope.ledger.unsettled(scope.thread_id))
+    unsettled = scope.take_unsettled_at_start()
+    if unsettled is None:
+        unsettled = scope.ledger.unsettled(scope.thread_id)
+    return any(e.status in _RECONCILABLE for e in unsettled)
 
 
 def _make_entry(settings: CancellationSettings, targets: list[str]) -> RunnableCallable:
@@ -677,6 +680,8 @@ class _Invocation:
             run_id=conf.get("run_id"),
             owner=owner,
             lease_ttl=LEASE_TTL,
+            # New input passes START's router first: its ledger read rides along.
+            prefetch_unsettled=not continuation,
         )
         self.ledger = self.scope.ledger
         self.owner = owner
@@ -725,6 +730,7 @@ class _Invocation:
             current_scope.reset(self.token)
         except ValueError:  # ended from another context (generator closed elsewhere)
             current_scope.set(None)
+        self.scope.unsettled_at_start = None  # read for this invocation only
         LEASES.let_go(self._lease)
         try:
             if drained:

@@ -24,7 +24,7 @@ from langchain_core.runnables import RunnableConfig
 
 from langgraph_cancel.errors import ConfigurationError, DurabilityError
 from langgraph_cancel.ledger import Ledger, default_owner
-from langgraph_cancel.types import RunRecord, RunStatus
+from langgraph_cancel.types import EffectRecord, RunRecord, RunStatus
 
 logger = logging.getLogger("langgraph_cancel")
 
@@ -401,11 +401,22 @@ class RunScope:
     owner: str
     signal: CancelSignal
     extra: dict[str, Any] = field(default_factory=dict)
+    #: The thread's unsettled effects as read with the run's start, until taken.
+    unsettled_at_start: list[EffectRecord] | None = None
 
     @property
     def run_id(self) -> str:
         """The run's id."""
         return self.run.run_id
+
+    def take_unsettled_at_start(self) -> list[EffectRecord] | None:
+        """The unsettled effects read when this invocation started the run, once.
+
+        For START's router, the first step of an invocation: nothing has run
+        since the read. None when there is no such read (or it was taken).
+        """
+        taken, self.unsettled_at_start = self.unsettled_at_start, None
+        return taken
 
     def cancel_called(self) -> bool:
         """Level-triggered: has anyone asked this run to stop?"""
@@ -433,6 +444,7 @@ def scope_for(
     owner: str | None = None,
     parent_run_id: str | None = None,
     lease_ttl: float | None = None,
+    prefetch_unsettled: bool = False,
 ) -> RunScope:
     """The run scope of the thread in ``config``.
 
@@ -444,6 +456,9 @@ def scope_for(
     ``lease_ttl``: also hold the thread's lease for the owner; a run started
     here takes it in the same round trip.
 
+    ``prefetch_unsettled``: a run started here also reads the thread's unsettled
+    effects in that round trip, kept in ``RunScope.unsettled_at_start``.
+
     Raises:
         ThreadBusyError: With ``lease_ttl``: another owner holds the thread.
     """
@@ -454,6 +469,8 @@ def scope_for(
     def leased(found: RunScope) -> RunScope:
         if lease_ttl is not None:
             resolved.acquire_lease(thread_id, worker, ttl=lease_ttl)
+        if prefetch_unsettled:
+            found.unsettled_at_start = None  # an older read is no snapshot of now
         return found
 
     active = None if new_run else current_scope.get()
@@ -471,20 +488,24 @@ def scope_for(
             run = latest
             if lease_ttl is not None:
                 resolved.acquire_lease(thread_id, worker, ttl=lease_ttl)
+    unsettled: list[EffectRecord] | None = None
     if run is None:
-        run = resolved.start_run(
+        start = resolved.start_run_and_unsettled if prefetch_unsettled else resolved.start_run
+        started = start(
             thread_id,
             run_id=run_id,
             owner=worker,
             parent_run_id=parent_run_id,
             lease_ttl=lease_ttl,
         )
+        run, unsettled = started if isinstance(started, tuple) else (started, None)
     scope = RunScope(
         ledger=resolved,
         thread_id=thread_id,
         run=run,
         owner=worker,
         signal=HUB.signal(resolved, run.run_id),
+        unsettled_at_start=unsettled,
     )
     if run.status is not RunStatus.RUNNING:
         scope.signal.set()

@@ -105,6 +105,29 @@ def test_start_run_on_a_held_thread_starts_nothing(ledger: Ledger) -> None:
     assert lease is not None and lease.owner == "w1"
 
 
+@pytest.mark.parametrize("lease_ttl", [None, 30.0])
+def test_start_run_and_unsettled_reads_what_the_two_calls_would(
+    ledger: Ledger, lease_ttl: float | None
+) -> None:
+    thread = new_id("t")
+    run, unsettled = ledger.start_run_and_unsettled(thread, owner="w1", lease_ttl=lease_ttl)
+    assert run.status.value == "running" and unsettled == []
+    # The thread's live run, and what it left unsettled (a dispatch, a plan, a commit).
+    a, _ = ledger.plan(thread_id=thread, run_id=run.run_id, tool_call_id="a", tool="t",
+                       kind="irreversible", args={"n": 1}, seq=0)  # fmt: skip
+    b, _ = ledger.plan(thread_id=thread, run_id=run.run_id, tool_call_id="b", tool="t",
+                       kind="irreversible", args={"n": 2}, seq=1)  # fmt: skip
+    ledger.transition(a.effect_id, "dispatched", owner="w1")
+    ledger.transition(b.effect_id, "dropped")
+    again, unsettled = ledger.start_run_and_unsettled(thread, owner="w1", lease_ttl=lease_ttl)
+    assert again.run_id == run.run_id
+    assert unsettled == ledger.unsettled(thread)
+    assert [(e.effect_id, e.status.value) for e in unsettled] == [(a.effect_id, "dispatched")]
+    if lease_ttl is not None:
+        with pytest.raises(ThreadBusyError):
+            ledger.start_run_and_unsettled(thread, owner="w2", lease_ttl=lease_ttl)
+
+
 def test_start_run_takes_over_an_expired_lease(ledger: Ledger) -> None:
     thread = new_id("t")
     ledger.acquire_lease(thread, "dead", ttl=0.05)

@@ -148,3 +148,26 @@ def test_hooks_that_raise_hang_or_return_garbage_leave_unknown_not_a_crash() -> 
         outcome = asyncio.run(call_reconcile(spec_of(pay), "k", {"order_id": "x"}))
         assert outcome.status == "unknown"
         assert words in (outcome.reason or "")
+
+
+def test_starts_router_decides_from_the_read_made_with_the_run_start() -> None:
+    # New input: the run's start reads the thread's unsettled effects in its round trip,
+    # and START's router decides from that read, not from one more query. The read
+    # serves that one decision: the reconcile subgraph reads afresh.
+    saver = MemoryCancelSaver()
+    graph = _graph(saver, {"o1": Outcome.committed("refund r-1")})
+    reads: list[str] = []
+    unsettled = saver.ledger.unsettled
+
+    def counted(thread_id: str) -> Any:
+        reads.append(thread_id)
+        return unsettled(thread_id)
+
+    saver.ledger.unsettled = counted  # type: ignore[method-assign]
+    out = graph.invoke({"messages": [HumanMessage("hi")]}, {"configurable": {"thread_id": "p0"}})
+    assert out["messages"][-1].content == "resumed" and reads == []
+
+    effect_id = _left_in_flight(saver, "p1", "o1")
+    graph.invoke({"messages": [HumanMessage("continue")]}, {"configurable": {"thread_id": "p1"}})
+    assert saver.ledger.get_effect(effect_id).status.value == "committed"
+    assert reads.count("p1") >= 1  # the subgraph's own read

@@ -133,20 +133,26 @@ class Backend:
         """
         return self.transaction()
 
-    def first_rows(
+    def all_rows(
         self, statements: Sequence[tuple[str, dict[str, Any]]]
-    ) -> list[dict[str, Any] | None]:
-        """Run statements in order, in one round trip: the first row of each (or None).
+    ) -> list[list[dict[str, Any]]]:
+        """Run statements in order, in one round trip: the rows of each.
 
         Each sees what the ones before it wrote. SQLite runs them in one
         transaction; PostgreSQL in one pipeline.
         """
         with self.transaction() as cur:
-            out: list[dict[str, Any] | None] = []
+            out: list[list[dict[str, Any]]] = []
             for sql, params in statements:
                 cur.execute(sql, params)
-                out.append(cur.fetchone())
+                out.append(cur.fetchall())
             return out
+
+    def first_rows(
+        self, statements: Sequence[tuple[str, dict[str, Any]]]
+    ) -> list[dict[str, Any] | None]:
+        """``all_rows``, keeping the first row of each statement (or None)."""
+        return [rows[0] if rows else None for rows in self.all_rows(statements)]
 
     def read(self) -> Any:
         """A context manager yielding a ``Cursor`` for one self-contained ``SELECT``.
@@ -399,13 +405,24 @@ class PostgresBackend(Backend):
         with self._lock, self._conn.pipeline():
             yield run(self._conn)
 
-    def first_rows(
+    def all_rows(
         self, statements: Sequence[tuple[str, dict[str, Any]]]
-    ) -> list[dict[str, Any] | None]:
+    ) -> list[list[dict[str, Any]]]:
+        from psycopg.pq import ExecStatus
+
+        def rows(cur: Any) -> list[dict[str, Any]]:
+            # A statement without RETURNING has no rows to fetch (psycopg would raise).
+            res = cur.pgresult
+            return cur.fetchall() if res is not None and res.status == ExecStatus.TUPLES_OK else []
+
+        if len(statements) == 1:  # no pipeline to set up for one statement
+            ((sql, params),) = statements
+            with self.statement() as cur:
+                cur.execute(sql, params)
+                return [rows(cur)]
         with self.pipeline() as execute:
             cursors = [execute(sql, params) for sql, params in statements]
-        # A statement without RETURNING has no rows to fetch (psycopg would raise).
-        return [cur.fetchone() if getattr(cur, "description", None) else None for cur in cursors]
+        return [rows(cur) for cur in cursors]
 
     def close(self) -> None:
         self.closed = True

@@ -281,6 +281,40 @@ class Ledger:
             ThreadBusyError: With ``lease_ttl``: another owner holds a live lease
                 (no run is started then).
         """
+        run, _ = self._start_run(thread_id, run_id, owner, parent_run_id, lease_ttl, False)
+        return run
+
+    @transient_retry()
+    def start_run_and_unsettled(
+        self,
+        thread_id: str,
+        *,
+        run_id: str | None = None,
+        owner: str | None = None,
+        parent_run_id: str | None = None,
+        lease_ttl: float | None = None,
+    ) -> tuple[RunRecord, list[EffectRecord]]:
+        """``start_run``, and the thread's ``unsettled`` effects read in the same round trip.
+
+        What a new invocation needs before anything runs: its run, and whether
+        anything must be settled first.
+
+        Raises:
+            ThreadBusyError: As ``start_run``.
+        """
+        run, unsettled = self._start_run(thread_id, run_id, owner, parent_run_id, lease_ttl, True)
+        assert unsettled is not None
+        return run, unsettled
+
+    def _start_run(
+        self,
+        thread_id: str,
+        run_id: str | None,
+        owner: str | None,
+        parent_run_id: str | None,
+        lease_ttl: float | None,
+        with_unsettled: bool,
+    ) -> tuple[RunRecord, list[EffectRecord] | None]:
         b = self.backend
         now_dt = utcnow()
         params = {
@@ -290,14 +324,11 @@ class Ledger:
             "owner": owner,
             "parent_run_id": parent_run_id,
         }
-        if lease_ttl is None:
-            with b.statement() as cur:
-                # Insert first: new input on a finished thread (the common case) is one
-                # statement. The partial unique index turns it into a no-op when the
-                # thread has a live run, which is then read.
-                cur.execute(q.INSERT_RUN, params)
-                row = cur.fetchone()
-        else:
+        # Insert first: new input on a finished thread (the common case) is one
+        # statement. The partial unique index turns it into a no-op when the thread
+        # has a live run, which is then read.
+        statements = [(q.INSERT_RUN, params)]
+        if lease_ttl is not None:
             if owner is None:
                 raise ValueError("start_run: a lease needs an owner")
             lease = {
@@ -306,18 +337,22 @@ class Ledger:
                 "now": params["now"],
                 "expires_at": b.ts_in(now_dt + timedelta(seconds=lease_ttl)),
             }
-            leased, row = b.first_rows([(q.ACQUIRE_LEASE, lease), (q.INSERT_RUN_LEASED, params)])
-            if leased is None:
-                # Held by another owner, or let go in between: acquire_lease tells which.
-                self.acquire_lease(thread_id, owner, ttl=lease_ttl)
-                return self.start_run(
-                    thread_id, run_id=run_id, owner=owner, parent_run_id=parent_run_id
-                )
+            statements = [(q.ACQUIRE_LEASE, lease), (q.INSERT_RUN_LEASED, params)]
+        if with_unsettled:
+            statements.append((q.SELECT_UNSETTLED, {"thread_id": thread_id}))
+        results = b.all_rows(statements)
+        if lease_ttl is not None and not results[0]:
+            # Held by another owner, or let go in between: acquire_lease tells which.
+            self.acquire_lease(thread_id, owner or "", ttl=lease_ttl)
+            return self._start_run(thread_id, run_id, owner, parent_run_id, None, with_unsettled)
+        created = results[1 if lease_ttl is not None else 0]
+        unsettled = [self._effect(r) for r in results[-1]] if with_unsettled else None
+        row = created[0] if created else None
         if row is None:  # the thread's live run (or a run id clash)
             row = self._one(q.SELECT_ACTIVE_RUN, {"thread_id": thread_id})
             if row is None:
                 raise UnknownRunError(run_id or "")
-        return self._run(row)
+        return self._run(row), unsettled
 
     @transient_retry()
     def get_run(self, run_id: str) -> RunRecord:
@@ -1434,6 +1469,7 @@ class Ledger:
     # ---------------------------------------------------------- async twins
     asetup = _to_thread(setup)
     astart_run = _to_thread(start_run)
+    astart_run_and_unsettled = _to_thread(start_run_and_unsettled)
     aget_run = _to_thread(get_run)
     aactive_run = _to_thread(active_run)
     alatest_run = _to_thread(latest_run)
