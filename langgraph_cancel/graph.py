@@ -57,10 +57,10 @@ from langgraph_cancel.nodes.tool_node import (
     EffectToolNode,
     apply_outcome,
     dangling_tool_calls,
+    find_own_record,
     is_same_call,
     mark_unknown,
     replay_message,
-    reused_call_id,
 )
 from langgraph_cancel.report import CancellationReport, build_report
 from langgraph_cancel.runtime import (
@@ -136,16 +136,12 @@ def _record_dangling_dropped(
     """Record a dangling call that will never run; its own record, if it has one.
 
     A call whose id names another call's record (ids reused across turns) is
-    recorded under ``reused_call_id``, so the report counts it as not run; the
-    other call's record stays as it is.
+    known under ``reused_call_id`` (``find_own_record``), so the report counts it
+    as not run; the other call's record stays as it is.
     """
-    rec = scope.ledger.find_effect(scope.thread_id, call["id"])
+    own_id, rec = find_own_record(scope.ledger, scope.thread_id, call)
     if rec is None:
-        _plan_dropped(scope, settings, call)
-        return None
-    if not is_same_call(rec, call):
-        _plan_dropped(scope, settings, cast(ToolCall, {**call, "id": reused_call_id(call)}))
-        return None
+        _plan_dropped(scope, settings, cast(ToolCall, {**call, "id": own_id}))
     return rec
 
 
@@ -192,9 +188,9 @@ def _drop_send_payload(state: Any, scope: RunScope, settings: CancellationSettin
     if isinstance(state, dict) and state.get("__type") == "tool_call_with_context":
         call = state.get("tool_call")
         if isinstance(call, dict) and call.get("id"):
-            existing = scope.ledger.find_effect(scope.thread_id, call["id"])
+            own_id, existing = find_own_record(scope.ledger, scope.thread_id, cast(ToolCall, call))
             if existing is None:
-                _plan_dropped(scope, settings, cast(ToolCall, call))
+                _plan_dropped(scope, settings, cast(ToolCall, {**call, "id": own_id}))
             elif existing.status in UNDISPATCHED_STATUSES | {EffectStatus.NOT_APPLIED}:
                 _drop(scope, existing)
 
@@ -333,7 +329,7 @@ def finalize_cancel(
 def _answer_dangling(scope: RunScope, dangling: list[ToolCall]) -> list[ToolMessage]:
     out: list[ToolMessage] = []
     for call in dangling:
-        rec = scope.ledger.find_effect(scope.thread_id, call["id"])
+        _own_id, rec = find_own_record(scope.ledger, scope.thread_id, call)
         if rec is None or not is_same_call(rec, call):
             out.append(
                 ToolMessage(

@@ -5,7 +5,10 @@ number ids per message, so turn two's ``call_0`` is not turn one's. Before actin
 on a record it finds, the node checks it is this call (DBOS's "same step?"): same
 tool, same arguments (or the ones an approved edit replaced). Another call's
 record is never replayed as this call's answer, and this call is never dispatched
-under it: it is answered with ``EffectConflictError``'s explanation instead.
+under it: it is recorded under an id of its own, ``call_0~<digest of tool and
+arguments>`` (or the record an approved edit changed), and runs, is asked about,
+is dropped by a cancel, like any call. The same tool and arguments again under the
+same id is the same step, answered from the ledger.
 """
 
 from __future__ import annotations
@@ -27,7 +30,12 @@ from langgraph_cancel import (
     get_report,
 )
 from langgraph_cancel.errors import EffectConflictError
-from langgraph_cancel.nodes.tool_node import dangling_tool_calls, ensure_same_call
+from langgraph_cancel.ledger import derive_idempotency_key
+from langgraph_cancel.nodes.tool_node import (
+    dangling_tool_calls,
+    ensure_same_call,
+    reused_call_id,
+)
 from langgraph_cancel.testing import tool_call
 from module_fixtures import (  # noqa: F401 (fixtures: pytest finds them by name)
     db_url_fixture,
@@ -83,45 +91,97 @@ def _answers(out: dict[str, Any]) -> list[tuple[str, str, str]]:
     ]
 
 
-def test_a_reused_id_with_other_arguments_is_refused_not_replayed(
+def _own(name: str, item: str) -> str:
+    """The ledger id of turn two's ``call_0`` when turn one's ``call_0`` was another call."""
+    return reused_call_id(tool_call(name, {"item": item}, id="call_0"))
+
+
+def test_a_reused_id_with_other_arguments_runs_under_an_id_of_its_own(
     saver: Any, log: ExecutionLog
 ) -> None:
     refund = counting_tool(log, "refund", EffectKind.IRREVERSIBLE)
     graph = _graph(saver, [refund], [("refund", "o-1")], [("refund", "o-2")])
     thread = new_thread()
     out = graph.invoke({"messages": [HumanMessage("refund both")]}, config_for(thread))
-    (first, second) = _answers(out)
-    assert first == ("call_0", "success", "refund(o-1) ok")
-    assert second[:2] == ("call_0", "error")
-    assert "already names another call" in second[2] and "o-2" in second[2]
-    # o-1 was refunded once; o-2 was neither run nor reported as done.
-    assert [r["item"] for r in log.rows("refund")] == ["o-1"]
-    rec = saver.ledger.find_effect(thread, "call_0")
-    assert rec.args == {"item": "o-1"} and rec.status is EffectStatus.COMMITTED
-    assert len(saver.ledger.history(rec.effect_id)) == 3  # planned, dispatched, committed
+    # Each turn's call_0 ran once and is answered under the id the model gave it.
+    assert _answers(out) == [
+        ("call_0", "success", "refund(o-1) ok"),
+        ("call_0", "success", "refund(o-2) ok"),
+    ]
+    assert [r["item"] for r in log.rows("refund")] == ["o-1", "o-2"]
+    first = saver.ledger.find_effect(thread, "call_0")
+    assert first.args == {"item": "o-1"} and first.status is EffectStatus.COMMITTED
+    assert len(saver.ledger.history(first.effect_id)) == 3  # planned, dispatched, committed
+    second = saver.ledger.find_effect(thread, _own("refund", "o-2"))
+    assert second.args == {"item": "o-2"} and second.status is EffectStatus.COMMITTED
+    # Its key is derived from its own id: the external system sees two requests.
+    assert second.idempotency_key == derive_idempotency_key(thread, second.tool_call_id)
+    assert {r["key"] for r in log.rows("refund")} == {
+        first.idempotency_key,
+        second.idempotency_key,
+    }
     assert saver.ledger.latest_run(thread).status.value == "completed"
 
 
-def test_a_reused_id_naming_another_tool_is_refused(saver: Any, log: ExecutionLog) -> None:
+def test_the_moved_call_asked_again_is_a_replay(saver: Any, log: ExecutionLog) -> None:
+    # Turn three repeats turn two's call under call_0 once more: it is turn two's step
+    # (its own id is the same), answered from the ledger, refunded once.
+    refund = counting_tool(log, "refund", EffectKind.IRREVERSIBLE)
+    turns = [("refund", "o-1")], [("refund", "o-2")], [("refund", "o-2")]
+    graph = _graph(saver, [refund], *turns)
+    out = graph.invoke({"messages": [HumanMessage("go")]}, config_for(new_thread()))
+    assert [a[2] for a in _answers(out)] == ["refund(o-1) ok", "refund(o-2) ok", "refund(o-2) ok"]
+    assert [r["item"] for r in log.rows("refund")] == ["o-1", "o-2"]
+
+
+def test_a_reused_id_naming_another_tool_runs_under_its_own(saver: Any, log: ExecutionLog) -> None:
     lookup = counting_tool(log, "lookup", EffectKind.READ_ONLY)
     email = counting_tool(log, "email", EffectKind.IRREVERSIBLE)
     graph = _graph(saver, [lookup, email], [("lookup", "o-1")], [("email", "o-1")])
     thread = new_thread()
     out = graph.invoke({"messages": [HumanMessage("go")]}, config_for(thread))
-    (first, second) = _answers(out)
-    assert first == ("call_0", "success", "lookup(o-1) ok")
-    assert second[1] == "error" and "already names another call" in second[2]
-    assert log.attempts("email") == 0
+    assert _answers(out) == [
+        ("call_0", "success", "lookup(o-1) ok"),
+        ("call_0", "success", "email(o-1) ok"),
+    ]
+    assert log.applied("email") == 1
+    assert saver.ledger.find_effect(thread, "call_0").tool == "lookup"
+    assert saver.ledger.find_effect(thread, _own("email", "o-1")).tool == "email"
 
 
-def test_a_reused_id_on_a_read_is_refused_too(saver: Any, log: ExecutionLog) -> None:
+def test_a_reused_id_on_a_read_runs_under_its_own(saver: Any, log: ExecutionLog) -> None:
     lookup = counting_tool(log, "lookup", EffectKind.READ_ONLY)
     graph = _graph(saver, [lookup], [("lookup", "a")], [("lookup", "b")])
-    out = graph.invoke({"messages": [HumanMessage("go")]}, config_for(new_thread()))
-    (first, second) = _answers(out)
-    assert first == ("call_0", "success", "lookup(a) ok")
-    assert second[1] == "error" and "already names another call" in second[2]
-    assert [r["item"] for r in log.rows("lookup")] == ["a"]
+    thread = new_thread()
+    out = graph.invoke({"messages": [HumanMessage("go")]}, config_for(thread))
+    assert [a[1:] for a in _answers(out)] == [
+        ("success", "lookup(a) ok"),
+        ("success", "lookup(b) ok"),
+    ]
+    assert [r["item"] for r in log.rows("lookup")] == ["a", "b"]
+    own = saver.ledger.find_effect(thread, _own("lookup", "b"))
+    assert own.status is EffectStatus.COMMITTED and own.kind is EffectKind.READ_ONLY
+
+
+def test_a_malformed_call_under_a_reused_id_is_recorded_too(saver: Any, log: ExecutionLog) -> None:
+    lookup = counting_tool(log, "lookup", EffectKind.READ_ONLY)
+    bad = AIMessage("", tool_calls=[tool_call("lookup", {"wrong": 1}, id="call_0")])
+    good = AIMessage("", tool_calls=[tool_call("lookup", {"item": "a"}, id="call_0")])
+
+    def agent(state: MessagesState) -> dict[str, list[BaseMessage]]:
+        n = sum(isinstance(m, AIMessage) for m in state["messages"])
+        return {"messages": [[good, bad, AIMessage("fin")][min(n, 2)]]}
+
+    thread = new_thread()
+    out = _graph(saver, [lookup], agent=agent).invoke(
+        {"messages": [HumanMessage("go")]}, config_for(thread)
+    )
+    assert [a[1] for a in _answers(out)] == ["success", "error"]
+    # No ledger row lost: turn one's read and turn two's refusal, each its own.
+    recs = {r.tool_call_id: r for r in saver.ledger.effects(thread)}
+    assert recs["call_0"].status is EffectStatus.COMMITTED
+    (other,) = [r for c, r in recs.items() if c != "call_0"]
+    assert other.tool_call_id.startswith("call_0~") and other.status is EffectStatus.FAILED
 
 
 def test_the_same_call_again_is_a_replay(saver: Any, log: ExecutionLog) -> None:
@@ -163,20 +223,49 @@ def test_ensure_same_call_accepts_an_approved_edit(saver: Any) -> None:
         raise AssertionError("a different call passed as the same")
 
 
-def test_the_approval_gate_does_not_ask_about_a_reused_id(saver: Any, log: ExecutionLog) -> None:
+def test_the_approval_gate_asks_about_a_reused_id_under_its_own(
+    saver: Any, log: ExecutionLog
+) -> None:
     refund = effect(EffectKind.IRREVERSIBLE, requires_approval=True)(
         counting_tool(log, "refund", None)
     )
     graph = _graph(saver, [refund], [("refund", "o-1")], [("refund", "o-2")], gate=True)
     thread = new_thread()
     out = graph.invoke({"messages": [HumanMessage("go")]}, config_for(thread))
-    assert out["__interrupt__"]  # turn one's refund waits for a person
+    (asked,) = out["__interrupt__"][0].value["action_requests"]
+    assert asked["tool_call_id"] == "call_0" and asked["args"] == {"item": "o-1"}
     out = graph.invoke(Command(resume={"decisions": [{"type": "approve"}]}), config_for(thread))
-    # Turn two's call_0 is another refund: not asked about, not run, explained.
+    # Turn two's call_0 is another refund: asked about under its own record, and an
+    # edit rewrites turn two's message, the one the model sent.
+    (asked,) = out["__interrupt__"][0].value["action_requests"]
+    own = saver.ledger.find_effect(thread, _own("refund", "o-2"))
+    assert asked["tool_call_id"] == "call_0" and asked["effect_id"] == own.effect_id
+    assert own.status is EffectStatus.PENDING_APPROVAL
+    edit = {"type": "edit", "edited_action": {"name": "refund", "args": {"item": "o-2b"}}}
+    out = graph.invoke(Command(resume={"decisions": [edit]}), config_for(thread))
     assert "__interrupt__" not in out
-    (first, second) = _answers(out)
-    assert first == ("call_0", "success", "refund(o-1) ok")
-    assert second[1] == "error" and "already names another call" in second[2]
+    assert [a[2] for a in _answers(out)] == ["refund(o-1) ok", "refund(o-2b) ok"]
+    assert [r["item"] for r in log.rows("refund")] == ["o-1", "o-2b"]
+    turns = [m for m in out["messages"] if isinstance(m, AIMessage) and m.tool_calls]
+    assert [t.tool_calls[0]["args"] for t in turns] == [{"item": "o-1"}, {"item": "o-2b"}]
+    assert saver.ledger.get_effect(own.effect_id).status is EffectStatus.COMMITTED
+
+
+def test_a_cancel_drops_a_reused_id_the_gate_asked_about(saver: Any, log: ExecutionLog) -> None:
+    refund = effect(EffectKind.IRREVERSIBLE, requires_approval=True)(
+        counting_tool(log, "refund", None)
+    )
+    graph = _graph(saver, [refund], [("refund", "o-1")], [("refund", "o-2")], gate=True)
+    thread = new_thread()
+    graph.invoke({"messages": [HumanMessage("go")]}, config_for(thread))
+    out = graph.invoke(Command(resume={"decisions": [{"type": "approve"}]}), config_for(thread))
+    assert out["__interrupt__"]  # turn two's refund waits for a person; the user stops
+    saver.ledger.request_cancel(thread, reason="stop", requested_by="user")
+    graph.invoke(None, config_for(thread))
+    own = saver.ledger.find_effect(thread, _own("refund", "o-2"))
+    assert own.status is EffectStatus.DROPPED
+    (dropped,) = get_report(saver, thread).not_run
+    assert dropped.effect_id == own.effect_id
     assert [r["item"] for r in log.rows("refund")] == ["o-1"]
 
 

@@ -1330,6 +1330,16 @@ class Ledger:
         return None if row is None else self._effect(row)
 
     @transient_retry()
+    def find_moved(self, thread_id: str, tool_call_id: str) -> list[EffectRecord]:
+        """Effects of calls that came under ``tool_call_id`` once it named another call's
+        record, each recorded as ``<tool_call_id>~<digest>`` (oldest first)."""
+        escaped = tool_call_id.replace("!", "!!").replace("%", "!%").replace("_", "!_")
+        rows = self._all(q.SELECT_MOVED_EFFECTS, {"thread_id": thread_id, "prefix": f"{escaped}~%"})
+        # SQLite's LIKE ignores ASCII case: keep exact matches only.
+        prefix = f"{tool_call_id}~"
+        return [self._effect(r) for r in rows if r["tool_call_id"].startswith(prefix)]
+
+    @transient_retry()
     def effect_by_key(self, key: str) -> EffectRecord | None:
         """The effect holding an idempotency key, if any."""
         row = self._one(q.SELECT_EFFECT_BY_KEY, {"key": key})
@@ -1485,6 +1495,7 @@ class Ledger:
     atransition_many = _to_thread(transition_many)
     aget_effect = _to_thread(get_effect)
     afind_effect = _to_thread(find_effect)
+    afind_moved = _to_thread(find_moved)
     aeffects = _to_thread(effects)
     arun_effects = _to_thread(run_effects)
     aunsettled = _to_thread(unsettled)

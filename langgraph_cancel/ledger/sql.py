@@ -234,6 +234,12 @@ RETURNING effect_id"""
 SELECT_THREAD_EFFECTS = f"""
 SELECT {EFFECT_COLUMNS} FROM lgc_effects WHERE thread_id = %(thread_id)s
 ORDER BY created_at, seq, effect_id"""
+# Calls recorded as ``<tool_call_id>~<digest>``: their tool-call id already named
+# another call's record. ``%(prefix)s`` is the id with LIKE's wildcards escaped.
+SELECT_MOVED_EFFECTS = f"""
+SELECT {EFFECT_COLUMNS} FROM lgc_effects
+WHERE thread_id = %(thread_id)s AND tool_call_id LIKE %(prefix)s ESCAPE '!'
+ORDER BY created_at, seq, effect_id"""
 SELECT_RUN_EFFECTS = f"""
 SELECT {EFFECT_COLUMNS} FROM lgc_effects WHERE run_id = %(run_id)s
 ORDER BY created_at, seq, effect_id"""

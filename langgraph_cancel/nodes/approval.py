@@ -68,7 +68,7 @@ from langgraph_cancel.errors import (
     InvalidDecisionError,
 )
 from langgraph_cancel.ledger import Ledger, derive_idempotency_key
-from langgraph_cancel.nodes.tool_node import _validate_args, is_same_call
+from langgraph_cancel.nodes.tool_node import _validate_args, find_own_record, is_same_call
 from langgraph_cancel.runtime import RunScope, scope_for
 from langgraph_cancel.types import EffectRecord, EffectStatus, utcnow
 
@@ -336,10 +336,11 @@ class ApprovalGate(RunnableCallable):
         if _validate_args(tool, args) is not None or not isinstance(args, dict):
             return None  # malformed: the tool node records it failed, never dispatched
         spec = self.specs[name]
-        call_id = str(call.get("id"))
-        existing = scope.ledger.find_effect(scope.thread_id, call_id)
+        # Under an id of its own when its tool-call id names another call's record:
+        # the tool node finds the call's record the same way.
+        call_id, existing = find_own_record(scope.ledger, scope.thread_id, call)
         if existing is not None and not is_same_call(existing, call):
-            return None  # the id names another call: the tool node refuses this one
+            return None  # no record of its own to ask about: the tool node refuses it
         if existing is not None:
             if existing.status is EffectStatus.PLANNED and _needs_approval(spec, args, name):
                 # Planned by someone else (an earlier, gate-less pass): ask about it now.
@@ -441,7 +442,7 @@ class ApprovalGate(RunnableCallable):
                 "name": g.tool.name,
                 "args": args,
                 "description": description,
-                "tool_call_id": rec.tool_call_id,
+                "tool_call_id": str(g.call.get("id")),
                 "effect_id": rec.effect_id,
                 "effect_kind": rec.kind.value,
                 "why_permanent": g.spec.why_permanent(),
@@ -464,7 +465,7 @@ class ApprovalGate(RunnableCallable):
         value: ApprovalRequest = {"action_requests": actions, "review_configs": configs}
         if errors:
             value["errors"] = [
-                {"index": i, "tool_call_id": asked[i].record.tool_call_id, "error": e}
+                {"index": i, "tool_call_id": str(asked[i].call.get("id")), "error": e}
                 for i, e in sorted(errors.items())
             ]
         return value
@@ -484,7 +485,7 @@ class ApprovalGate(RunnableCallable):
         decisions: list[_Decision] = []
         errors: dict[int, str] = {}
         for position, (item, g) in enumerate(zip(raw, asked, strict=True)):
-            where = f"decision {position} ({g.tool.name}, {g.record.tool_call_id})"
+            where = f"decision {position} ({g.tool.name}, {g.call.get('id')})"
             if not isinstance(item, Mapping):
                 raise InvalidDecisionError(f"{where}: must be an object, got {type(item).__name__}")
             kind = item.get("type")
@@ -539,7 +540,7 @@ class ApprovalGate(RunnableCallable):
             for g, d in zip(batch.asked, answer.decisions, strict=True):
                 rec = self._record(batch.scope, g, d, reviewer)
                 if rec.status is EffectStatus.APPROVED:
-                    edited[rec.tool_call_id] = dict(rec.args)
+                    edited[str(g.call.get("id"))] = dict(rec.args)
         return self._update(input, batch.message, edited)
 
     def _record(self, scope: RunScope, g: _Gated, d: _Decision, reviewer: str) -> EffectRecord:

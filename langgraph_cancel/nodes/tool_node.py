@@ -158,6 +158,38 @@ def is_same_call(rec: EffectRecord, call: ToolCall) -> bool:
     return True
 
 
+def find_own_record(
+    ledger: Ledger, thread_id: str, call: ToolCall
+) -> tuple[str, EffectRecord | None]:
+    """The id this call is known by in the ledger, and its record if it has one.
+
+    Its tool-call id, unless that names another call's record (a provider that
+    numbers ids per message): then ``reused_call_id(call)``.
+    """
+    call_id = str(call["id"])
+    rec = ledger.find_effect(thread_id, call_id)
+    if rec is None or is_same_call(rec, call):
+        return call_id, rec
+    return moved_record(ledger, thread_id, call)
+
+
+def moved_record(ledger: Ledger, thread_id: str, call: ToolCall) -> tuple[str, EffectRecord | None]:
+    """``find_own_record`` for a call whose tool-call id names another call's record.
+
+    Its id is ``reused_call_id(call)``, a digest of its tool and arguments, unless an
+    approved edit changed the arguments since it was recorded: then its record is
+    the one under this tool-call id that holds the edited arguments.
+    """
+    own = reused_call_id(call)
+    rec = ledger.find_effect(thread_id, own)
+    if rec is not None:
+        return own, rec
+    for moved in ledger.find_moved(thread_id, str(call["id"])):
+        if is_same_call(moved, call):
+            return moved.tool_call_id, moved
+    return own, None
+
+
 def replay_message(rec: EffectRecord, call: ToolCall | None = None) -> ToolMessage:
     """The ToolMessage a recorded effect stands for, without calling anything."""
     tool_call_id = call["id"] if call is not None and call.get("id") else rec.tool_call_id
@@ -208,16 +240,41 @@ class _Planned:
     spec: EffectSpec
     key: str
     runtime: ToolRuntime[Any, Any]
+    #: The id the ledger knows this call by, when not its tool-call id.
+    own_id: str | None = None
 
     @property
     def call_id(self) -> str:
         """The tool-call id (checked non-empty when the call was classified)."""
         return str(self.call["id"])
 
+    @property
+    def ledger_id(self) -> str:
+        """The id of this call's ledger record: its tool-call id, or ``own_id``."""
+        return self.own_id or self.call_id
+
+    def needs_own_id(self, rec: EffectRecord) -> bool:
+        """Whether ``rec``, found under this call's tool-call id, is another call's."""
+        return self.own_id is None and not is_same_call(rec, self.call)
+
+    def under_own_id(self, thread_id: str, own: str) -> _Planned:
+        """This call under the id of its own record (see ``moved_record``): its
+        tool-call id names another call's record.
+
+        A key derived from the tool-call id is derived from the new id too; a
+        declared key stays what the tool declares.
+        """
+        key = (
+            self.key
+            if self.spec.idempotency_key is not None
+            else derive_idempotency_key(thread_id, own)
+        )
+        return replace(self, key=key, own_id=own)
+
     def new_effect(self, **fields: Any) -> NewEffect:
         """This call as a ledger row for ``plan_many`` (``fields``: status, result...)."""
         return NewEffect(
-            tool_call_id=self.call_id,
+            tool_call_id=self.ledger_id,
             tool=self.tool.name,
             kind=self.spec.kind,
             args=self.call["args"],
@@ -391,16 +448,14 @@ class EffectToolNode(ToolNode):
         if reads:
             pooled: list[_Planned] = []
             if batch is not None:
-                batch.records = await _db(
-                    scope.ledger.find_effects, scope.thread_id, [p.call_id for p in reads]
-                )
+                reads = await _db(self._find_read_records, reads, batch, scope)
                 if not _offload.get():
                     # A sync graph: fresh reads run in a thread pool, as ToolNode runs its
                     # calls, without an asyncio task and wait per call.
                     pooled = [
                         p
                         for p in reads
-                        if p.call_id not in batch.records and _has_sync_body(p.tool)
+                        if p.ledger_id not in batch.records and _has_sync_body(p.tool)
                     ]
             taken = {p.index for p in pooled}
             rest = [p for p in reads if p.index not in taken]
@@ -447,16 +502,51 @@ class EffectToolNode(ToolNode):
         A call whose key another effect holds is left out: its own planning
         (``_plan_effect``) records and explains the clash.
         """
-        entries = scope.ledger.plan_many(
-            thread_id=scope.thread_id,
-            run_id=scope.run_id,
-            items=[p.new_effect() for p in effects],
-            owner=scope.owner,
-            actor=scope.owner,
-        )
-        for p, entry in zip(effects, entries, strict=True):
-            if isinstance(entry, tuple):
-                batch.records[p.call_id] = entry[0]
+        todo = list(range(len(effects)))
+        while todo:
+            entries = scope.ledger.plan_many(
+                thread_id=scope.thread_id,
+                run_id=scope.run_id,
+                items=[effects[i].new_effect() for i in todo],
+                owner=scope.owner,
+                actor=scope.owner,
+            )
+            moved: list[int] = []
+            for i, entry in zip(todo, entries, strict=True):
+                if not isinstance(entry, tuple):
+                    continue
+                rec, created = entry
+                if not created and effects[i].needs_own_id(rec):
+                    # The id names another call's record: this call goes under its own,
+                    # found (an earlier pass, an approval) or planned in the next round.
+                    own, found = moved_record(scope.ledger, scope.thread_id, effects[i].call)
+                    effects[i] = effects[i].under_own_id(scope.thread_id, own)
+                    if found is None:
+                        moved.append(i)
+                        continue
+                    rec = found
+                batch.records[effects[i].ledger_id] = rec
+            todo = moved
+
+    def _find_read_records(
+        self, reads: list[_Planned], batch: _Batch, scope: RunScope
+    ) -> list[_Planned]:
+        """What the ledger holds for the batch's reads (one read); the reads, each under
+        the id of its own record (another read only when an id names another call's)."""
+        ledger = scope.ledger
+        batch.records = ledger.find_effects(scope.thread_id, [p.ledger_id for p in reads])
+        out = list(reads)
+        moved = [
+            i
+            for i, p in enumerate(reads)
+            if (rec := batch.records.get(p.ledger_id)) is not None and p.needs_own_id(rec)
+        ]
+        for i in moved:
+            own, found = moved_record(ledger, scope.thread_id, reads[i].call)
+            out[i] = reads[i].under_own_id(scope.thread_id, own)
+            if found is not None:
+                batch.records[own] = found
+        return out
 
     def _record_reads(self, batch: _Batch, scope: RunScope) -> None:
         """Record the batch's read-only outcomes together (one statement)."""
@@ -539,19 +629,31 @@ class EffectToolNode(ToolNode):
         self, scope: RunScope, call: ToolCall, name: str, kind: EffectKind, content: str
     ) -> None:
         args = call.get("args")
-        scope.ledger.plan(
-            thread_id=scope.thread_id,
-            run_id=scope.run_id,
-            tool_call_id=str(call.get("id")),
-            tool=name or "(none)",
-            kind=kind,
-            args=args if isinstance(args, dict) else {"__raw__": repr(args)},
-            status=EffectStatus.FAILED,
-            error=content,
-            owner=scope.owner,
-            actor=scope.owner,
-            detail={"malformed": True},
+        # The call as recorded: the same call again finds this record as its own.
+        recorded = cast(
+            ToolCall,
+            {
+                "name": name or "(none)",
+                "args": args if isinstance(args, dict) else {"__raw__": repr(args)},
+                "id": str(call.get("id")),
+            },
         )
+        for call_id in (str(recorded["id"]), reused_call_id(recorded)):
+            rec, created = scope.ledger.plan(
+                thread_id=scope.thread_id,
+                run_id=scope.run_id,
+                tool_call_id=call_id,
+                tool=recorded["name"],
+                kind=kind,
+                args=recorded["args"],
+                status=EffectStatus.FAILED,
+                error=content,
+                owner=scope.owner,
+                actor=scope.owner,
+                detail={"malformed": True},
+            )
+            if created or is_same_call(rec, recorded):
+                return  # recorded now, or by an earlier run of this same call
 
     async def _guarded(
         self,
@@ -598,11 +700,12 @@ class EffectToolNode(ToolNode):
         batch: _Batch | None = None,
     ) -> Any:
         ledger = scope.ledger
-        existing = (
-            batch.records.get(p.call_id)
-            if batch is not None
-            else await _db(ledger.find_effect, scope.thread_id, p.call_id)
-        )
+        if batch is not None:
+            existing = batch.records.get(p.ledger_id)
+        else:
+            own_id, existing = await _db(find_own_record, ledger, scope.thread_id, p.call)
+            if own_id != p.ledger_id:
+                p = p.under_own_id(scope.thread_id, own_id)
         if existing is not None and (conflict := _conflict(p, existing)) is not None:
             return conflict
         if existing is not None and existing.settled:
@@ -774,11 +877,16 @@ class EffectToolNode(ToolNode):
         batch: _Batch | None = None,
     ) -> Any:
         # Planned with the batch (one statement), once: a repeated tool-call id plans again.
-        known = batch.records.pop(p.call_id, None) if batch is not None else None
+        known = batch.records.pop(p.ledger_id, None) if batch is not None else None
         if batch is not None and batch.outcome is not None and not _dispatchable(p, known):
             # Only a fresh dispatch carries the previous call's outcome along.
             await _db(self._flush_outcome, batch, scope)
         planned = known if known is not None else await _db(self._plan_effect, p, scope)
+        if isinstance(planned, EffectRecord) and p.needs_own_id(planned):
+            # The id names another call's record: this call goes under its own.
+            own, found = await _db(moved_record, scope.ledger, scope.thread_id, p.call)
+            p = p.under_own_id(scope.thread_id, own)
+            planned = found if found is not None else await _db(self._plan_effect, p, scope)
         if isinstance(planned, ToolMessage):
             return planned  # the key belongs to another effect: not dispatched
         if (conflict := _conflict(p, planned)) is not None:
@@ -802,7 +910,7 @@ class EffectToolNode(ToolNode):
         return scope.ledger.plan(
             thread_id=scope.thread_id,
             run_id=scope.run_id,
-            tool_call_id=p.call_id,
+            tool_call_id=p.ledger_id,
             tool=p.tool.name,
             kind=p.spec.kind,
             args=p.call["args"],
@@ -845,7 +953,7 @@ class EffectToolNode(ToolNode):
             self._plan_call(
                 p,
                 scope,
-                idempotency_key=f"{p.key}#duplicate:{scope.thread_id}:{p.call_id}",
+                idempotency_key=f"{p.key}#duplicate:{scope.thread_id}:{p.ledger_id}",
                 status=EffectStatus.FAILED,
                 error=text,
                 owner=scope.owner,
@@ -913,9 +1021,7 @@ class EffectToolNode(ToolNode):
             return begun
         rec = begun
         call = {**p.call, "args": rec.args}
-        planned = _Planned(
-            p.index, cast(ToolCall, call), p.tool, p.spec, rec.idempotency_key, p.runtime
-        )
+        planned = replace(p, call=cast(ToolCall, call), key=rec.idempotency_key)
         task: asyncio.Future[Any] | concurrent.futures.Future[Any]
         try:
             if (
@@ -1497,7 +1603,7 @@ def _validate_args(tool: BaseTool, args: Any) -> str | None:
 def _replace_call(p: _Planned, req: ToolCallRequest) -> _Planned:
     if req.tool_call is p.call:
         return p
-    return _Planned(p.index, req.tool_call, p.tool, p.spec, p.key, p.runtime)
+    return replace(p, call=req.tool_call)
 
 
 def _result_text(result: Any) -> str:
@@ -1587,9 +1693,11 @@ __all__ = [
     "apply_outcome",
     "dangling_tool_calls",
     "ensure_same_call",
+    "find_own_record",
     "is_same_call",
     "mark_unknown",
     "message_payload",
+    "moved_record",
     "replay_message",
     "reused_call_id",
     "unknown_owner",
