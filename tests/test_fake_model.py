@@ -182,6 +182,14 @@ async def test_astream_and_ainvoke() -> None:
     assert model.calls == 2
 
 
+async def _until_tokens_flow(model: ScriptedChatModel) -> None:
+    """Wait for the first tokens, however slow the machine is to start the call."""
+    deadline = time.monotonic() + 10
+    while model.tokens_emitted < 3:
+        assert time.monotonic() < deadline, "the model emitted no tokens in 10 s"
+        await asyncio.sleep(0.005)
+
+
 async def test_cancel_mid_stream_stops_tokens() -> None:
     words = " ".join(f"w{i}" for i in range(50))
     model = ScriptedChatModel([words], delay_per_token=0.01)
@@ -192,7 +200,7 @@ async def test_cancel_mid_stream_stops_tokens() -> None:
             received.append(str(chunk.content))
 
     task = asyncio.create_task(consume())
-    await asyncio.sleep(0.1)
+    await _until_tokens_flow(model)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
@@ -206,7 +214,7 @@ async def test_cancel_mid_stream_stops_tokens() -> None:
 async def test_cancel_mid_ainvoke_stops_tokens() -> None:
     model = ScriptedChatModel([" ".join(["tok"] * 100)], delay_per_token=0.01)
     task = asyncio.create_task(model.ainvoke("go"))
-    await asyncio.sleep(0.1)
+    await _until_tokens_flow(model)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
