@@ -52,6 +52,7 @@ from langgraph_cancel import (
     EffectStatus,
     EffectToolNode,
     effect,
+    get_report,
     idempotency_key,
 )
 from langgraph_cancel.ledger import derive_idempotency_key
@@ -67,6 +68,13 @@ from module_fixtures import (  # noqa: F401 (fixtures: pytest finds them by name
 def start(graph: Any, thread_id: str, text: str = "go", **kwargs: Any) -> dict[str, Any]:
     result: dict[str, Any] = graph.invoke(
         {"messages": [HumanMessage(text)]}, config_for(thread_id), **kwargs
+    )
+    return result
+
+
+async def astart(graph: Any, thread_id: str, text: str = "go") -> dict[str, Any]:
+    result: dict[str, Any] = await graph.ainvoke(
+        {"messages": [HumanMessage(text)]}, config_for(thread_id)
     )
     return result
 
@@ -389,6 +397,79 @@ def test_reads_run_concurrently_first_then_reversible_then_irreversible(
     assert dispatched == sorted(dispatched)
     assert eff["u1"].settled_at <= eff["u2"].dispatched_at
     assert eff["w1"].settled_at <= eff["w2"].dispatched_at
+
+
+@pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])
+def test_concurrent_side_effects_share_their_ledger_writes(
+    saver: Any, log: ExecutionLog, use_async: bool
+) -> None:
+    # effect_concurrency=6: the six refunds overlap (each waits for all others), every
+    # one is dispatched once under its own intent, and the intents and outcomes travel
+    # in a few shared writes instead of two each.
+    barrier = threading.Barrier(6, timeout=20)
+    refund = counting_tool(log, "refund", EffectKind.IRREVERSIBLE, before=lambda _i: barrier.wait())
+    model = scripted(calls(*((("refund", f"o{i}", f"c{i}")) for i in range(6))), "fin")
+    node = EffectToolNode([refund], effect_concurrency=6)
+    graph = cancellable(agent_builder(model, node, use_async=use_async), saver)
+    writes: list[int] = []
+    ledger = saver.ledger
+    transition, transition_many = ledger.transition, ledger.transition_many
+
+    def counted_one(*a: Any, **k: Any) -> Any:
+        writes.append(1)
+        return transition(*a, **k)
+
+    def counted_many(requests: Any) -> Any:
+        writes.append(len(requests))
+        return transition_many(requests)
+
+    ledger.transition, ledger.transition_many = counted_one, counted_many  # type: ignore[method-assign]
+    try:
+        thread_id = new_thread()
+        out = asyncio.run(astart(graph, thread_id)) if use_async else start(graph, thread_id)
+    finally:
+        del ledger.transition, ledger.transition_many
+    assert [m.status for m in tool_messages(out["messages"])] == ["success"] * 6
+    assert log.applied("refund") == 6 and len({r["key"] for r in log.rows("refund")}) == 6
+    recs = saver.ledger.effects(thread_id)
+    assert {r.status for r in recs} == {EffectStatus.COMMITTED}
+    for r in recs:  # intent before the dispatch, outcome after: the full trail of each
+        trail = [(t.from_status, t.to_status) for t in saver.ledger.history(r.effect_id)]
+        assert trail == [
+            (None, EffectStatus.PLANNED),
+            (EffectStatus.PLANNED, EffectStatus.DISPATCHED),
+            (EffectStatus.DISPATCHED, EffectStatus.COMMITTED),
+        ]
+    assert sum(writes) == 12  # six intents, six outcomes, each written once
+    assert len(writes) < 12, writes  # ... in fewer round trips than one per write
+
+
+def test_a_cancel_during_concurrent_side_effects_dispatches_nothing_after_it(
+    saver: Any, log: ExecutionLog
+) -> None:
+    # Two at a time; the first refund asks the run to stop. The calls already in flight
+    # finish and are recorded; none is dispatched after the cancel was seen, and the
+    # rest are reported as never run.
+    thread_id = new_thread()
+
+    def stop(item: str) -> None:
+        if item == "o0":
+            saver.ledger.request_cancel(thread_id, reason="stop", requested_by="test")
+
+    refund = counting_tool(log, "refund", EffectKind.IRREVERSIBLE, after=stop)
+    model = scripted(calls(*((("refund", f"o{i}", f"c{i}")) for i in range(6))), "fin")
+    node = EffectToolNode([refund], effect_concurrency=2)
+    graph = cancellable(agent_builder(model, node), saver)
+    start(graph, thread_id)
+    run = saver.ledger.latest_run(thread_id)
+    assert run.status.value == "cancelled" and run.observed_at is not None
+    recs = saver.ledger.effects(thread_id)
+    dispatched = [r for r in recs if r.dispatched_at is not None]
+    assert 1 <= len(dispatched) < 6 and log.applied("refund") == len(dispatched)
+    assert all(r.dispatched_at <= run.observed_at for r in dispatched)  # I1
+    assert {r.status for r in recs} - {EffectStatus.COMMITTED, EffectStatus.DROPPED} == set()
+    report = get_report(saver, thread_id)
+    assert len(report.not_run) == 6 - len(dispatched)
 
 
 # ----------------------------------------------------------------------------- tool errors

@@ -298,11 +298,57 @@ class _Batch:
     records: dict[str, EffectRecord] = field(default_factory=dict)
     reads: dict[int, NewEffect] = field(default_factory=dict)
     outcome: TransitionRequest | None = None
+    #: Side effects dispatched concurrently: their intents and outcomes, grouped.
+    commits: _GroupCommit | None = None
 
     def take_outcome(self) -> TransitionRequest | None:
         """The deferred outcome, handed over once."""
         outcome, self.outcome = self.outcome, None
         return outcome
+
+
+class _GroupCommit:
+    """Compare-and-sets asked for by concurrent calls, written together.
+
+    Each call still waits for its own write (an intent before its dispatch, an
+    outcome after it); the requests made while a write is on its way, or in the
+    same turn of the event loop, go together in the next ``transition_many``.
+    """
+
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger = ledger
+        self.waiting: list[
+            tuple[TransitionRequest, asyncio.Future[EffectRecord | LedgerError]]
+        ] = []
+        self.writing = False
+
+    async def write(self, req: TransitionRequest) -> EffectRecord | LedgerError:
+        """``req``'s compare-and-set: the moved record, or the error ``transition`` raises."""
+        done: asyncio.Future[EffectRecord | LedgerError] = (
+            asyncio.get_running_loop().create_future()
+        )
+        self.waiting.append((req, done))
+        if not self.writing:
+            self.writing = True
+            asyncio.get_running_loop().call_soon(lambda: asyncio.ensure_future(self._drain()))
+        return await done
+
+    async def _drain(self) -> None:
+        try:
+            while self.waiting:
+                group, self.waiting = self.waiting, []
+                try:
+                    results = await _db(self.ledger.transition_many, [r for r, _ in group])
+                except Exception as exc:  # the whole group failed: each waiter is told
+                    for _, done in group:
+                        if not done.done():
+                            done.set_exception(exc)
+                    continue
+                for (_, done), result in zip(group, results, strict=True):
+                    if not done.done():
+                        done.set_result(result)
+        finally:
+            self.writing = False
 
 
 class EffectToolNode(ToolNode):
@@ -322,7 +368,9 @@ class EffectToolNode(ToolNode):
         awrap_tool_call: Async twin of ``wrap_tool_call``.
         ledger: The ledger (or its URL); default: found through the run's config.
         effect_concurrency: Side-effecting calls dispatched at once (default 1:
-            plan order, so a cancel mid-batch costs nothing it need not).
+            plan order, so a cancel mid-batch costs nothing it need not). Above 1,
+            each call still writes its intent before its dispatch, but the intents
+            and outcomes of calls in flight together share round trips.
         cancel_timeout: Seconds an in-flight side-effecting call may take to
             finish once its task is cancelled, before it is recorded unknown.
     """
@@ -485,6 +533,8 @@ class EffectToolNode(ToolNode):
                 if batch is not None and batch.outcome is not None:
                     await _db(self._flush_outcome, batch, scope)
         else:
+            if batch is not None:
+                batch.commits = _GroupCommit(scope.ledger)
             sem = asyncio.Semaphore(self.effect_concurrency)
 
             async def bounded(p: _Planned) -> Any:
@@ -1016,7 +1066,10 @@ class EffectToolNode(ToolNode):
         batch: _Batch | None = None,
     ) -> Any:
         ledger = scope.ledger
-        begun = await _db(self._begin_dispatch, p, rec, scope, redispatch, batch)
+        if batch is not None and batch.commits is not None and not redispatch:
+            begun = await self._begin_grouped(p, rec, scope, batch.commits)
+        else:
+            begun = await _db(self._begin_dispatch, p, rec, scope, redispatch, batch)
         if isinstance(begun, ToolMessage):
             return begun
         rec = begun
@@ -1074,6 +1127,12 @@ class EffectToolNode(ToolNode):
         if batch is not None and self.effect_concurrency == 1:
             # Written with the next call's intent, or when the batch's loop ends.
             batch.outcome = self._success_request(planned, rec, msg, scope)
+            return msg
+        if batch is not None and batch.commits is not None:
+            req = self._success_request(planned, rec, msg, scope)
+            done = await batch.commits.write(req)
+            if isinstance(done, LedgerError):
+                _outcome_lost(req, done)
             return msg
         return await _db(self._record_success, planned, rec, msg, scope)
 
@@ -1144,38 +1203,51 @@ class EffectToolNode(ToolNode):
             scope.signal.observe()
             self._drop(scope, p, rec)
             return replay_message(ledger.get_effect(rec.effect_id), p.call)
-        intent = TransitionRequest(
-            effect_id=rec.effect_id,
-            to=EffectStatus.DISPATCHED,
-            actor=scope.owner,
-            owner=scope.owner,
-            detail={"idempotency_key": rec.idempotency_key},
-        )
+        intent = _intent(rec, scope)
+        begun: EffectRecord | LedgerError
         try:
             if outcome is None:
-                return ledger.transition(
+                begun = ledger.transition(
                     intent.effect_id,
                     intent.to,
                     actor=intent.actor,
                     owner=intent.owner,
                     detail=intent.detail,
                 )
-            done, begun = ledger.transition_many([outcome, intent])
-            if isinstance(done, LedgerError):
-                _outcome_lost(outcome, done)
-            if isinstance(begun, LedgerError):
-                raise begun
-            assert isinstance(begun, EffectRecord)
+            else:
+                done, begun = ledger.transition_many([outcome, intent])
+                if isinstance(done, LedgerError):
+                    _outcome_lost(outcome, done)
+        except (DispatchRefusedError, IllegalTransitionError) as exc:
+            begun = exc
+        return self._after_intent(p, rec, scope, begun)
+
+    async def _begin_grouped(
+        self, p: _Planned, rec: EffectRecord, scope: RunScope, commits: _GroupCommit
+    ) -> EffectRecord | ToolMessage:
+        """``_begin_dispatch`` of a concurrent call: its intent goes with its siblings'."""
+        if await scope.signal.acancel_called():
+            return await _db(self._begin_dispatch, p, rec, scope, False)  # drops it
+        begun = await commits.write(_intent(rec, scope))
+        return await _db(self._after_intent, p, rec, scope, begun)
+
+    def _after_intent(
+        self, p: _Planned, rec: EffectRecord, scope: RunScope, begun: EffectRecord | LedgerError
+    ) -> EffectRecord | ToolMessage:
+        """The dispatched record, or the answer for a call whose intent was refused."""
+        ledger = scope.ledger
+        if isinstance(begun, EffectRecord):
             return begun
-        except DispatchRefusedError:
+        if isinstance(begun, DispatchRefusedError):
             scope.signal.set()
             scope.signal.observe()
             self._drop(scope, p, rec)
             return replay_message(ledger.get_effect(rec.effect_id), p.call)
-        except IllegalTransitionError:
+        if isinstance(begun, IllegalTransitionError):
             # Moved since it was read (a cancel node dropped it, a racing worker took
             # it; TransitionConflictError included): not ours to dispatch.
             return replay_message(ledger.get_effect(rec.effect_id), p.call)
+        raise begun
 
     def _success_request(
         self, p: _Planned, rec: EffectRecord, msg: Any, scope: RunScope
@@ -1565,6 +1637,17 @@ def _dispatchable(p: _Planned, rec: EffectRecord | None) -> bool:
     if rec.status is EffectStatus.PLANNED:
         return not _needs_approval(p.spec, rec.args)
     return rec.status in (EffectStatus.APPROVED, EffectStatus.NOT_APPLIED)
+
+
+def _intent(rec: EffectRecord, scope: RunScope) -> TransitionRequest:
+    """The durable intent written before a dispatch (the run guard applies)."""
+    return TransitionRequest(
+        effect_id=rec.effect_id,
+        to=EffectStatus.DISPATCHED,
+        actor=scope.owner,
+        owner=scope.owner,
+        detail={"idempotency_key": rec.idempotency_key},
+    )
 
 
 def _outcome_lost(req: TransitionRequest, error: LedgerError) -> None:
