@@ -30,7 +30,9 @@ checkpointed graph fails in LangGraph before our nodes see the input.
 from __future__ import annotations
 
 import itertools
+import json
 import math
+import re
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -397,6 +399,19 @@ BIG_REFUND = call_args(CallSpec("cx_refund", 1), 0)  # needs approval
     approve=True,
     cancel_first=False,
 )
+# Found by this test when a reused id got a record of its own: the same id on a good
+# call and a malformed one, in one batch. Each now has its record.
+@example(
+    batch=[
+        {"name": "cx_lookup", "args": {}, "id": "call_e3e70682c209"},
+        {"name": "cx_lookup", "args": {}, "id": "call_e3e70682c209"},
+        {"name": "cx_lookup", "args": {"order_id": "o-93", "tag": "c2"}, "id": "c0"},
+        {"name": "cx_lookup", "args": {}, "id": "c0"},
+    ],
+    backend="memory",
+    approve=False,
+    cancel_first=False,
+)
 def test_model_tool_calls_never_crash_nor_lose_a_row(
     batch: list[dict[str, Any]], backend: str, approve: bool, cancel_first: bool
 ) -> None:
@@ -421,8 +436,17 @@ def test_model_tool_calls_never_crash_nor_lose_a_row(
         records = _records(saver.ledger, world.thread_id)
         ai = next(m for m in messages if isinstance(m, AIMessage))
         with_ids = {c["id"] for c in ai.tool_calls if c.get("id")}
-        # Every call with an id has exactly one record (duplicate ids share it) ...
-        assert set(records) == with_ids, (sorted(records), sorted(with_ids))
+        # Every call with an id has a record: under its id, or under ``id~<digest>`` when
+        # the id already names another call's (other tool or arguments). The same call
+        # twice shares one ...
+        owners = {r if r in with_ids else re.sub(r"~[0-9a-f]{12}$", "", r) for r in records}
+        assert owners == with_ids, (sorted(records), with_ids)
+        distinct = {
+            (c["id"], c["name"], json.dumps(c["args"], sort_keys=True, default=str))
+            for c in ai.tool_calls
+            if c.get("id")
+        }
+        assert len(records) <= len(distinct), (sorted(records), distinct)
         # ... and is answered; a call without an id, which no answer can name, gets an
         # error message from the tool node (a cancelled run never reaches it).
         answered = [m for m in messages if isinstance(m, ToolMessage)]
