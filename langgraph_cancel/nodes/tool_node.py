@@ -461,7 +461,8 @@ class EffectToolNode(ToolNode):
         outputs: list[Any] = [None] * len(tool_calls)
         reads: list[_Planned] = []
         effects: list[_Planned] = []
-        for index, (call, cfg) in enumerate(zip(tool_calls, config_list, strict=False)):
+        runtimes: list[ToolRuntime[Any, Any]] = []
+        for call, cfg in zip(tool_calls, config_list, strict=False):
             tool_runtime = ToolRuntime(
                 state=self._extract_state(input, cfg),
                 tool_call_id=call["id"],
@@ -473,7 +474,15 @@ class EffectToolNode(ToolNode):
                 execution_info=runtime.execution_info,
                 server_info=runtime.server_info,
             )
-            planned, error = await _db(self._classify, index, call, tool_runtime, scope)
+            runtimes.append(tool_runtime)
+        # One hop off the loop for the batch: only a malformed call writes (its record).
+        classified = await _db(
+            lambda: [
+                self._classify(index, call, tool_runtime, scope)
+                for index, (call, tool_runtime) in enumerate(zip(tool_calls, runtimes, strict=True))
+            ]
+        )
+        for index, (planned, error) in enumerate(classified):
             if error is not None:
                 outputs[index] = error
             elif planned is not None:
@@ -1229,6 +1238,8 @@ class EffectToolNode(ToolNode):
         if await scope.signal.acancel_called():
             return await _db(self._begin_dispatch, p, rec, scope, False)  # drops it
         begun = await commits.write(_intent(rec, scope))
+        if isinstance(begun, EffectRecord):
+            return begun
         return await _db(self._after_intent, p, rec, scope, begun)
 
     def _after_intent(
