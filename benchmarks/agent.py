@@ -10,7 +10,7 @@ import sqlite3
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
@@ -101,6 +101,64 @@ def run_once(graph: Any, expect_messages: int | None = None) -> tuple[float, flo
             f"graph produced {len(out['messages'])} messages, expected {expect_messages}"
         )
     return dt, cpu
+
+
+async def arun_once(graph: Any, expect_messages: int | None = None) -> tuple[float, float]:
+    """``run_once`` through ``ainvoke``, as a LangGraph server runs graphs."""
+    cfg = {"configurable": {"thread_id": uuid.uuid4().hex}}
+    c0 = time.process_time()
+    t0 = time.perf_counter()
+    out = await graph.ainvoke({"messages": [HumanMessage("go")]}, cfg)
+    dt = time.perf_counter() - t0
+    cpu = time.process_time() - c0
+    if expect_messages is not None and len(out["messages"]) != expect_messages:
+        raise RuntimeError(
+            f"graph produced {len(out['messages'])} messages, expected {expect_messages}"
+        )
+    return dt, cpu
+
+
+@contextlib.asynccontextmanager
+async def async_savers(backend: str, settings: Settings) -> AsyncIterator[tuple[Any, Any]]:
+    """``savers`` for ``ainvoke``: LangGraph's async savers where the sync ones have none."""
+    if backend == "memory":
+        with savers(backend, settings) as pair:
+            yield pair
+    elif backend == "sqlite":
+        from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
+
+        from langgraph_cancel.checkpointers.sqlite import SqliteCancelSaver
+
+        d = tempfile.mkdtemp(prefix="overhead-async-", dir=settings.workdir)
+        c2 = sqlite3.connect(os.path.join(d, "cancel.db"), check_same_thread=False)
+        ours: Any = SqliteCancelSaver(c2)
+        ours.setup()
+        try:
+            async with AsyncSqliteSaver.from_conn_string(os.path.join(d, "base.db")) as base:
+                await base.setup()
+                yield base, ours
+        finally:
+            ours.ledger.close()
+            c2.close()
+    elif backend == "postgres":
+        from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+
+        from langgraph_cancel.checkpointers.postgres import AsyncPostgresCancelSaver
+
+        assert settings.pg_dsn
+        with (
+            fresh_pg_db(settings.pg_dsn, "abase") as u1,
+            fresh_pg_db(settings.pg_dsn, "aours") as u2,
+        ):
+            async with (
+                AsyncPostgresSaver.from_conn_string(u1) as base,
+                AsyncPostgresCancelSaver.from_conn_string(u2) as ours,
+            ):
+                await base.setup()
+                await ours.setup()
+                yield base, ours
+    else:  # pragma: no cover
+        raise ValueError(backend)
 
 
 @contextlib.contextmanager

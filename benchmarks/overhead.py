@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 from typing import Any
 
 from benchmarks.agent import (
     READ_ONLY,
     SIDE_EFFECT,
+    arun_once,
+    async_savers,
     build_graph,
     make_tool,
     run_once,
@@ -105,6 +108,67 @@ def measure_cell(
     return samples
 
 
+#: The async cells: the 10-call batch of 5 ms tools the 10%-of-wall targets are about.
+ASYNC_CELL = (10, 5.0)
+
+
+async def _ameasure(
+    backend: str, settings: Settings, kind: str, reps: int, warmup: int
+) -> dict[str, dict[str, list[float]]]:
+    """``measure_cell`` through ``ainvoke`` on the async savers (interleaved pairs)."""
+    n, tool_ms = ASYNC_CELL
+    tools = [make_tool(kind, tool_ms)]
+    expect = n + 3
+    async with async_savers(backend, settings) as (base_saver, cancel_saver):
+        variants = {
+            "base": build_graph(tools, scripted_model(n), base_saver, effectful=False),
+            "effect": build_graph(tools, scripted_model(n), cancel_saver, effectful=True),
+        }
+        for _ in range(warmup + 1):
+            for g in variants.values():
+                await arun_once(g, expect)
+        samples: dict[str, dict[str, list[float]]] = {k: {"wall": [], "cpu": []} for k in variants}
+        names = list(variants)
+        for r in range(reps):
+            for name in names if r % 2 == 0 else reversed(names):
+                wall, cpu = await arun_once(variants[name], expect)
+                samples[name]["wall"].append(wall)
+                samples[name]["cpu"].append(cpu)
+    return samples
+
+
+def run_async(settings: Settings, backends: list[str], cfg: dict[str, Any]) -> list[dict[str, Any]]:
+    """The 10 x 5 ms cells again, through ``ainvoke`` (a LangGraph server's way)."""
+    cells: list[dict[str, Any]] = []
+    n, tool_ms = ASYNC_CELL
+    reps = cfg["reps"].get(n, max(cfg["reps"].values()))
+    for backend in backends:
+        for kind in (SIDE_EFFECT, READ_ONLY):
+            s = asyncio.run(_ameasure(backend, settings, kind, reps, cfg["warmup"]))
+            base = median(s["base"]["wall"])
+            eff = median(s["effect"]["wall"])
+            assert base is not None and eff is not None
+            cell: dict[str, Any] = {
+                "backend": backend,
+                "kind": kind,
+                "tool_ms": tool_ms,
+                "n_calls": n,
+                "mode": "async (ainvoke)",
+                "base_ms": summary(s["base"]["wall"], scale=1e3),
+                "effect_ms": summary(s["effect"]["wall"], scale=1e3),
+                "added_us_per_call": rnd((eff - base) * 1e6 / n, 1),
+                "added_pct": rnd((ratio(eff, base) or 0) * 100 - 100, 1),
+            }
+            cell.update(_paired("added_pct", s["base"]["wall"], s["effect"]["wall"]))
+            cells.append(cell)
+            log(
+                f"  async {backend:8s} {kind:14s} tool={tool_ms:g}ms N={n} "
+                f"base={base * 1e3:8.2f}ms effect={eff * 1e3:8.2f}ms "
+                f"paired added={cell.get('paired_added_pct')}%"
+            )
+    return cells
+
+
 def run(settings: Settings, backends: list[str]) -> dict[str, Any]:
     """The whole grid; returns the section's JSON."""
     cfg = plan(settings)
@@ -197,6 +261,8 @@ def run(settings: Settings, backends: list[str]) -> dict[str, Any]:
                             f"N in {[n for n, _ in points]}",
                         }
                     )
+    log("overhead: the 10 x 5 ms cells through ainvoke")
+    async_cells = run_async(settings, backends, cfg)
     return {
         "method": (
             "Same graph (agent -> tools -> agent) and scripted model; plain ToolNode on "
@@ -209,9 +275,14 @@ def run(settings: Settings, backends: list[str]) -> dict[str, Any]:
             "added_us_per_call = (median effect - median base) / N, so it includes the "
             "per-run fixed cost amortised over the batch; 'marginal' is the slope over N. "
             "cpu = process CPU time (all threads of the benchmark process; the database "
-            "server's CPU is not in it), less sensitive to other load on the machine."
+            "server's CPU is not in it), less sensitive to other load on the machine. "
+            "async_cells: the N=10, 5 ms cells again through graph.ainvoke (as a LangGraph "
+            "server runs graphs) on LangGraph's async savers (InMemorySaver, "
+            "AsyncSqliteSaver, AsyncPostgresSaver) vs ours (the async Postgres saver; "
+            "SQLite and memory savers answer async calls too)."
         ),
         "config": {**cfg, "reps": {str(k): v for k, v in cfg["reps"].items()}},
         "cells": cells,
         "fits": fits,
+        "async_cells": async_cells,
     }

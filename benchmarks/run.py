@@ -264,6 +264,11 @@ def evaluate_targets(res: dict[str, Any], settings: Settings) -> list[dict[str, 
                     conc = c.get("paired_effect_concurrent_added_pct")
                     conc = c["effect_concurrent_added_pct"] if conc is None else conc
                     detail += f"; with effect_concurrency=10: {conc:+.1f}%"
+                for a in res["overhead"].get("async_cells", []):
+                    if a["backend"] == b and a["kind"] == kind:
+                        detail += (
+                            f"; through ainvoke: {a.get('paired_added_pct', a['added_pct']):+.1f}%"
+                        )
                 add(
                     f"{b}: <=10% added wall, 10 x 5 ms {kind.replace('_', '-')}",
                     measured,
@@ -492,6 +497,22 @@ def print_tables(res: dict[str, Any]) -> None:
                 f"{c['effect_concurrent_ratio']:.2f}" if "effect_concurrent_ratio" in c else "",
             )
         con.print(t)
+        if res["overhead"].get("async_cells"):
+            t = Table(
+                title="The same 10 x 5 ms cells through graph.ainvoke (as a LangGraph server "
+                "runs graphs), on the async savers"
+            )
+            for col in ("backend", "kind", "ToolNode ms", "Effect ms", "paired added % [95% CI]"):
+                t.add_column(col, justify="right" if col not in ("backend", "kind") else "left")
+            for c in res["overhead"]["async_cells"]:
+                t.add_row(
+                    c["backend"],
+                    c["kind"],
+                    f"{c['base_ms']['median']:.2f}",
+                    f"{c['effect_ms']['median']:.2f}",
+                    _paired_text(c),
+                )
+            con.print(t)
         t = Table(title="Fit: added(N) = fixed per run + marginal x N")
         for col in (
             "backend",

@@ -72,6 +72,12 @@ def test_benchmarks_quick_run_writes_every_section(tmp_path: Path) -> None:
         assert c["base_ms"]["n"] == 1 and c["effect_ms"]["n"] == 1
         low, high = c["paired_added_pct_ci95"]
         assert low <= c["paired_added_pct"] <= high
+    # The 10 x 5 ms cells again through ainvoke, on every backend run.
+    acells = data["overhead"]["async_cells"]
+    assert {(c["backend"], c["kind"]) for c in acells} == {
+        (b, k) for b in run for k in ("read_only", "side_effecting")
+    }
+    assert all(c["n_calls"] == 10 and c["effect_ms"]["n"] == 1 for c in acells)
     assert set(data["profile"]["backends"]) == set(run)
     assert set(data["latency"]["backends"]) == set(run)
     for b in run:
