@@ -70,6 +70,7 @@ from langgraph_cancel.runtime import (
     check_durability,
     current_scope,
     drop_scope,
+    invocation_scope,
     resolve_ledger,
     scope_for,
     thread_id_of,
@@ -213,7 +214,10 @@ def _guard(name: str, inner: Any, settings: CancellationSettings) -> RunnableCal
         return inner.invoke(state, config)
 
     async def afunc(state: Any, config: RunnableConfig) -> Any:
-        if await asyncio.to_thread(diverted, state, config):  # ledger I/O off the loop
+        scope = invocation_scope(config, settings.ledger)
+        # Known to go on without ledger I/O, or decided off the loop.
+        undecided = scope is None or scope.run.terminal or await scope.signal.acancel_called()
+        if undecided and await asyncio.to_thread(diverted, state, config):
             return Command(goto=CANCEL_NODE)
         return await inner.ainvoke(state, config)
 

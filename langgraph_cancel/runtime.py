@@ -99,18 +99,43 @@ def resolve_ledger(config: RunnableConfig | None, bound: Ledger | str | None = N
     the graph's checkpointer if it owns one (our savers); ``$LANGGRAPH_CANCEL_DB``;
     the embedded SQLite file.
     """
+    source = _ledger_source(config, bound)
+    if isinstance(source, Ledger) and source is not bound and source is not _explicit(config):
+        source.setup()  # the checkpointer's: it may not have been set up yet
+    return coerce_ledger(source)
+
+
+def _explicit(config: RunnableConfig | None) -> Any:
+    return (config or {}).get("configurable", {}).get(CONFIG_KEY_LEDGER)
+
+
+def _ledger_source(config: RunnableConfig | None, bound: Any) -> Any:
+    """What ``resolve_ledger`` takes the ledger from: a ledger, a saver or a URL."""
     if bound is not None:
-        return coerce_ledger(bound)
-    conf = (config or {}).get("configurable", {})
-    explicit = conf.get(CONFIG_KEY_LEDGER)
+        return bound
+    explicit = _explicit(config)
     if explicit is not None:
-        return coerce_ledger(explicit)
-    saver = conf.get(_CONFIG_KEY_CHECKPOINTER)
+        return explicit
+    saver = (config or {}).get("configurable", {}).get(_CONFIG_KEY_CHECKPOINTER)
     if saver is not None and isinstance(getattr(saver, "ledger", None), Ledger):
-        ledger: Ledger = saver.ledger
-        ledger.setup()
-        return ledger
-    return ledger_for_url(default_db_url())
+        return saver.ledger
+    return default_db_url()
+
+
+def invocation_scope(config: RunnableConfig | None, ledger: Any = None) -> RunScope | None:
+    """The invocation's scope, when ``scope_for(config, ledger=ledger, new_run=False)``
+    would return it; found without database I/O (for event loops), else None."""
+    active = current_scope.get()
+    if active is None or (config or {}).get("configurable", {}).get("thread_id") != (
+        active.thread_id
+    ):
+        return None
+    source = _ledger_source(config, ledger)
+    if isinstance(source, str):
+        same = source == active.ledger.url
+    else:
+        same = source is active.ledger or getattr(source, "ledger", None) is active.ledger
+    return active if same else None
 
 
 def thread_id_of(config: RunnableConfig | None) -> str:
@@ -555,6 +580,7 @@ __all__ = [
     "current_scope",
     "default_db_url",
     "drop_scope",
+    "invocation_scope",
     "is_cancelled",
     "ledger_for_url",
     "peek_scope",

@@ -88,3 +88,38 @@ def test_a_requested_cancel_is_seen_at_the_next_due_poll_and_stays_seen(
     reads = _counting(ledger, monkeypatch)
     assert signal.cancel_called is True and asyncio.run(signal.acancel_called()) is True
     assert reads == []  # level-triggered: once up, the flag answers
+
+
+def test_invocation_scope_is_the_one_scope_for_returns_found_without_io(
+    tmp_path: Any,
+) -> None:
+    from langgraph_cancel.runtime import (
+        CONFIG_KEY_LEDGER,
+        current_scope,
+        invocation_scope,
+        scope_for,
+    )
+
+    ledger = Ledger.from_url(f"sqlite:///{tmp_path}/a.db")
+    other = Ledger.from_url(f"sqlite:///{tmp_path}/b.db")
+    try:
+        cfg = {"configurable": {"thread_id": "t1", CONFIG_KEY_LEDGER: ledger}}
+        assert invocation_scope(cfg) is None  # outside an invocation
+        scope = scope_for(cfg)
+        token = current_scope.set(scope)
+        try:
+            assert invocation_scope(cfg) is scope is scope_for(cfg, new_run=False)
+            by_url = {"configurable": {"thread_id": "t1", CONFIG_KEY_LEDGER: ledger.url}}
+            assert invocation_scope(by_url) is scope
+            # Another thread, or a node bound to another ledger: not this scope.
+            assert (
+                invocation_scope({"configurable": {"thread_id": "t2", CONFIG_KEY_LEDGER: ledger}})
+                is None
+            )
+            assert invocation_scope(cfg, other) is None
+            assert invocation_scope(cfg, other.url) is None
+        finally:
+            current_scope.reset(token)
+    finally:
+        ledger.close()
+        other.close()

@@ -475,26 +475,27 @@ class EffectToolNode(ToolNode):
                 server_info=runtime.server_info,
             )
             runtimes.append(tool_runtime)
-        # One hop off the loop for the batch: only a malformed call writes (its record).
-        classified = await _db(
-            lambda: [
-                self._classify(index, call, tool_runtime, scope)
-                for index, (call, tool_runtime) in enumerate(zip(tool_calls, runtimes, strict=True))
-            ]
-        )
-        for index, (planned, error) in enumerate(classified):
-            if error is not None:
-                outputs[index] = error
-            elif planned is not None:
-                # A read that needs approval goes the side-effect way: it must be
-                # approved, and its record moves through dispatched like any effect.
-                fast_read = planned.spec.kind is EffectKind.READ_ONLY and not _needs_approval(
-                    planned.spec, planned.call.get("args") or {}
-                )
-                (reads if fast_read else effects).append(planned)
-
         # A wrapper (wrap_tool_call) may re-run or rewrite a call: record per call then.
         batch = _Batch() if self._wrap_tool_call is None and self._awrap_tool_call is None else None
+
+        def sort() -> list[_Planned]:
+            """Classify the calls; the reads' records (one hop off the loop for both)."""
+            for index, (call, tool_runtime) in enumerate(zip(tool_calls, runtimes, strict=True)):
+                planned, error = self._classify(index, call, tool_runtime, scope)
+                if error is not None:
+                    outputs[index] = error
+                elif planned is not None:
+                    # A read that needs approval goes the side-effect way: it must be
+                    # approved, and its record moves through dispatched like any effect.
+                    fast_read = planned.spec.kind is EffectKind.READ_ONLY and not _needs_approval(
+                        planned.spec, planned.call.get("args") or {}
+                    )
+                    (reads if fast_read else effects).append(planned)
+            if batch is not None and reads:
+                return self._find_read_records(reads, batch, scope)
+            return reads
+
+        reads = await _db(sort)
 
         async def run_read(p: _Planned, req: ToolCallRequest, it: Any, sc: RunScope) -> Any:
             return await self._run_read(p, req, it, sc, batch)
@@ -504,16 +505,12 @@ class EffectToolNode(ToolNode):
 
         if reads:
             pooled: list[_Planned] = []
-            if batch is not None:
-                reads = await _db(self._find_read_records, reads, batch, scope)
-                if not _offload.get():
-                    # A sync graph: fresh reads run in a thread pool, as ToolNode runs its
-                    # calls, without an asyncio task and wait per call.
-                    pooled = [
-                        p
-                        for p in reads
-                        if p.ledger_id not in batch.records and _has_sync_body(p.tool)
-                    ]
+            if batch is not None and not _offload.get():
+                # A sync graph: fresh reads run in a thread pool, as ToolNode runs its
+                # calls, without an asyncio task and wait per call.
+                pooled = [
+                    p for p in reads if p.ledger_id not in batch.records and _has_sync_body(p.tool)
+                ]
             taken = {p.index for p in pooled}
             rest = [p for p in reads if p.index not in taken]
             try:
