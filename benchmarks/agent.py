@@ -127,19 +127,11 @@ async def async_savers(backend: str, settings: Settings) -> AsyncIterator[tuple[
     elif backend == "sqlite":
         from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 
-        from langgraph_cancel.checkpointers.sqlite import SqliteCancelSaver
-
         d = tempfile.mkdtemp(prefix="overhead-async-", dir=settings.workdir)
-        c2 = sqlite3.connect(os.path.join(d, "cancel.db"), check_same_thread=False)
-        ours: Any = SqliteCancelSaver(c2)
-        ours.setup()
-        try:
+        with _sqlite_cancel_saver(d) as ours:
             async with AsyncSqliteSaver.from_conn_string(os.path.join(d, "base.db")) as base:
                 await base.setup()
                 yield base, ours
-        finally:
-            ours.ledger.close()
-            c2.close()
     elif backend == "postgres":
         from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 
@@ -162,6 +154,21 @@ async def async_savers(backend: str, settings: Settings) -> AsyncIterator[tuple[
 
 
 @contextlib.contextmanager
+def _sqlite_cancel_saver(directory: str) -> Iterator[Any]:
+    """Our SQLite saver on ``<directory>/cancel.db``, set up, closed afterwards."""
+    from langgraph_cancel.checkpointers.sqlite import SqliteCancelSaver
+
+    conn = sqlite3.connect(os.path.join(directory, "cancel.db"), check_same_thread=False)
+    ours = SqliteCancelSaver(conn)
+    ours.setup()
+    try:
+        yield ours
+    finally:
+        ours.ledger.close()
+        conn.close()
+
+
+@contextlib.contextmanager
 def savers(backend: str, settings: Settings) -> Iterator[tuple[Any, Any]]:
     """(plain LangGraph saver, our cancel-aware saver), each on its own fresh database."""
     if backend == "memory":
@@ -175,21 +182,15 @@ def savers(backend: str, settings: Settings) -> Iterator[tuple[Any, Any]]:
     elif backend == "sqlite":
         from langgraph.checkpoint.sqlite import SqliteSaver
 
-        from langgraph_cancel.checkpointers.sqlite import SqliteCancelSaver
-
         d = tempfile.mkdtemp(prefix="overhead-", dir=settings.workdir)
         c1 = sqlite3.connect(os.path.join(d, "base.db"), check_same_thread=False)
-        c2 = sqlite3.connect(os.path.join(d, "cancel.db"), check_same_thread=False)
         base: Any = SqliteSaver(c1)
         base.setup()
-        ours: Any = SqliteCancelSaver(c2)
-        ours.setup()
         try:
-            yield base, ours
+            with _sqlite_cancel_saver(d) as ours:
+                yield base, ours
         finally:
-            ours.ledger.close()
             c1.close()
-            c2.close()
     elif backend == "postgres":
         from langgraph.checkpoint.postgres import PostgresSaver
 
