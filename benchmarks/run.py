@@ -20,8 +20,10 @@ import json
 import os
 import platform
 import shutil
+import statistics
 import subprocess
 import sys
+import threading
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -145,6 +147,40 @@ def _versions() -> dict[str, str | None]:
     return out
 
 
+def machine_speed() -> dict[str, float]:
+    """A fixed piece of Python work and a fixed in-memory SQLite query, in microseconds
+    (medians): the same code on a slower phase of the machine shows here first."""
+    import sqlite3
+
+    def med(fn: Any, n: int) -> float:
+        times = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        return round(statistics.median(times) * 1e6, 2)
+
+    conn = sqlite3.connect(":memory:")
+    conn.execute("CREATE TABLE t (k INTEGER PRIMARY KEY, v TEXT)")
+    conn.executemany("INSERT INTO t VALUES (?, ?)", ((i, str(i)) for i in range(1000)))
+    try:
+        return {
+            "python_us": med(lambda: sorted(str(i) for i in range(200)), 2000),
+            "sqlite_us": med(
+                lambda: conn.execute("SELECT v FROM t WHERE k = 500").fetchone(), 5000
+            ),
+            "thread_hop_us": med(_thread_hop, 500),
+        }
+    finally:
+        conn.close()
+
+
+def _thread_hop() -> None:
+    done = threading.Event()
+    threading.Thread(target=done.set).start()
+    done.wait()
+
+
 def metadata(settings: Settings) -> dict[str, Any]:
     dirty = _git("status", "--porcelain", "--", "langgraph_cancel")
     import sqlite3
@@ -166,6 +202,7 @@ def metadata(settings: Settings) -> dict[str, Any]:
         "batches": list(settings.batches) if settings.batches else None,
         "reps": settings.reps,
         "loadavg_start": [round(x, 2) for x in os.getloadavg()],
+        "machine_speed_start": machine_speed(),
     }
 
 
@@ -738,6 +775,11 @@ def main(argv: list[str] | None = None) -> int:
     res["meta"]["section_seconds"] = durations
     res["meta"]["total_seconds"] = round(time.perf_counter() - t_all, 1)
     res["meta"]["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
+    res["meta"]["machine_speed_end"] = machine_speed()
+    log(
+        f"machine speed (python / sqlite / thread hop, us): start "
+        f"{res['meta']['machine_speed_start']}, end {res['meta']['machine_speed_end']}"
+    )
     res["targets"] = evaluate_targets(res, settings)
     res["notes"] = findings(res)
     out = Path(settings.out)

@@ -57,6 +57,10 @@ def test_benchmarks_quick_run_writes_every_section(tmp_path: Path) -> None:
     data = json.loads(out.read_text())
 
     run = data["meta"]["backends_run"]
+    for when in ("start", "end"):
+        speed = data["meta"][f"machine_speed_{when}"]
+        assert set(speed) == {"python_us", "sqlite_us", "thread_hop_us"}
+        assert all(v > 0 for v in speed.values())
     assert {"memory", "sqlite"} <= set(run)
     for section in SECTIONS:
         assert section in data, f"missing section {section}"
