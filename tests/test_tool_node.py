@@ -444,6 +444,41 @@ def test_concurrent_side_effects_share_their_ledger_writes(
     assert len(writes) < 12, writes  # ... in fewer round trips than one per write
 
 
+def test_the_same_call_twice_in_a_concurrent_batch_runs_once(saver: Any, log: ExecutionLog) -> None:
+    # Both copies ask for the same intent in the same turn of the loop: one write
+    # carries it, the other learns it lost and answers from the ledger (a write of
+    # both at once was refused as a whole: "one request per effect").
+    refund = counting_tool(log, "refund", EffectKind.IRREVERSIBLE)
+    turn = AIMessage(
+        "",
+        tool_calls=[
+            tool_call("refund", {"item": "o1"}, id="c1"),
+            tool_call("refund", {"item": "o1"}, id="c1"),  # the fake model would renumber it
+            tool_call("refund", {"item": "o2"}, id="c2"),
+        ],
+    )
+
+    def agent(state: MessagesState) -> dict[str, Any]:
+        done = any(isinstance(m, ToolMessage) for m in state["messages"])
+        return {"messages": [AIMessage("fin") if done else turn]}
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("agent", agent)
+    builder.add_node("tools", EffectToolNode([refund], effect_concurrency=3))
+    builder.add_edge(START, "agent")
+    builder.add_conditional_edges(
+        "agent", lambda s: "tools" if s["messages"][-1].tool_calls else END
+    )
+    builder.add_edge("tools", "agent")
+    out = start(cancellable(builder, saver), new_thread())
+    answers = tool_messages(out["messages"])
+    assert [m.tool_call_id for m in answers] == ["c1", "c1", "c2"]
+    assert [answers[0].status, answers[2].status] == ["success", "success"]
+    # The copy is answered from the ledger: the result, or that the call is in flight.
+    assert answers[1].content in ("refund(o1) ok", "Call is dispatched.")
+    assert [r["item"] for r in log.rows("refund") if r["applied"]] in (["o1", "o2"], ["o2", "o1"])
+
+
 def test_a_cancel_during_concurrent_side_effects_dispatches_nothing_after_it(
     saver: Any, log: ExecutionLog
 ) -> None:

@@ -336,7 +336,15 @@ class _GroupCommit:
     async def _drain(self) -> None:
         try:
             while self.waiting:
-                group, self.waiting = self.waiting, []
+                # One request per effect a write (the same call twice in a batch asks
+                # twice): a repeat waits for the next write, which tells it it lost.
+                group: list[tuple[TransitionRequest, Any]] = []
+                later: list[tuple[TransitionRequest, Any]] = []
+                seen: set[str] = set()
+                for item in self.waiting:
+                    (later if item[0].effect_id in seen else group).append(item)
+                    seen.add(item[0].effect_id)
+                self.waiting = later
                 try:
                     results = await _db(self.ledger.transition_many, [r for r, _ in group])
                 except Exception as exc:  # the whole group failed: each waiter is told
