@@ -84,6 +84,16 @@ def ratio(a: float | None, b: float | None) -> float | None:
     return a / b
 
 
+def time_median(fn: Callable[[], Any], n: int) -> float:
+    """The median wall time of ``n`` calls of ``fn``, in seconds."""
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
 def rnd(v: float | None, digits: int = 3) -> float | None:
     """Round, keeping None."""
     return None if v is None else round(v, digits)

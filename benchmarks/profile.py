@@ -31,7 +31,7 @@ from benchmarks.agent import (
     savers,
     scripted_model,
 )
-from benchmarks.common import Settings, log, median, rnd
+from benchmarks.common import Settings, log, median, rnd, time_median
 
 Patch = tuple[Any, str, str]
 _ROOT = str(Path(__file__).resolve().parent.parent) + "/"
@@ -192,17 +192,9 @@ def _micro(reps: int) -> dict[str, Any]:
         for i in range(10):
             tool_.invoke({"i": i})
 
-    def med(fn: Any, n: int) -> float:
-        xs = []
-        for _ in range(n):
-            t0 = time.perf_counter()
-            fn()
-            xs.append(time.perf_counter() - t0)
-        return median(xs) or 0.0
-
-    loop_cost = med(t_asyncio_run, reps)
-    ainv = med(lambda: asyncio.run(ainvoke_10()), reps)
-    sync = med(t_sync_10, reps)
+    loop_cost = time_median(t_asyncio_run, reps)
+    ainv = time_median(lambda: asyncio.run(ainvoke_10()), reps)
+    sync = time_median(t_sync_10, reps)
     return {
         "asyncio_run_empty_us": rnd(loop_cost * 1e6, 1),
         "tool_invoke_sync_us_per_call": rnd(sync / 10 * 1e6, 1),

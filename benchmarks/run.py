@@ -20,7 +20,6 @@ import json
 import os
 import platform
 import shutil
-import statistics
 import subprocess
 import sys
 import threading
@@ -39,6 +38,7 @@ from benchmarks.common import (
     log,
     pg_ping,
     pg_server_info,
+    time_median,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -153,12 +153,7 @@ def machine_speed() -> dict[str, float]:
     import sqlite3
 
     def med(fn: Any, n: int) -> float:
-        times = []
-        for _ in range(n):
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-        return round(statistics.median(times) * 1e6, 2)
+        return round(time_median(fn, n) * 1e6, 2)
 
     conn = sqlite3.connect(":memory:")
     conn.execute("CREATE TABLE t (k INTEGER PRIMARY KEY, v TEXT)")
