@@ -133,6 +133,28 @@ class TransientDatabaseError(LedgerError):
     non_retryable = False
 
 
+class CheckpointNotSavedError(LangGraphCancelError):
+    """The checkpoint of the step that asked for a side effect was never saved.
+
+    Under ``durability="async"`` a side-effecting dispatch waits for it: a crash
+    before it is saved would lose the tool calls, and the resumed run would ask
+    the model again. Nothing was dispatched.
+
+    Attributes:
+        checkpoint_id: The checkpoint the task was prepared from.
+    """
+
+    non_retryable = False
+
+    def __init__(self, checkpoint_id: str, timeout: float) -> None:
+        self.checkpoint_id = checkpoint_id
+        super().__init__(
+            f"checkpoint {checkpoint_id} (the step that planned these tool calls) was not "
+            f"saved within {timeout:g} s; nothing was dispatched. Check the checkpointer's "
+            'database, or run with durability="sync".'
+        )
+
+
 class ThreadBusyError(LangGraphCancelError):
     """Another live worker holds the lease on this thread.
 
@@ -185,6 +207,7 @@ class HookError(LangGraphCancelError):
 
 __all__ = [
     "ApprovalRequiredError",
+    "CheckpointNotSavedError",
     "ConfigurationError",
     "DispatchRefusedError",
     "DuplicateIdempotencyKeyError",

@@ -314,11 +314,9 @@ _WORKER = textwrap.dedent(
     with SqliteCancelSaver.from_conn_string(db) as saver:
         saver.setup()
         graph = build_builder(scripted_model()).compile(checkpointer=saver)
-        # durability="sync": the model's step is on disk before its calls go out. Under
-        # LangGraph's default ("async") that write may still be pending when the kill
-        # comes, and the resume then asks the model again (README, Limits).
-        config = {"configurable": {"thread_id": thread}}
-        for _ in graph.stream(seed_input(), config, durability="sync"):
+        # LangGraph's default durability ("async"): the tool node waits for the model
+        # step's checkpoint before the update goes out (checkpointers/durable.py).
+        for _ in graph.stream(seed_input(), {"configurable": {"thread_id": thread}}):
             pass
     """
 )

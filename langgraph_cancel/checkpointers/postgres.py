@@ -20,6 +20,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from langgraph_cancel.checkpointers.base import LedgerOwner, ThreadedAsyncMixin
+from langgraph_cancel.checkpointers.durable import NotesSavedCheckpoints
 from langgraph_cancel.ledger import Ledger, PostgresBackend
 
 #: Advisory lock key serializing checkpoint migrations across workers.
@@ -38,7 +39,7 @@ def _conninfo(conn: Any) -> str:
     return dsn
 
 
-class PostgresCancelSaver(ThreadedAsyncMixin, PostgresSaver, LedgerOwner):
+class PostgresCancelSaver(NotesSavedCheckpoints, ThreadedAsyncMixin, PostgresSaver, LedgerOwner):
     """LangGraph's ``PostgresSaver`` plus the ledger, in the same database.
 
     Args:
@@ -115,7 +116,7 @@ class PostgresCancelSaver(ThreadedAsyncMixin, PostgresSaver, LedgerOwner):
         self.ledger.delete_thread(thread_id)
 
 
-class AsyncPostgresCancelSaver(AsyncPostgresSaver, LedgerOwner):
+class AsyncPostgresCancelSaver(NotesSavedCheckpoints, AsyncPostgresSaver, LedgerOwner):
     """LangGraph's ``AsyncPostgresSaver`` plus the ledger, in the same database.
 
     The ledger's own calls run on a small sync pool in worker threads.

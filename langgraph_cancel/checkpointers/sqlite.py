@@ -11,6 +11,7 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 from langgraph.checkpoint.sqlite import SqliteSaver
 
 from langgraph_cancel.checkpointers.base import LedgerOwner, ThreadedAsyncMixin
+from langgraph_cancel.checkpointers.durable import NotesSavedCheckpoints
 from langgraph_cancel.ledger import Ledger
 
 DEFAULT_PATH = ".langgraph-cancel.db"
@@ -23,7 +24,7 @@ def _path_of(conn: sqlite3.Connection) -> str:
     return ":memory:"  # pragma: no cover
 
 
-class SqliteCancelSaver(ThreadedAsyncMixin, SqliteSaver, LedgerOwner):
+class SqliteCancelSaver(NotesSavedCheckpoints, ThreadedAsyncMixin, SqliteSaver, LedgerOwner):
     """LangGraph's ``SqliteSaver`` plus the ledger, in the same file (WAL mode).
 
     Works in sync and async graphs (async calls run in a worker thread).

@@ -52,6 +52,7 @@ from tenacity import (
     wait_exponential,
 )
 
+from langgraph_cancel.checkpointers.durable import plan_checkpoint
 from langgraph_cancel.effects import (
     CLASSIFIED_TOOLS,
     EffectSpec,
@@ -1080,6 +1081,14 @@ class EffectToolNode(ToolNode):
         batch: _Batch | None = None,
     ) -> Any:
         ledger = scope.ledger
+        plan = plan_checkpoint(p.runtime.config)
+        if plan is not None and not plan.known_saved():
+            # The step that asked for this call must be on disk before it goes out,
+            # or a crash would lose the call and the resume ask for it anew.
+            if _offload.get():
+                await plan.await_saved()
+            else:
+                plan.wait()
         if batch is not None and batch.commits is not None and not redispatch:
             begun = await self._begin_grouped(p, rec, scope, batch.commits)
         else:

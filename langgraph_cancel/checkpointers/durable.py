@@ -1,0 +1,280 @@
+"""Before a side effect leaves the process, the step that asked for it is on disk.
+
+Under LangGraph's default ``durability="async"`` a step's checkpoint is written
+while the next step runs. The tool step can then dispatch a refund before the
+checkpoint holding the model's tool calls exists; a crash in that window loses
+those calls, the resumed run asks the model again, and a refund keyed by its
+tool-call id would be a new refund. So a side-effecting dispatch first waits for
+the checkpoint its task was prepared from (LangGraph names it in the task's
+``checkpoint_map``). It was submitted before the task started and is usually
+saved by the time the tool node has planned its calls, so the wait is a lookup.
+
+Our savers note the checkpoints they save or load (``SavedCheckpoints``), so the
+wait needs no I/O. Any other saver is asked for the checkpoint by id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import (
+    BaseCheckpointSaver,
+    ChannelVersions,
+    Checkpoint,
+    CheckpointMetadata,
+    CheckpointTuple,
+)
+from langgraph.checkpoint.memory import InMemorySaver
+
+from langgraph_cancel.errors import CheckpointNotSavedError
+
+# LangGraph's task config keys (langgraph._internal._constants), as strings: the
+# module is private.
+_CONFIG_KEY_CHECKPOINTER = "__pregel_checkpointer"
+_CONFIG_KEY_CHECKPOINT_MAP = "checkpoint_map"
+_CONFIG_KEY_DURABILITY = "__pregel_durability"
+_NS_SEP = "|"
+
+#: How long a dispatch waits for its step's checkpoint before refusing to go.
+PLAN_SAVE_TIMEOUT = 30.0
+
+
+class SavedCheckpoints:
+    """The ids of the checkpoints a saver wrote or read in this process (the latest ones)."""
+
+    def __init__(self, capacity: int = 4096) -> None:
+        self._ids: OrderedDict[str, None] = OrderedDict()
+        self._capacity = capacity
+        self._changed = threading.Condition()
+        self._awaiting: dict[str, list[asyncio.Future[None]]] = {}
+
+    def note(self, checkpoint_id: str) -> None:
+        """``checkpoint_id`` is in the database."""
+        with self._changed:
+            self._ids[checkpoint_id] = None
+            self._ids.move_to_end(checkpoint_id)
+            while len(self._ids) > self._capacity:
+                self._ids.popitem(last=False)
+            self._changed.notify_all()
+            awaiting = self._awaiting.pop(checkpoint_id, [])
+        for fut in awaiting:
+            fut.get_loop().call_soon_threadsafe(_resolve, fut)
+
+    def __contains__(self, checkpoint_id: object) -> bool:
+        return checkpoint_id in self._ids
+
+    def wait(self, checkpoint_id: str, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for ``checkpoint_id`` to be noted."""
+        with self._changed:
+            return self._changed.wait_for(lambda: checkpoint_id in self._ids, timeout)
+
+    async def await_noted(self, checkpoint_id: str, within: float) -> bool:
+        """``wait`` on an event loop, holding no thread meanwhile.
+
+        A thread per waiting call could take every worker of the loop's default
+        executor, the one a threaded ``aput`` needs to save the checkpoint.
+        """
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        with self._changed:
+            if checkpoint_id in self._ids:
+                return True
+            self._awaiting.setdefault(checkpoint_id, []).append(fut)
+        try:
+            await asyncio.wait_for(fut, within)
+            return True
+        except TimeoutError:
+            return checkpoint_id in self._ids
+        finally:
+            with self._changed:
+                left = self._awaiting.get(checkpoint_id)
+                if left is not None and fut in left:
+                    left.remove(fut)
+                    if not left:
+                        del self._awaiting[checkpoint_id]
+
+
+def _resolve(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+if TYPE_CHECKING:
+    _SaverBase = BaseCheckpointSaver[Any]
+else:
+    _SaverBase = object
+
+
+class NotesSavedCheckpoints(_SaverBase):
+    """Mixin for a saver: remember which checkpoints are known to be in the database.
+
+    A checkpoint is known saved once ``put`` returns it, or once ``get_tuple``
+    reads it back (a resumed run starts from one).
+    """
+
+    @property
+    def saved_checkpoints(self) -> SavedCheckpoints:
+        """The checkpoints this saver wrote or read in this process."""
+        found: SavedCheckpoints | None = self.__dict__.get("_saved_checkpoints")
+        if found is None:
+            found = self.__dict__.setdefault("_saved_checkpoints", SavedCheckpoints())
+        return found
+
+    def put(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        """``put``, then note the checkpoint as saved."""
+        out = super().put(config, checkpoint, metadata, new_versions)
+        self.saved_checkpoints.note(checkpoint["id"])
+        return out
+
+    async def aput(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        """``aput``, then note the checkpoint as saved."""
+        out = await super().aput(config, checkpoint, metadata, new_versions)
+        self.saved_checkpoints.note(checkpoint["id"])
+        return out
+
+    def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        """``get_tuple``; a checkpoint read back is a saved one."""
+        found = super().get_tuple(config)
+        if found is not None:
+            self.saved_checkpoints.note(found.checkpoint["id"])
+        return found
+
+    async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        """``aget_tuple``; a checkpoint read back is a saved one."""
+        found = await super().aget_tuple(config)
+        if found is not None:
+            self.saved_checkpoints.note(found.checkpoint["id"])
+        return found
+
+
+@dataclass(frozen=True, slots=True)
+class PlanCheckpoint:
+    """The checkpoint a task was prepared from, which a dispatch must find saved."""
+
+    saver: BaseCheckpointSaver[Any]
+    config: RunnableConfig
+    checkpoint_id: str
+
+    def known_saved(self) -> bool:
+        """Saved, as far as this process knows without asking the database."""
+        noted = getattr(self.saver, "saved_checkpoints", None)
+        return noted is not None and self.checkpoint_id in noted
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Block until the checkpoint is saved.
+
+        Args:
+            timeout: Seconds; default ``PLAN_SAVE_TIMEOUT``.
+
+        Raises:
+            CheckpointNotSavedError: Not saved within ``timeout`` seconds (the save
+                failed or hangs): nothing may be dispatched on its behalf.
+        """
+        timeout = PLAN_SAVE_TIMEOUT if timeout is None else timeout
+        noted: SavedCheckpoints | None = getattr(self.saver, "saved_checkpoints", None)
+        deadline = time.monotonic() + timeout
+        pause = 0.001
+        while True:
+            left = deadline - time.monotonic()
+            if noted is not None and noted.wait(self.checkpoint_id, max(0.0, min(left, 1.0))):
+                return
+            # Not noted (a saver that notes nothing, or a checkpoint this process never
+            # wrote or read): ask the database.
+            if self.saver.get_tuple(self.config) is not None:
+                if noted is not None:
+                    noted.note(self.checkpoint_id)
+                return
+            if time.monotonic() >= deadline:
+                raise CheckpointNotSavedError(self.checkpoint_id, timeout)
+            if noted is None:
+                time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+                pause = min(pause * 2, 0.05)
+
+    async def await_saved(self, within: float | None = None) -> None:
+        """``wait`` for an async graph: the event loop's threads stay free meanwhile.
+
+        Args:
+            within: Seconds; default ``PLAN_SAVE_TIMEOUT``.
+
+        Raises:
+            CheckpointNotSavedError: As ``wait``.
+        """
+        timeout = PLAN_SAVE_TIMEOUT if within is None else within
+        noted: SavedCheckpoints | None = getattr(self.saver, "saved_checkpoints", None)
+        deadline = time.monotonic() + timeout
+        pause = 0.001
+        while True:
+            left = deadline - time.monotonic()
+            if noted is not None and await noted.await_noted(
+                self.checkpoint_id, max(0.0, min(left, 1.0))
+            ):
+                return
+            # A short read in a thread: a sync saver has no async methods, and an
+            # async one's sync get_tuple runs on this loop, which is free meanwhile.
+            if await asyncio.to_thread(self.saver.get_tuple, self.config) is not None:
+                if noted is not None:
+                    noted.note(self.checkpoint_id)
+                return
+            if time.monotonic() >= deadline:
+                raise CheckpointNotSavedError(self.checkpoint_id, timeout)
+            if noted is None:
+                await asyncio.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+                pause = min(pause * 2, 0.05)
+
+
+def plan_checkpoint(config: RunnableConfig | None) -> PlanCheckpoint | None:
+    """What a side-effecting dispatch in the task of ``config`` must wait for.
+
+    None when there is nothing to wait for: not inside a LangGraph task, no
+    checkpointer, an in-memory one (a crash loses it anyway), or
+    ``durability="sync"`` (LangGraph saved the step before starting this one).
+    """
+    conf = (config or {}).get("configurable") or {}
+    if conf.get(_CONFIG_KEY_DURABILITY, "async") == "sync":
+        return None
+    saver = conf.get(_CONFIG_KEY_CHECKPOINTER)
+    if not isinstance(saver, BaseCheckpointSaver) or isinstance(saver, InMemorySaver):
+        return None
+    task_ns = str(conf.get("checkpoint_ns") or "")
+    parent_ns = task_ns.rpartition(_NS_SEP)[0]
+    checkpoint_id = (conf.get(_CONFIG_KEY_CHECKPOINT_MAP) or {}).get(parent_ns)
+    thread_id = conf.get("thread_id")
+    if not checkpoint_id or thread_id is None:
+        return None
+    return PlanCheckpoint(
+        saver=saver,
+        config={
+            "configurable": {
+                "thread_id": thread_id,
+                "checkpoint_ns": parent_ns,
+                "checkpoint_id": checkpoint_id,
+            }
+        },
+        checkpoint_id=str(checkpoint_id),
+    )
+
+
+__all__ = [
+    "PLAN_SAVE_TIMEOUT",
+    "NotesSavedCheckpoints",
+    "PlanCheckpoint",
+    "SavedCheckpoints",
+    "plan_checkpoint",
+]

@@ -1,0 +1,316 @@
+"""A side effect never leaves before the checkpoint of the step that asked for it.
+
+Under LangGraph's default ``durability="async"`` the model step's checkpoint is
+written while the tool step runs (``test_langgraph_facts.py``). A refund sent in
+that window, then a crash, and the resumed run asks the model again: its new call
+gets a new id, so a key derived from the id does not stop a second refund. The
+tool node therefore waits for the checkpoint its task was prepared from before
+the first side-effecting dispatch. Reads do not wait.
+
+Each test holds the saver's ``put`` of the model step's checkpoint and looks at
+what the tool node did meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+from langchain_core.messages import AIMessage, AnyMessage, HumanMessage
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.sqlite import SqliteSaver
+from langgraph.graph import END, START, MessagesState, StateGraph
+from langgraph.prebuilt import tools_condition
+
+from graphs import ExecutionLog, backend_params, calls, counting_tool, new_thread, scripted
+from langgraph_cancel import EffectKind, EffectStatus, EffectToolNode, add_cancellation
+from langgraph_cancel.checkpointers import durable
+from langgraph_cancel.checkpointers.durable import PlanCheckpoint, plan_checkpoint
+from langgraph_cancel.checkpointers.postgres import PostgresCancelSaver
+from langgraph_cancel.checkpointers.sqlite import SqliteCancelSaver
+from langgraph_cancel.errors import CheckpointNotSavedError
+from langgraph_cancel.ledger import Ledger
+
+
+class _Hold:
+    """Once armed, the next ``put`` waits for ``release``."""
+
+    def __init__(self) -> None:
+        self.armed = threading.Event()
+        self.holding = threading.Event()
+        self.release = threading.Event()
+
+    def before_put(self) -> None:
+        if self.armed.is_set() and not self.release.is_set():
+            self.holding.set()
+            self.release.wait(30)
+
+
+def _held(base: type[Any], hold: _Hold) -> type[Any]:
+    class Held(base):  # type: ignore[misc, valid-type]
+        def put(self, config: Any, checkpoint: Any, metadata: Any, new_versions: Any) -> Any:
+            hold.before_put()
+            return super().put(config, checkpoint, metadata, new_versions)
+
+    return Held
+
+
+@pytest.fixture(params=backend_params(durable_only=True))
+def durable_url(request: pytest.FixtureRequest) -> str:
+    url: str = request.getfixturevalue("sqlite_url" if request.param == "sqlite" else "pg_url")
+    return url
+
+
+@contextmanager
+def _held_saver(url: str, hold: _Hold) -> Iterator[Any]:
+    base = SqliteCancelSaver if url.startswith("sqlite") else PostgresCancelSaver
+    with _held(base, hold).from_conn_string(url) as saver:
+        saver.setup()
+        yield saver
+
+
+@pytest.fixture
+def log(tmp_path: Any) -> ExecutionLog:
+    return ExecutionLog(str(tmp_path / "providers.db"))
+
+
+def _graph(saver: Any, hold: _Hold, node: EffectToolNode, model: Any, *, use_async: bool) -> Any:
+    """model -> tools -> model; the model arms the hold, so its step's save is held."""
+
+    def agent(state: MessagesState) -> dict[str, list[AnyMessage]]:
+        out = model.invoke(state["messages"])
+        hold.armed.set()
+        return {"messages": [out]}
+
+    async def aagent(state: MessagesState) -> dict[str, list[AnyMessage]]:
+        return agent(state)
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("agent", aagent if use_async else agent)
+    builder.add_node("tools", node)
+    builder.add_edge(START, "agent")
+    builder.add_conditional_edges("agent", tools_condition)
+    builder.add_edge("tools", "agent")
+    return add_cancellation(builder).compile(checkpointer=saver)
+
+
+def _start(graph: Any, thread: str, *, use_async: bool) -> tuple[threading.Thread, list[Any]]:
+    out: list[Any] = []
+    config = {"configurable": {"thread_id": thread}}
+    inputs = {"messages": [HumanMessage("go")]}
+
+    def run() -> None:
+        try:
+            if use_async:
+                out.append(asyncio.run(graph.ainvoke(inputs, config)))
+            else:
+                out.append(graph.invoke(inputs, config))
+        except BaseException as exc:  # handed to the test
+            out.append(exc)
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    return worker, out
+
+
+def _statuses(ledger: Ledger, thread: str) -> dict[str, EffectStatus]:
+    return {e.tool: e.status for e in ledger.effects(thread)}
+
+
+@pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])
+def test_a_side_effect_waits_for_the_model_steps_checkpoint(
+    durable_url: str, log: ExecutionLog, use_async: bool
+) -> None:
+    hold = _Hold()
+    refund = counting_tool(log, "refund", EffectKind.IRREVERSIBLE)
+    model = scripted(calls(("refund", "r-1", "c1")), "done")
+    thread = new_thread()
+    with _held_saver(durable_url, hold) as saver:
+        graph = _graph(saver, hold, EffectToolNode([refund]), model, use_async=use_async)
+        worker, out = _start(graph, thread, use_async=use_async)
+        try:
+            assert hold.holding.wait(20), "the model step's checkpoint was never put"
+            time.sleep(0.5)  # ample time for the tool node to start and plan
+            assert log.attempts("refund") == 0
+            assert _statuses(saver.ledger, thread).get("refund") in (None, EffectStatus.PLANNED)
+        finally:
+            hold.release.set()
+            worker.join(30)
+        assert not isinstance(out[0], BaseException), out[0]
+        assert log.attempts("refund") == 1
+        assert _statuses(saver.ledger, thread)["refund"] is EffectStatus.COMMITTED
+
+
+@pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])
+def test_a_read_does_not_wait(durable_url: str, log: ExecutionLog, use_async: bool) -> None:
+    hold = _Hold()
+    lookup = counting_tool(log, "lookup", EffectKind.READ_ONLY)
+    model = scripted(calls(("lookup", "o-1", "c1")), "done")
+    thread = new_thread()
+    with _held_saver(durable_url, hold) as saver:
+        graph = _graph(saver, hold, EffectToolNode([lookup]), model, use_async=use_async)
+        worker, out = _start(graph, thread, use_async=use_async)
+        try:
+            assert hold.holding.wait(20)
+            deadline = time.monotonic() + 20
+            while log.attempts("lookup") == 0 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert log.attempts("lookup") == 1  # ran while the save was held
+        finally:
+            hold.release.set()
+            worker.join(30)
+        assert not isinstance(out[0], BaseException), out[0]
+
+
+def test_a_saver_of_langgraphs_own_is_asked_by_checkpoint_id(
+    sqlite_url: str, log: ExecutionLog
+) -> None:
+    # LangGraph's SqliteSaver notes nothing: the wait asks it for the checkpoint.
+    hold = _Hold()
+    refund = counting_tool(log, "refund", EffectKind.IRREVERSIBLE)
+    model = scripted(calls(("refund", "r-2", "c1")), "done")
+    thread = new_thread()
+    ledger = Ledger.from_url(sqlite_url)
+    ledger.setup()
+    with _held(SqliteSaver, hold).from_conn_string(sqlite_url.removeprefix("sqlite:///")) as saver:
+        graph = _graph(saver, hold, EffectToolNode([refund], ledger=ledger), model, use_async=False)
+        worker, out = _start(graph, thread, use_async=False)
+        try:
+            assert hold.holding.wait(20)
+            time.sleep(0.5)
+            assert log.attempts("refund") == 0
+        finally:
+            hold.release.set()
+            worker.join(30)
+        assert not isinstance(out[0], BaseException), out[0]
+        assert log.attempts("refund") == 1
+    ledger.close()
+
+
+def test_a_save_that_never_comes_dispatches_nothing(
+    sqlite_url: str, log: ExecutionLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(durable, "PLAN_SAVE_TIMEOUT", 0.5)
+    hold = _Hold()
+    refund = counting_tool(log, "refund", EffectKind.IRREVERSIBLE)
+    model = scripted(calls(("refund", "r-3", "c1")), "done")
+    thread = new_thread()
+    with _held_saver(sqlite_url, hold) as saver:
+        graph = _graph(saver, hold, EffectToolNode([refund]), model, use_async=False)
+        worker, out = _start(graph, thread, use_async=False)
+        time.sleep(2)  # the node gave up after 0.5 s; the run ends once the save does
+        hold.release.set()
+        worker.join(30)
+        assert out, "the run did not end"
+        assert isinstance(out[0], CheckpointNotSavedError), out[0]
+        assert "nothing was dispatched" in str(out[0])
+        assert log.attempts("refund") == 0
+        assert _statuses(saver.ledger, thread)["refund"] is EffectStatus.PLANNED
+
+
+def _probe(seen: list[PlanCheckpoint | None]) -> Callable[..., Any]:
+    """A node that notes what a dispatch in its place would wait for."""
+
+    def probe(state: MessagesState, config: RunnableConfig) -> dict[str, list[AnyMessage]]:
+        seen.append(plan_checkpoint(config))
+        return {"messages": [AIMessage("probed")]}
+
+    return probe
+
+
+def test_the_checkpoint_waited_for_is_the_tasks_own_in_a_subgraph_too(sqlite_url: str) -> None:
+    seen: list[PlanCheckpoint | None] = []
+    inner = StateGraph(MessagesState)
+    inner.add_node("probe", _probe(seen))
+    inner.add_edge(START, "probe")
+    inner.add_edge("probe", END)
+    builder = StateGraph(MessagesState)
+    builder.add_node("probe", _probe(seen))
+    builder.add_node("inner", inner.compile())
+    builder.add_edge(START, "probe")
+    builder.add_edge("probe", "inner")
+    builder.add_edge("inner", END)
+    with SqliteCancelSaver.from_conn_string(sqlite_url) as saver:
+        saver.setup()
+        graph = builder.compile(checkpointer=saver)
+        config = {"configurable": {"thread_id": new_thread()}}
+        graph.invoke({"messages": [HumanMessage("go")]}, config)
+        assert len(seen) == 2 and all(p is not None for p in seen)
+        for plan in seen:
+            assert plan is not None
+            assert plan.known_saved()
+            found = SqliteSaver.get_tuple(saver, plan.config)  # from disk, not noted
+            assert found is not None and found.checkpoint["id"] == plan.checkpoint_id
+        root, sub = seen
+        assert root is not None and sub is not None
+        assert root.config["configurable"]["checkpoint_ns"] == ""
+        assert sub.config["configurable"]["checkpoint_ns"].startswith("inner:")
+        # durability="sync": LangGraph saved the step before this one started.
+        seen.clear()
+        graph.invoke({"messages": [HumanMessage("again")]}, config, durability="sync")
+        assert seen == [None, None]
+
+
+def test_create_agent_with_the_middleware_waits_too(sqlite_url: str, log: ExecutionLog) -> None:
+    from langchain.agents import create_agent
+    from langchain.agents.middleware import AgentMiddleware
+
+    from langgraph_cancel.middleware import EffectMiddleware
+
+    hold = _Hold()
+
+    class ArmAfterModel(AgentMiddleware):  # type: ignore[type-arg]
+        def after_model(self, state: Any, runtime: Any) -> None:
+            hold.armed.set()
+
+    refund = counting_tool(log, "refund", EffectKind.IRREVERSIBLE)
+    model = scripted(calls(("refund", "r-4", "c1")), "done")
+    thread = new_thread()
+    with _held_saver(sqlite_url, hold) as saver:
+        agent = create_agent(
+            model,
+            [refund],
+            middleware=[EffectMiddleware(approval=False), ArmAfterModel()],
+            checkpointer=saver,
+        )
+        worker, out = _start(agent, thread, use_async=False)
+        try:
+            assert hold.holding.wait(20)
+            time.sleep(0.5)
+            assert log.attempts("refund") == 0
+        finally:
+            hold.release.set()
+            worker.join(30)
+        assert not isinstance(out[0], BaseException), out[0]
+        assert log.attempts("refund") == 1
+        assert _statuses(saver.ledger, thread)["refund"] is EffectStatus.COMMITTED
+
+
+def test_waiting_calls_hold_no_thread_of_the_event_loop(sqlite_url: str) -> None:
+    # A threaded aput needs a worker of the loop's default executor to save the very
+    # checkpoint the calls wait for: concurrent calls each blocking a worker while
+    # they wait could leave none (seen with six concurrent refunds on two cores).
+    from concurrent.futures import ThreadPoolExecutor
+
+    with SqliteCancelSaver.from_conn_string(sqlite_url) as saver:
+        saver.setup()
+        config: RunnableConfig = {
+            "configurable": {"thread_id": "t", "checkpoint_ns": "", "checkpoint_id": "cp-1"}
+        }
+        plan = PlanCheckpoint(saver=saver, config=config, checkpoint_id="cp-1")
+
+        async def main() -> None:
+            asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(max_workers=1))
+            waiters = [asyncio.create_task(plan.await_saved(within=5)) for _ in range(4)]
+            await asyncio.sleep(0.05)
+            assert not any(w.done() for w in waiters)
+            await asyncio.wait_for(asyncio.to_thread(saver.saved_checkpoints.note, "cp-1"), 3)
+            await asyncio.wait_for(asyncio.gather(*waiters), 3)
+
+        asyncio.run(main())
+        assert plan.known_saved()
