@@ -198,7 +198,37 @@ def test_a_key_held_by_a_call_that_never_left_goes_to_the_next_call(
     assert ledger.effect_by_key("refund:o-2").tool_call_id == "b2"  # type: ignore[union-attr]
 
 
-@pytest.mark.parametrize("status", [S.PLANNED, S.DISPATCHED, S.COMMITTED, S.NOT_APPLIED])
+def test_a_key_whose_call_was_not_applied_goes_to_the_next_call(ledger: Ledger) -> None:
+    # The external system has no record of the call (a transient fault reconciled,
+    # a cancelled call settled): the model asking again gets the key, and the holder
+    # is dropped first, so it can never go out again under a key it gave away.
+    thread, run = _thread(ledger)
+    ledger.plan_many(thread_id=thread, run_id=run, items=[_new("first", idempotency_key="k:na")])
+    holder = derive_effect_id(thread, "first")
+    ledger.transition(holder, S.DISPATCHED, owner="w")
+    ledger.transition(holder, S.NOT_APPLIED)
+    rec, created = ledger.plan(
+        thread_id=thread,
+        run_id=run,
+        tool_call_id="again",
+        tool="refund",
+        kind=EffectKind.IRREVERSIBLE,
+        args={"n": "again"},
+        idempotency_key="k:na",
+        actor="worker-2",
+    )
+    assert created and rec.idempotency_key == "k:na"
+    gave = ledger.get_effect(holder)
+    assert gave.status is S.DROPPED
+    assert gave.idempotency_key == f"k:na#released-to:{rec.effect_id}"
+    last = ledger.history(holder)[-1]
+    assert (last.from_status, last.to_status, last.actor) == (S.NOT_APPLIED, S.DROPPED, "worker-2")
+    assert last.detail == {"key_taken_by": rec.effect_id}
+    with pytest.raises(IllegalTransitionError):  # the holder cannot be sent again
+        ledger.transition(holder, S.DISPATCHED, owner="w")
+
+
+@pytest.mark.parametrize("status", [S.PLANNED, S.DISPATCHED, S.COMMITTED])
 def test_a_key_that_may_have_left_stays_with_its_holder(
     ledger: Ledger, status: EffectStatus
 ) -> None:
@@ -209,7 +239,6 @@ def test_a_key_that_may_have_left_stays_with_its_holder(
         S.PLANNED: [],
         S.DISPATCHED: [S.DISPATCHED],
         S.COMMITTED: [S.DISPATCHED, S.COMMITTED],
-        S.NOT_APPLIED: [S.DISPATCHED, S.NOT_APPLIED],
     }[status]
     for step in path:
         ledger.transition(holder, step, owner="w")

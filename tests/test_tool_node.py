@@ -677,6 +677,39 @@ def test_ambiguous_failure_on_side_effect(saver: Any, providers_path: str, hook:
     assert out["messages"][-1].content == "fin"
 
 
+def test_a_refund_found_not_applied_runs_when_the_model_asks_again(
+    saver: Any, providers_path: str
+) -> None:
+    # The request failed before reaching the provider; its reconcile hook says so.
+    # The model asks again (a new call, the same declared key): the refund runs, once.
+    systems = Providers(providers_path)
+    refund = effect(
+        EffectKind.IRREVERSIBLE,
+        refund_tools.issue_refund,
+        idempotency_key=refund_tools.refund_key,
+        reconcile=refund_tools.reconcile_refund,
+        requires_approval=False,
+    )
+    systems.set_fault("refund", "fail_before", times=1)
+    args = {"order_id": "o-93", "amount": 12}  # refund keys are global in the module's ledger
+    model = scripted(
+        AIMessage("", tool_calls=[tool_call("issue_refund", args, id="n1")]),
+        AIMessage("", tool_calls=[tool_call("issue_refund", args, id="n2")]),
+        "fin",
+    )
+    graph = cancellable(agent_builder(model, EffectToolNode([refund])), saver)
+    thread_id = new_thread()
+    out = start(graph, thread_id)
+    key = refund_tools.refund_key(args)
+    assert systems.attempts(key) == 2 and systems.executions(key) == 1
+    first, second = tool_messages(out["messages"])
+    assert first.status == "error" and second.status == "success"
+    assert saver.ledger.find_effect(thread_id, "n1").status is EffectStatus.DROPPED
+    again = saver.ledger.find_effect(thread_id, "n2")
+    assert again.status is EffectStatus.COMMITTED and again.idempotency_key == key
+    assert out["messages"][-1].content == "fin"
+
+
 # ----------------------------------------------------------------------------- re-run safety
 
 

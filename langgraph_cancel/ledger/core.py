@@ -12,6 +12,7 @@ success by a write token (the DBOS pattern: "already recorded by me?" versus
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import hashlib
 import os
@@ -730,6 +731,8 @@ class Ledger:
                     # The same tool call planned concurrently: on PostgreSQL ON CONFLICT
                     # (effect_id) does not cover the racing insert's key index.
                     return self._effect(other), False
+                if other is not None and other["status"] == EffectStatus.NOT_APPLIED.value:
+                    self._give_up_not_applied(other["effect_id"], taker=effect_id, actor=actor)
                 if other is not None and self._release_unsent_key(key, effect_id):
                     # The holder never reached the external system: the key is free.
                     return self._plan_once(
@@ -752,6 +755,23 @@ class Ledger:
                     key, other["effect_id"] if other else None
                 ) from exc
             raise
+
+    def _give_up_not_applied(self, holder: str, *, taker: str, actor: str) -> None:
+        """Drop a ``not_applied`` key holder so that its key can go to ``taker``.
+
+        The external system has no record of the holder's call, so the key may
+        serve a new call as if the holder had never been sent. Dropped first, it
+        cannot be dispatched again under the key it gives away: a racing re-run
+        of the holder wins the compare-and-set or finds it dropped.
+        """
+        with contextlib.suppress(IllegalTransitionError):
+            self.transition(
+                holder,
+                EffectStatus.DROPPED,
+                expected=[EffectStatus.NOT_APPLIED],
+                actor=actor,
+                detail={"key_taken_by": taker},
+            )
 
     def _release_unsent_key(self, key: str, taker: str) -> bool:
         """Free ``key`` if its holder was never dispatched (dropped or rejected)."""

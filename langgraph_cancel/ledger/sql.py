@@ -226,7 +226,8 @@ SELECT {EFFECT_COLUMNS} FROM lgc_effects WHERE effect_id = ANY(%(ids)s::text[])"
 SELECT_EFFECT_BY_KEY = f"SELECT {EFFECT_COLUMNS} FROM lgc_effects WHERE idempotency_key = %(key)s"
 # A key held by an effect that never left the process (dropped before dispatch, or
 # rejected at approval) goes to the next call that asks for it: the holder keeps
-# its record under a key that says where the original went.
+# its record under a key that says where the original went. (A ``not_applied``
+# holder is dropped first: ``Ledger._give_up_not_applied``.)
 RELEASE_UNSENT_KEY = """
 UPDATE lgc_effects SET idempotency_key = %(released)s
 WHERE idempotency_key = %(key)s AND status IN ('dropped', 'rejected')
