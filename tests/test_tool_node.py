@@ -445,9 +445,9 @@ def test_concurrent_side_effects_share_their_ledger_writes(
 
 
 def test_the_same_call_twice_in_a_concurrent_batch_runs_once(saver: Any, log: ExecutionLog) -> None:
-    # Both copies ask for the same intent in the same turn of the loop: one write
-    # carries it, the other learns it lost and answers from the ledger (a write of
-    # both at once was refused as a whole: "one request per effect").
+    # The same call twice in one batch is one step: it runs once and both copies get
+    # its answer (they once asked for the same intent in the same write, refused as a
+    # whole, and later the copy answered "Call is dispatched." while its twin ran).
     refund = counting_tool(log, "refund", EffectKind.IRREVERSIBLE)
     turn = AIMessage(
         "",
@@ -474,8 +474,8 @@ def test_the_same_call_twice_in_a_concurrent_batch_runs_once(saver: Any, log: Ex
     answers = tool_messages(out["messages"])
     assert [m.tool_call_id for m in answers] == ["c1", "c1", "c2"]
     assert [answers[0].status, answers[2].status] == ["success", "success"]
-    # The copy is answered from the ledger: the result, or that the call is in flight.
-    assert answers[1].content in ("refund(o1) ok", "Call is dispatched.")
+    assert answers[1].content == answers[0].content == "refund(o1) ok"
+    assert answers[1].status == "success" and answers[1] is not answers[0]
     assert [r["item"] for r in log.rows("refund") if r["applied"]] in (["o1", "o2"], ["o2", "o1"])
 
 

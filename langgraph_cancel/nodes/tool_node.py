@@ -112,6 +112,11 @@ def _canonical(value: Any) -> str:
     return json.dumps(value, default=str, sort_keys=True)
 
 
+def _call_identity(p: _Planned) -> tuple[str, str, str]:
+    """What makes two calls of a batch one step: ledger id, tool and arguments."""
+    return (p.ledger_id, p.tool.name, _canonical(p.call.get("args")))
+
+
 def reused_call_id(call: ToolCall) -> str:
     """The ledger id of a call whose tool-call id already names another call's record.
 
@@ -556,9 +561,22 @@ class EffectToolNode(ToolNode):
                 async with sem:
                     return await self._guarded(p, input_type, scope, run_effect)
 
-            results = await asyncio.gather(*(bounded(p) for p in effects))
-            for p, out in zip(effects, results, strict=True):
+            # The same call twice in the batch (same id, tool and arguments) is one
+            # step: run it once and give each copy its answer, instead of letting the
+            # copy find its twin in flight.
+            first: dict[tuple[str, str, str], _Planned] = {}
+            copies: list[tuple[_Planned, _Planned]] = []
+            for p in effects:
+                twin = first.setdefault(_call_identity(p), p)
+                if twin is not p:
+                    copies.append((p, twin))
+            unique = list(first.values())
+            results = await asyncio.gather(*(bounded(p) for p in unique))
+            for p, out in zip(unique, results, strict=True):
                 outputs[p.index] = out
+            for p, twin in copies:
+                out = outputs[twin.index]
+                outputs[p.index] = out.model_copy() if isinstance(out, ToolMessage) else out
         return outputs
 
     def _plan_effects(self, batch: _Batch, effects: list[_Planned], scope: RunScope) -> None:
