@@ -31,7 +31,7 @@ from graphs import ExecutionLog, backend_params, calls, counting_tool, new_threa
 from langgraph_cancel import EffectKind, EffectStatus, EffectToolNode, add_cancellation
 from langgraph_cancel.checkpointers import durable
 from langgraph_cancel.checkpointers.durable import PlanCheckpoint, plan_checkpoint
-from langgraph_cancel.checkpointers.postgres import PostgresCancelSaver
+from langgraph_cancel.checkpointers.postgres import AsyncPostgresCancelSaver, PostgresCancelSaver
 from langgraph_cancel.checkpointers.sqlite import SqliteCancelSaver
 from langgraph_cancel.errors import CheckpointNotSavedError
 from langgraph_cancel.ledger import Ledger
@@ -56,6 +56,10 @@ def _held(base: type[Any], hold: _Hold) -> type[Any]:
         def put(self, config: Any, checkpoint: Any, metadata: Any, new_versions: Any) -> Any:
             hold.before_put()
             return super().put(config, checkpoint, metadata, new_versions)
+
+        async def aput(self, config: Any, checkpoint: Any, metadata: Any, new_versions: Any) -> Any:
+            await asyncio.to_thread(hold.before_put)
+            return await super().aput(config, checkpoint, metadata, new_versions)
 
     return Held
 
@@ -165,6 +169,34 @@ def test_a_read_does_not_wait(durable_url: str, log: ExecutionLog, use_async: bo
             hold.release.set()
             worker.join(30)
         assert not isinstance(out[0], BaseException), out[0]
+
+
+@pytest.mark.postgres
+def test_the_async_postgres_saver_waits_too(pg_url: str, log: ExecutionLog) -> None:
+    # Native async puts (no worker thread): the graph a LangGraph server would run.
+    hold = _Hold()
+    refund = counting_tool(log, "refund", EffectKind.IRREVERSIBLE)
+    model = scripted(calls(("refund", "r-5", "c1")), "done")
+    thread = new_thread()
+    out: list[Any] = []
+
+    async def main() -> None:
+        async with _held(AsyncPostgresCancelSaver, hold).from_conn_string(pg_url) as saver:
+            await saver.setup()
+            graph = _graph(saver, hold, EffectToolNode([refund]), model, use_async=True)
+            config = {"configurable": {"thread_id": thread}}
+            run = asyncio.ensure_future(graph.ainvoke({"messages": [HumanMessage("go")]}, config))
+            try:
+                assert await asyncio.to_thread(hold.holding.wait, 20)
+                await asyncio.sleep(0.5)
+                assert log.attempts("refund") == 0
+            finally:
+                hold.release.set()
+                out.append(await asyncio.wait_for(run, 30))
+            assert _statuses(saver.ledger, thread)["refund"] is EffectStatus.COMMITTED
+
+    asyncio.run(main())
+    assert log.attempts("refund") == 1 and out[0]["messages"][-1].content == "done"
 
 
 def test_a_saver_of_langgraphs_own_is_asked_by_checkpoint_id(
