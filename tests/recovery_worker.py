@@ -35,6 +35,7 @@ import sqlite3
 import sys
 import time
 import traceback
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -106,15 +107,25 @@ def call_id(batch: int, index: int, name: str) -> str:
     return f"call-{batch}-{index}-{name}"
 
 
-def scripted_turn(script: list[list[tuple[str, dict[str, Any]]]]) -> Any:
-    """A reactive model turn: the next batch is chosen by how many batches the history holds."""
+def scripted_turn(
+    script: list[list[tuple[str, dict[str, Any]]]], *, fresh_ids: bool = False
+) -> Any:
+    """A reactive model turn: the next batch is chosen by how many batches the history holds.
+
+    ``fresh_ids``: every call gets a new id each time the model is asked, as a real
+    model's do (asked again after a crash, it names the same calls differently).
+    """
 
     def turn(messages: list[BaseMessage]) -> AIMessage | str:
         done = sum(1 for m in messages if isinstance(m, AIMessage) and m.tool_calls)
         if done >= len(script):
             return FINAL_ANSWER
         calls = [
-            tool_call(name, args, id=call_id(done, i, name))
+            tool_call(
+                name,
+                args,
+                id=call_id(done, i, name) + (f"-{uuid.uuid4().hex[:8]}" if fresh_ids else ""),
+            )
             for i, (name, args) in enumerate(script[done])
         ]
         return AIMessage("", tool_calls=calls)
@@ -173,7 +184,9 @@ def build_builder(spec: dict[str, Any]) -> Any:
         tools.append(make_hook_tool(spec.get("hook_mode", "ok")))
     else:
         script = refund_script(float(spec.get("refund_amount", REFUND_AMOUNT)))
-    model = ScriptedChatModel([scripted_turn(script)], on_exhausted="repeat_last")
+    model = ScriptedChatModel(
+        [scripted_turn(script, fresh_ids=bool(spec.get("fresh_ids")))], on_exhausted="repeat_last"
+    )
 
     def agent(state: dict[str, Any]) -> dict[str, Any]:
         return {"messages": [model.invoke(state["messages"])]}

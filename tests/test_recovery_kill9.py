@@ -561,6 +561,43 @@ def test_kill9_at_boundary_then_recover(world: World, b: Boundary) -> None:
         raise
 
 
+@pytest.mark.slow
+def test_kill9_while_the_model_steps_checkpoint_is_being_written(world: World) -> None:
+    # Checkpoints take a second to write, the model names its calls anew each time it
+    # is asked (as real models do), and the worker dies just after the first side
+    # effect reached the provider. Under LangGraph's default durability the model's
+    # step could still be unsaved then: the resume would ask the model again and send
+    # the update a second time under a new key. The tool node waits for that step's
+    # checkpoint before the update goes out, so the resume finds the same calls.
+    providers = world.providers()
+    first = world.start(
+        "first", "run", kill_at="after_call:update_order", slow_checkpoints=1.0, fresh_ids=True
+    )
+    first.wait_point("after_call:update_order")
+    first.kill9()
+    assert len(providers.truth()["updates"]) == 1
+    second = world.start(
+        "second",
+        "recover",
+        fresh_ids=True,
+        resume_via="cli" if world.backend == "sqlite" else "invoke",
+    )
+    result = second.ok()
+    ledger = world.ledger()
+    try:
+        truth = providers.truth()
+        assert_no_double_execution(truth)
+        assert len(truth["updates"]) == 1, truth["updates"]
+        assert len(truth["refunds"]) == 1 and len(truth["emails"]) == 1
+        assert len(truth["tickets"]) == 1
+        assert len([e for e in ledger.effects(world.thread_id) if e.tool == "update_order"]) == 1
+        assert_settled(ledger, world.thread_id)
+        assert result["last_message"] == rw.FINAL_ANSWER
+    except AssertionError:
+        print(first.log(), second.log(), sep="\n-----\n")
+        raise
+
+
 # --------------------------------------------------------------- two workers at once
 @pytest.mark.slow
 def test_two_workers_on_one_thread(world: World) -> None:
