@@ -16,6 +16,7 @@ from langgraph_cancel.api import (
 )
 from langgraph_cancel.effects import EffectSpec, Outcome, effect, idempotency_key
 from langgraph_cancel.errors import (
+    CheckpointNotSavedError,
     DurabilityError,
     IllegalTransitionError,
     InvalidDecisionError,
@@ -38,6 +39,7 @@ __all__ = [
     "CancelPolicy",
     "CancellableGraph",
     "CancellationReport",
+    "CheckpointNotSavedError",
     "DurabilityError",
     "EffectKind",
     "EffectSpec",

@@ -28,12 +28,17 @@ from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.prebuilt import tools_condition
 
 from graphs import ExecutionLog, backend_params, calls, counting_tool, new_thread, scripted
-from langgraph_cancel import EffectKind, EffectStatus, EffectToolNode, add_cancellation
+from langgraph_cancel import (
+    CheckpointNotSavedError,
+    EffectKind,
+    EffectStatus,
+    EffectToolNode,
+    add_cancellation,
+)
 from langgraph_cancel.checkpointers import durable
 from langgraph_cancel.checkpointers.durable import PlanCheckpoint, plan_checkpoint
 from langgraph_cancel.checkpointers.postgres import AsyncPostgresCancelSaver, PostgresCancelSaver
 from langgraph_cancel.checkpointers.sqlite import SqliteCancelSaver
-from langgraph_cancel.errors import CheckpointNotSavedError
 from langgraph_cancel.ledger import Ledger
 
 
