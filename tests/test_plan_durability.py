@@ -127,6 +127,35 @@ def _start(graph: Any, thread: str, *, use_async: bool) -> tuple[threading.Threa
     return worker, out
 
 
+def _run_held(
+    graph: Any,
+    hold: _Hold,
+    thread: str,
+    meanwhile: Callable[[], None],
+    *,
+    use_async: bool = False,
+) -> Any:
+    """Run ``graph``; once the model step's save is held, check ``meanwhile``, then let
+    the save go and return the run's result."""
+    worker, out = _start(graph, thread, use_async=use_async)
+    try:
+        assert hold.holding.wait(20), "the model step's checkpoint was never put"
+        meanwhile()
+    finally:
+        hold.release.set()
+        worker.join(30)
+    assert out and not isinstance(out[0], BaseException), out
+    return out[0]
+
+
+def _nothing_sent(log: ExecutionLog, tool: str) -> Callable[[], None]:
+    def check() -> None:
+        time.sleep(0.5)  # ample time for the tool node to start and plan
+        assert log.attempts(tool) == 0
+
+    return check
+
+
 def _statuses(ledger: Ledger, thread: str) -> dict[str, EffectStatus]:
     return {e.tool: e.status for e in ledger.effects(thread)}
 
@@ -141,16 +170,13 @@ def test_a_side_effect_waits_for_the_model_steps_checkpoint(
     thread = new_thread()
     with _held_saver(durable_url, hold) as saver:
         graph = _graph(saver, hold, EffectToolNode([refund]), model, use_async=use_async)
-        worker, out = _start(graph, thread, use_async=use_async)
-        try:
-            assert hold.holding.wait(20), "the model step's checkpoint was never put"
-            time.sleep(0.5)  # ample time for the tool node to start and plan
-            assert log.attempts("refund") == 0
+        sent = _nothing_sent(log, "refund")
+
+        def meanwhile() -> None:
+            sent()
             assert _statuses(saver.ledger, thread).get("refund") in (None, EffectStatus.PLANNED)
-        finally:
-            hold.release.set()
-            worker.join(30)
-        assert not isinstance(out[0], BaseException), out[0]
+
+        _run_held(graph, hold, thread, meanwhile, use_async=use_async)
         assert log.attempts("refund") == 1
         assert _statuses(saver.ledger, thread)["refund"] is EffectStatus.COMMITTED
 
@@ -163,17 +189,14 @@ def test_a_read_does_not_wait(durable_url: str, log: ExecutionLog, use_async: bo
     thread = new_thread()
     with _held_saver(durable_url, hold) as saver:
         graph = _graph(saver, hold, EffectToolNode([lookup]), model, use_async=use_async)
-        worker, out = _start(graph, thread, use_async=use_async)
-        try:
-            assert hold.holding.wait(20)
+
+        def meanwhile() -> None:
             deadline = time.monotonic() + 20
             while log.attempts("lookup") == 0 and time.monotonic() < deadline:
                 time.sleep(0.01)
             assert log.attempts("lookup") == 1  # ran while the save was held
-        finally:
-            hold.release.set()
-            worker.join(30)
-        assert not isinstance(out[0], BaseException), out[0]
+
+        _run_held(graph, hold, thread, meanwhile, use_async=use_async)
 
 
 @pytest.mark.postgres
@@ -216,15 +239,7 @@ def test_a_saver_of_langgraphs_own_is_asked_by_checkpoint_id(
     ledger.setup()
     with _held(SqliteSaver, hold).from_conn_string(sqlite_url.removeprefix("sqlite:///")) as saver:
         graph = _graph(saver, hold, EffectToolNode([refund], ledger=ledger), model, use_async=False)
-        worker, out = _start(graph, thread, use_async=False)
-        try:
-            assert hold.holding.wait(20)
-            time.sleep(0.5)
-            assert log.attempts("refund") == 0
-        finally:
-            hold.release.set()
-            worker.join(30)
-        assert not isinstance(out[0], BaseException), out[0]
+        _run_held(graph, hold, thread, _nothing_sent(log, "refund"))
         assert log.attempts("refund") == 1
     ledger.close()
 
@@ -315,15 +330,7 @@ def test_create_agent_with_the_middleware_waits_too(sqlite_url: str, log: Execut
             middleware=[EffectMiddleware(approval=False), ArmAfterModel()],
             checkpointer=saver,
         )
-        worker, out = _start(agent, thread, use_async=False)
-        try:
-            assert hold.holding.wait(20)
-            time.sleep(0.5)
-            assert log.attempts("refund") == 0
-        finally:
-            hold.release.set()
-            worker.join(30)
-        assert not isinstance(out[0], BaseException), out[0]
+        _run_held(agent, hold, thread, _nothing_sent(log, "refund"))
         assert log.attempts("refund") == 1
         assert _statuses(saver.ledger, thread)["refund"] is EffectStatus.COMMITTED
 

@@ -19,6 +19,7 @@ import asyncio
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -187,25 +188,15 @@ class PlanCheckpoint:
             CheckpointNotSavedError: Not saved within ``timeout`` seconds (the save
                 failed or hangs): nothing may be dispatched on its behalf.
         """
-        timeout = PLAN_SAVE_TIMEOUT if timeout is None else timeout
-        noted: SavedCheckpoints | None = getattr(self.saver, "saved_checkpoints", None)
-        deadline = time.monotonic() + timeout
-        pause = 0.001
-        while True:
-            left = deadline - time.monotonic()
-            if noted is not None and noted.wait(self.checkpoint_id, max(0.0, min(left, 1.0))):
+        noted = self._noted()
+        for pause in self._rounds(timeout, noted is not None):
+            if noted is not None:
+                if noted.wait(self.checkpoint_id, pause):
+                    return
+            else:
+                time.sleep(pause)
+            if self._found(self.saver.get_tuple(self.config)):
                 return
-            # Not noted (a saver that notes nothing, or a checkpoint this process never
-            # wrote or read): ask the database.
-            if self.saver.get_tuple(self.config) is not None:
-                if noted is not None:
-                    noted.note(self.checkpoint_id)
-                return
-            if time.monotonic() >= deadline:
-                raise CheckpointNotSavedError(self.checkpoint_id, timeout)
-            if noted is None:
-                time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
-                pause = min(pause * 2, 0.05)
 
     async def await_saved(self, within: float | None = None) -> None:
         """``wait`` for an async graph: the event loop's threads stay free meanwhile.
@@ -216,27 +207,43 @@ class PlanCheckpoint:
         Raises:
             CheckpointNotSavedError: As ``wait``.
         """
-        timeout = PLAN_SAVE_TIMEOUT if within is None else within
-        noted: SavedCheckpoints | None = getattr(self.saver, "saved_checkpoints", None)
-        deadline = time.monotonic() + timeout
-        pause = 0.001
-        while True:
-            left = deadline - time.monotonic()
-            if noted is not None and await noted.await_noted(
-                self.checkpoint_id, max(0.0, min(left, 1.0))
-            ):
-                return
+        noted = self._noted()
+        for pause in self._rounds(within, noted is not None):
+            if noted is not None:
+                if await noted.await_noted(self.checkpoint_id, pause):
+                    return
+            else:
+                await asyncio.sleep(pause)
             # A short read in a thread: a sync saver has no async methods, and an
             # async one's sync get_tuple runs on this loop, which is free meanwhile.
-            if await asyncio.to_thread(self.saver.get_tuple, self.config) is not None:
-                if noted is not None:
-                    noted.note(self.checkpoint_id)
+            if self._found(await asyncio.to_thread(self.saver.get_tuple, self.config)):
                 return
+
+    def _noted(self) -> SavedCheckpoints | None:
+        noted: SavedCheckpoints | None = getattr(self.saver, "saved_checkpoints", None)
+        return noted
+
+    def _rounds(self, timeout: float | None, noting: bool) -> Iterator[float]:
+        """How long each round waits before asking the database; raises once time is up.
+
+        A saver that notes its saves is waited on for up to a second a round (asking
+        the database covers a checkpoint this process never wrote or read); any
+        other saver is asked at once, then with a pause that doubles up to 50 ms.
+        """
+        timeout = PLAN_SAVE_TIMEOUT if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        pause = 0.0
+        while True:
+            yield max(0.0, min(deadline - time.monotonic(), 1.0 if noting else pause))
             if time.monotonic() >= deadline:
                 raise CheckpointNotSavedError(self.checkpoint_id, timeout)
-            if noted is None:
-                await asyncio.sleep(min(pause, max(0.0, deadline - time.monotonic())))
-                pause = min(pause * 2, 0.05)
+            pause = min(max(pause * 2, 0.001), 0.05)
+
+    def _found(self, found: CheckpointTuple | None) -> bool:
+        noted = self._noted()
+        if found is not None and noted is not None:
+            noted.note(self.checkpoint_id)
+        return found is not None
 
 
 def plan_checkpoint(config: RunnableConfig | None) -> PlanCheckpoint | None:
