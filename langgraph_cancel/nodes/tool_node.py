@@ -70,7 +70,13 @@ from langgraph_cancel.errors import (
 from langgraph_cancel.hooks import call_reconcile
 from langgraph_cancel.hooks import run_sync as _run_sync
 from langgraph_cancel.ledger import Ledger, derive_idempotency_key
-from langgraph_cancel.runtime import RunScope, check_durability, current_scope, scope_for
+from langgraph_cancel.runtime import (
+    RunScope,
+    check_durability,
+    current_scope,
+    invocation_scope,
+    scope_for,
+)
 from langgraph_cancel.types import (
     CancelPolicy,
     EffectKind,
@@ -452,7 +458,9 @@ class EffectToolNode(ToolNode):
     ) -> Any:
         check_durability(config)
         tool_calls, input_type = self._parse_input(input)
-        scope = await _db(scope_for, config, ledger=self.ledger)
+        scope = invocation_scope(config, self.ledger)
+        if scope is None or scope.run.terminal:
+            scope = await _db(scope_for, config, ledger=self.ledger)
         token = current_scope.set(scope)
         try:
             outputs = await self._run_batch(input, config, runtime, tool_calls, input_type, scope)
