@@ -358,3 +358,22 @@ def test_waiting_calls_hold_no_thread_of_the_event_loop(sqlite_url: str) -> None
 
         asyncio.run(main())
         assert plan.known_saved()
+
+
+def test_a_saver_that_reads_nothing_back_is_not_waited_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # BaseCheckpointSaver's own get_tuple / aget_tuple raise NotImplementedError: the
+    # wait cannot be kept, which is said once, and the dispatch goes on.
+    from langgraph.checkpoint.base import BaseCheckpointSaver
+
+    class Unaskable(BaseCheckpointSaver[Any]):
+        pass
+
+    config: RunnableConfig = {"configurable": {"thread_id": "t", "checkpoint_id": "cp-9"}}
+    plan = PlanCheckpoint(saver=Unaskable(), config=config, checkpoint_id="cp-9")
+    with caplog.at_level("WARNING", logger="langgraph_cancel.checkpointers"):
+        plan.wait(5)
+        asyncio.run(plan.await_saved(5))
+    warned = [r for r in caplog.records if "cannot read a checkpoint back" in r.getMessage()]
+    assert len(warned) == 1 and "Unaskable" in warned[0].getMessage()

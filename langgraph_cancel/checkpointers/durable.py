@@ -16,6 +16,7 @@ wait needs no I/O. Any other saver is asked for the checkpoint by id.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from collections import OrderedDict
@@ -41,6 +42,8 @@ _CONFIG_KEY_CHECKPOINTER = "__pregel_checkpointer"
 _CONFIG_KEY_CHECKPOINT_MAP = "checkpoint_map"
 _CONFIG_KEY_DURABILITY = "__pregel_durability"
 _NS_SEP = "|"
+
+logger = logging.getLogger("langgraph_cancel.checkpointers")
 
 #: How long a dispatch waits for its step's checkpoint before refusing to go.
 PLAN_SAVE_TIMEOUT = 30.0
@@ -195,7 +198,12 @@ class PlanCheckpoint:
                     return
             else:
                 time.sleep(pause)
-            if self._found(self.saver.get_tuple(self.config)):
+            try:
+                found = self.saver.get_tuple(self.config)
+            except NotImplementedError:
+                _cannot_ask(self.saver)
+                return
+            if self._found(found):
                 return
 
     async def await_saved(self, within: float | None = None) -> None:
@@ -214,9 +222,16 @@ class PlanCheckpoint:
                     return
             else:
                 await asyncio.sleep(pause)
-            # A short read in a thread: a sync saver has no async methods, and an
-            # async one's sync get_tuple runs on this loop, which is free meanwhile.
-            if self._found(await asyncio.to_thread(self.saver.get_tuple, self.config)):
+            try:
+                found = await self.saver.aget_tuple(self.config)
+            except NotImplementedError:
+                # A sync saver (LangGraph's raise here): its sync read, in a thread.
+                try:
+                    found = await asyncio.to_thread(self.saver.get_tuple, self.config)
+                except NotImplementedError:
+                    _cannot_ask(self.saver)
+                    return
+            if self._found(found):
                 return
 
     def _noted(self) -> SavedCheckpoints | None:
@@ -244,6 +259,22 @@ class PlanCheckpoint:
         if found is not None and noted is not None:
             noted.note(self.checkpoint_id)
         return found is not None
+
+
+def _cannot_ask(saver: object) -> None:
+    """A saver that reads nothing back cannot be waited on: say so (once) and go on."""
+    name = type(saver).__qualname__
+    if name not in _UNASKABLE:
+        _UNASKABLE.add(name)
+        logger.warning(
+            "%s cannot read a checkpoint back, so side effects are dispatched without "
+            "waiting for the checkpoint of the step that asked for them; a crash in "
+            'that window can lose the calls. Run with durability="sync" to close it.',
+            name,
+        )
+
+
+_UNASKABLE: set[str] = set()
 
 
 def plan_checkpoint(config: RunnableConfig | None) -> PlanCheckpoint | None:
