@@ -1219,7 +1219,12 @@ class Ledger:
         moved: list[dict[str, Any] | None] = [None] * len(jobs)
         with b.statement() as cur:
             cur.execute(
-                q.PG_TRANSITION_EFFECTS, {"rows": json_text(rows), "now": b.ts_in(utcnow())}
+                q.PG_TRANSITION_EFFECTS,
+                {
+                    "rows": json_text(rows),
+                    "ids": [req.effect_id for req, _, _ in jobs],
+                    "now": b.ts_in(utcnow()),
+                },
             )
             for row in cur.fetchall():
                 moved[row["n"]] = row

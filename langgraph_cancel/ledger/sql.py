@@ -318,6 +318,9 @@ SELECT * FROM upd"""
 # ``%(rows)s``; its own allowed statuses and run guard travel with it. Rows are locked
 # in effect-id order, so two writers' batches cannot deadlock. A request missing
 # from the result did not apply; the caller reads the row to say why.
+# The ids also travel as an array: the planner cannot count a jsonb row set (it
+# assumes 100 rows) and, on a ledger of a few thousand rows, would scan the whole
+# table twice per write; ``= ANY (ids)`` keeps both probes on the primary key.
 PG_TRANSITION_EFFECTS = f"""
 WITH req AS (
     SELECT * FROM jsonb_to_recordset(%(rows)s::jsonb) AS r(n int, effect_id text, "to" text,
@@ -326,7 +329,7 @@ WITH req AS (
         approval jsonb, args jsonb, settles bool, actor text, detail jsonb)
 ), prev AS (
     SELECT e.effect_id, e.status AS from_status FROM lgc_effects e
-    WHERE e.effect_id IN (SELECT effect_id FROM req) ORDER BY e.effect_id FOR UPDATE
+    WHERE e.effect_id = ANY (%(ids)s::text[]) ORDER BY e.effect_id FOR UPDATE
 ), upd AS (
     UPDATE lgc_effects e SET status = r."to", version = e.version + 1, last_token = r.token,
         updated_at = %(now)s,
@@ -339,7 +342,8 @@ WITH req AS (
         dispatched_at = CASE WHEN r."to" = 'dispatched' THEN %(now)s ELSE e.dispatched_at END,
         settled_at = CASE WHEN r.settles THEN %(now)s ELSE e.settled_at END
     FROM req r JOIN prev p ON p.effect_id = r.effect_id
-    WHERE e.effect_id = r.effect_id AND e.status = ANY (r.allowed)
+    WHERE e.effect_id = ANY (%(ids)s::text[]) AND e.effect_id = r.effect_id
+        AND e.status = ANY (r.allowed)
         -- a retry whose first attempt committed (lost ack) must not apply twice
         AND e.last_token IS DISTINCT FROM r.token
         AND (NOT r.guard
