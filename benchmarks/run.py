@@ -339,6 +339,14 @@ def evaluate_targets(res: dict[str, Any], settings: Settings) -> list[dict[str, 
                 else max(u["growth_heavy"], u["growth_light"] or 0) <= SCALE_MAX_GROWTH,
                 f"heavy thread {first['heavy_us']['median']} -> {last['heavy_us']['median']} us",
             )
+            if u.get("growth_write") is not None:
+                add(
+                    f"{b}: side effect's write pair flat within 2x (slowest vs fastest "
+                    f"of {first['settled_rows']:,} -> {last['settled_rows']:,} rows)",
+                    f"x{u['growth_write']}",
+                    u["growth_write"] <= SCALE_MAX_GROWTH,
+                    " -> ".join(str(s["write_pair_us"]["median"]) for s in u["steps"]) + " us",
+                )
     return rows
 
 
@@ -616,7 +624,9 @@ def print_tables(res: dict[str, Any]) -> None:
                 )
         con.print(t)
     if "scale" in res:
-        t = Table(title="Scale: Ledger.unsettled(thread) vs settled rows in the ledger (us)")
+        t = Table(
+            title="Scale: unsettled(thread) and a write pair vs settled rows in the ledger (us)"
+        )
         for col in (
             "backend",
             "settled rows",
@@ -625,6 +635,7 @@ def print_tables(res: dict[str, Any]) -> None:
             "light p99",
             "heavy p50",
             "heavy p99",
+            "write pair p50",
         ):
             t.add_column(col)
         for b, u in res["scale"]["unsettled"].items():
@@ -637,6 +648,7 @@ def print_tables(res: dict[str, Any]) -> None:
                     str(s["light_us"]["p99"]),
                     str(s["heavy_us"]["median"]),
                     str(s["heavy_us"]["p99"]),
+                    str((s.get("write_pair_us") or {}).get("median")),
                 )
         con.print(t)
         t = Table(title="Ledger write throughput (plan -> dispatched -> committed per effect)")

@@ -1,5 +1,5 @@
-"""Scale: ``Ledger.unsettled(thread)`` against settled history, concurrent write
-throughput, and memory held per open run."""
+"""Scale: ``Ledger.unsettled(thread)`` and a side effect's write pair against settled
+history, concurrent write throughput, and memory held per open run."""
 
 from __future__ import annotations
 
@@ -183,6 +183,57 @@ def _seed_thread(ledger: Any, thread: str) -> None:
         )
 
 
+def _seed_writer(ledger: Any, thread: str, n: int) -> list[str]:
+    """``n`` planned side effects on a thread, the first dispatched: a write pair walks them."""
+    from langgraph_cancel.ledger import derive_effect_id
+    from langgraph_cancel.types import EffectKind, EffectStatus, NewEffect
+
+    run = ledger.start_run(thread)
+    ledger.plan_many(
+        thread_id=thread,
+        run_id=run.run_id,
+        items=[
+            NewEffect(
+                tool_call_id=f"w{i}",
+                tool="work",
+                kind=EffectKind.IRREVERSIBLE,
+                args={"i": i},
+                seq=i,
+            )
+            for i in range(n)
+        ],
+        owner="bench",
+        actor="bench",
+    )
+    ids = [derive_effect_id(thread, f"w{i}") for i in range(n)]
+    ledger.transition(ids[0], EffectStatus.DISPATCHED, owner="bench", actor="bench")
+    return ids
+
+
+def _write_pair(ledger: Any, done: str, then: str) -> None:
+    """What EffectToolNode writes per side effect: one outcome with the next intent."""
+    from langgraph_cancel.types import EffectStatus, TransitionRequest
+
+    ledger.transition_many(
+        [
+            TransitionRequest(
+                effect_id=done,
+                to=EffectStatus.COMMITTED,
+                expected=frozenset({EffectStatus.DISPATCHED}),
+                actor="bench",
+                result={"content": "ok", "status": "success"},
+            ),
+            TransitionRequest(
+                effect_id=then,
+                to=EffectStatus.DISPATCHED,
+                expected=frozenset({EffectStatus.PLANNED}),
+                actor="bench",
+                owner="bench",
+            ),
+        ]
+    )
+
+
 def unsettled_scale(settings: Settings, backend: str) -> dict[str, Any]:
     """unsettled() of a thread with no history and of one holding 10% of all rows.
 
@@ -197,12 +248,14 @@ def unsettled_scale(settings: Settings, backend: str) -> dict[str, Any]:
     steps: list[dict[str, Any]] = []
     with contextlib.ExitStack() as stack:
         ledgers = []
+        writers: list[list[str]] = []
         for size in sizes:
             url = stack.enter_context(ledger_url(backend, settings, f"scale{size}"))
             ledger = Ledger.from_url(url)
             stack.callback(ledger.close)
             _seed_thread(ledger, light)
             _seed_thread(ledger, heavy)
+            writers.append(_seed_writer(ledger, "writer-thread", calls + 6))
             t0 = time.perf_counter()
             if backend == "postgres":
                 _load_pg(url, 0, size, heavy)
@@ -218,31 +271,43 @@ def unsettled_scale(settings: Settings, backend: str) -> dict[str, Any]:
                     "load_s": rnd(load_s, 2),
                 }
             )
-        times: list[dict[str, list[float]]] = [{"light": [], "heavy": []} for _ in sizes]
-        for ledger in ledgers:
-            for _ in range(5):
+        times: list[dict[str, list[float]]] = [
+            {"light": [], "heavy": [], "write": []} for _ in sizes
+        ]
+        for k, ledger in enumerate(ledgers):
+            for i in range(5):
                 ledger.unsettled(light)
                 ledger.unsettled(heavy)
-        for _ in range(calls):
+                _write_pair(ledger, writers[k][i], writers[k][i + 1])
+        for i in range(5, 5 + calls):
             for k, ledger in enumerate(ledgers):
                 for name, thread in (("light", light), ("heavy", heavy)):
                     t1 = time.perf_counter()
                     got = ledger.unsettled(thread)
                     times[k][name].append(time.perf_counter() - t1)
                     assert len(got) == UNSETTLED_PER_THREAD, len(got)
+                t1 = time.perf_counter()
+                _write_pair(ledger, writers[k][i], writers[k][i + 1])
+                times[k]["write"].append(time.perf_counter() - t1)
         for k, ledger in enumerate(ledgers):
             steps[k]["light_us"] = summary(times[k]["light"], scale=1e6, digits=1)
             steps[k]["heavy_us"] = summary(times[k]["heavy"], scale=1e6, digits=1)
+            steps[k]["write_pair_us"] = summary(times[k]["write"], scale=1e6, digits=1)
             steps[k]["plan"] = _explain(ledger, heavy)
             log(
                 f"  {backend:8s} rows={sizes[k]:>9,d} unsettled light="
                 f"{steps[k]['light_us']['median']}us heavy={steps[k]['heavy_us']['median']}us"
+                f" write pair={steps[k]['write_pair_us']['median']}us"
             )
     first, last = steps[0], steps[-1]
+    writes = [s["write_pair_us"]["median"] for s in steps]
     return {
         "steps": steps,
         "growth_light": rnd(ratio(last["light_us"]["median"], first["light_us"]["median"]), 2),
         "growth_heavy": rnd(ratio(last["heavy_us"]["median"], first["heavy_us"]["median"]), 2),
+        # The slowest size against the fastest: a plan that scans the table is worst at
+        # the sizes below the one where the planner turns to the index, not at the largest.
+        "growth_write": rnd(ratio(max(writes), min(writes)), 2),
     }
 
 
@@ -449,7 +514,9 @@ def run(settings: Settings, backends: list[str]) -> dict[str, Any]:
         "method": (
             "unsettled(thread) median of repeated calls on a thread with 10 unsettled effects "
             "and no history ('light') and on one that also owns 10% of all settled rows "
-            "('heavy'); one fresh database per size, sizes measured in interleaved rounds. "
+            "('heavy'); the write pair: transition_many of one outcome (committed) with the "
+            "next effect's intent (dispatched), what EffectToolNode writes per side effect; "
+            "one fresh database per size, sizes measured in interleaved rounds. "
             "Settled rows bulk-loaded straight into lgc_effects (executemany on SQLite, COPY "
             "on PostgreSQL) with the secondary indexes dropped and rebuilt from their own "
             "definitions after the load (then VACUUM ANALYZE on PostgreSQL). Throughput: N OS "

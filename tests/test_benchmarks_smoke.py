@@ -87,6 +87,8 @@ def test_benchmarks_quick_run_writes_every_section(tmp_path: Path) -> None:
     for b in run:
         assert data["latency"]["backends"][b]["check"]["seen_ms"]["n"] == 2
     assert set(data["scale"]["unsettled"]) == set(run)
+    for u in data["scale"]["unsettled"].values():
+        assert all(s["write_pair_us"]["n"] for s in u["steps"]) and "growth_write" in u
     assert data["scale"]["memory"] and data["scale"]["throughput"]
     assert "same_process_signal" in data["scale"]["hygiene"]
     rec = data["recovery"]["backends"]
