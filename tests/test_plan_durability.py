@@ -377,3 +377,39 @@ def test_a_saver_that_reads_nothing_back_is_not_waited_on(
         asyncio.run(plan.await_saved(5))
     warned = [r for r in caplog.records if "cannot read a checkpoint back" in r.getMessage()]
     assert len(warned) == 1 and "Unaskable" in warned[0].getMessage()
+
+
+def test_a_read_that_fails_is_not_saved_yet_and_the_wait_goes_on() -> None:
+    # The database drops the connection while the dispatch waits: the failed reads
+    # count as "not saved yet"; the wait ends when a read finds the checkpoint, or at
+    # the deadline with CheckpointNotSavedError carrying the last database error.
+    from langgraph.checkpoint.base import BaseCheckpointSaver
+
+    class Flaky(BaseCheckpointSaver[Any]):
+        def __init__(self, failures: int) -> None:
+            super().__init__()
+            self.failures = failures
+            self.reads = 0
+
+        def get_tuple(self, config: RunnableConfig) -> Any:
+            self.reads += 1
+            if self.failures < 0 or self.reads <= self.failures:
+                raise ConnectionError("server closed the connection unexpectedly")
+            return object()  # found
+
+    config: RunnableConfig = {"configurable": {"thread_id": "t", "checkpoint_id": "cp-7"}}
+    for wait in ("sync", "async"):
+        flaky = Flaky(failures=3)
+        plan = PlanCheckpoint(saver=flaky, config=config, checkpoint_id="cp-7")
+        if wait == "sync":
+            plan.wait(5)
+        else:
+            asyncio.run(plan.await_saved(5))
+        assert flaky.reads == 4
+        down = PlanCheckpoint(saver=Flaky(failures=-1), config=config, checkpoint_id="cp-7")
+        with pytest.raises(CheckpointNotSavedError) as caught:
+            if wait == "sync":
+                down.wait(0.3)
+            else:
+                asyncio.run(down.await_saved(0.3))
+        assert isinstance(caught.value.__cause__, ConnectionError)

@@ -184,6 +184,9 @@ class PlanCheckpoint:
     def wait(self, timeout: float | None = None) -> None:
         """Block until the checkpoint is saved.
 
+        A read that fails (the database dropped the connection) counts as not
+        saved yet: the wait goes on until the deadline.
+
         Args:
             timeout: Seconds; default ``PLAN_SAVE_TIMEOUT``.
 
@@ -191,8 +194,10 @@ class PlanCheckpoint:
             CheckpointNotSavedError: Not saved within ``timeout`` seconds (the save
                 failed or hangs): nothing may be dispatched on its behalf.
         """
+        timeout = PLAN_SAVE_TIMEOUT if timeout is None else timeout
         noted = self._noted()
-        for pause in self._rounds(timeout, noted is not None):
+        last_error: Exception | None = None
+        for pause in _rounds(timeout, noted is not None):
             if noted is not None:
                 if noted.wait(self.checkpoint_id, pause):
                     return
@@ -203,8 +208,12 @@ class PlanCheckpoint:
             except NotImplementedError:
                 _cannot_ask(self.saver)
                 return
+            except Exception as exc:
+                last_error = exc
+                continue
             if self._found(found):
                 return
+        raise CheckpointNotSavedError(self.checkpoint_id, timeout) from last_error
 
     async def await_saved(self, within: float | None = None) -> None:
         """``wait`` for an async graph: the event loop's threads stay free meanwhile.
@@ -215,50 +224,59 @@ class PlanCheckpoint:
         Raises:
             CheckpointNotSavedError: As ``wait``.
         """
+        timeout = PLAN_SAVE_TIMEOUT if within is None else within
         noted = self._noted()
-        for pause in self._rounds(within, noted is not None):
+        last_error: Exception | None = None
+        for pause in _rounds(timeout, noted is not None):
             if noted is not None:
                 if await noted.await_noted(self.checkpoint_id, pause):
                     return
             else:
                 await asyncio.sleep(pause)
             try:
-                found = await self.saver.aget_tuple(self.config)
+                found = await self._aget_tuple()
             except NotImplementedError:
-                # A sync saver (LangGraph's raise here): its sync read, in a thread.
-                try:
-                    found = await asyncio.to_thread(self.saver.get_tuple, self.config)
-                except NotImplementedError:
-                    _cannot_ask(self.saver)
-                    return
+                _cannot_ask(self.saver)
+                return
+            except Exception as exc:
+                last_error = exc
+                continue
             if self._found(found):
                 return
+        raise CheckpointNotSavedError(self.checkpoint_id, timeout) from last_error
+
+    async def _aget_tuple(self) -> CheckpointTuple | None:
+        try:
+            return await self.saver.aget_tuple(self.config)
+        except NotImplementedError:
+            # A sync saver (LangGraph's raise here): its sync read, in a thread.
+            return await asyncio.to_thread(self.saver.get_tuple, self.config)
 
     def _noted(self) -> SavedCheckpoints | None:
         noted: SavedCheckpoints | None = getattr(self.saver, "saved_checkpoints", None)
         return noted
-
-    def _rounds(self, timeout: float | None, noting: bool) -> Iterator[float]:
-        """How long each round waits before asking the database; raises once time is up.
-
-        A saver that notes its saves is waited on for up to a second a round (asking
-        the database covers a checkpoint this process never wrote or read); any
-        other saver is asked at once, then with a pause that doubles up to 50 ms.
-        """
-        timeout = PLAN_SAVE_TIMEOUT if timeout is None else timeout
-        deadline = time.monotonic() + timeout
-        pause = 0.0
-        while True:
-            yield max(0.0, min(deadline - time.monotonic(), 1.0 if noting else pause))
-            if time.monotonic() >= deadline:
-                raise CheckpointNotSavedError(self.checkpoint_id, timeout)
-            pause = min(max(pause * 2, 0.001), 0.05)
 
     def _found(self, found: CheckpointTuple | None) -> bool:
         noted = self._noted()
         if found is not None and noted is not None:
             noted.note(self.checkpoint_id)
         return found is not None
+
+
+def _rounds(timeout: float, noting: bool) -> Iterator[float]:
+    """How long each round of a wait lasts before the database is asked, until ``timeout``.
+
+    A saver that notes its saves is waited on for up to a second a round (asking
+    the database covers a checkpoint this process never wrote or read); any other
+    saver is asked at once, then with a pause that doubles up to 50 ms.
+    """
+    deadline = time.monotonic() + timeout
+    pause = 0.0
+    while True:
+        yield max(0.0, min(deadline - time.monotonic(), 1.0 if noting else pause))
+        if time.monotonic() >= deadline:
+            return
+        pause = min(max(pause * 2, 0.001), 0.05)
 
 
 def _cannot_ask(saver: object) -> None:
