@@ -146,12 +146,15 @@ class CheckpointNotSavedError(LangGraphCancelError):
 
     non_retryable = False
 
-    def __init__(self, checkpoint_id: str, timeout: float) -> None:
+    def __init__(
+        self, checkpoint_id: str, timeout: float, *, failed: BaseException | None = None
+    ) -> None:
         self.checkpoint_id = checkpoint_id
+        why = f"its save failed ({failed!r})" if failed is not None else f"not within {timeout:g} s"
         super().__init__(
             f"checkpoint {checkpoint_id} (the step that planned these tool calls) was not "
-            f"saved within {timeout:g} s; nothing was dispatched. Check the checkpointer's "
-            'database, or run with durability="sync".'
+            f"saved: {why}; nothing was dispatched. Check the checkpointer's database, or "
+            'run with durability="sync".'
         )
 
 

@@ -45,19 +45,28 @@ from langgraph_cancel.ledger import Ledger
 class _Hold:
     """Once armed, the next ``put`` waits for ``release``."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, fail: bool = False) -> None:
         self.armed = threading.Event()
         self.holding = threading.Event()
         self.release = threading.Event()
+        self.fail = fail  # the held save then fails (the database went away)
 
     def before_put(self) -> None:
         if self.armed.is_set() and not self.release.is_set():
             self.holding.set()
             self.release.wait(30)
+            if self.fail:
+                raise ConnectionError("server closed the connection unexpectedly")
 
 
 def _held(base: type[Any], hold: _Hold) -> type[Any]:
-    class Held(base):  # type: ignore[misc, valid-type]
+    """``base`` whose LangGraph saver underneath holds (and maybe fails) the armed put.
+
+    Underneath: our savers note a save, or its failure, around LangGraph's ``put``.
+    """
+    langgraph_saver = next(c for c in base.__mro__ if c.__module__.startswith("langgraph."))
+
+    class Below(langgraph_saver):  # type: ignore[misc, valid-type]
         def put(self, config: Any, checkpoint: Any, metadata: Any, new_versions: Any) -> Any:
             hold.before_put()
             return super().put(config, checkpoint, metadata, new_versions)
@@ -65,6 +74,12 @@ def _held(base: type[Any], hold: _Hold) -> type[Any]:
         async def aput(self, config: Any, checkpoint: Any, metadata: Any, new_versions: Any) -> Any:
             await asyncio.to_thread(hold.before_put)
             return await super().aput(config, checkpoint, metadata, new_versions)
+
+    if base is langgraph_saver:
+        return Below
+
+    class Held(base, Below):  # type: ignore[misc, valid-type]
+        pass
 
     return Held
 
@@ -413,3 +428,51 @@ def test_a_read_that_fails_is_not_saved_yet_and_the_wait_goes_on() -> None:
             else:
                 asyncio.run(down.await_saved(0.3))
         assert isinstance(caught.value.__cause__, ConnectionError)
+
+
+def test_a_save_that_fails_stops_the_wait_at_once(
+    sqlite_url: str, log: ExecutionLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # LangGraph does not retry a failed save: the dispatch stops waiting when it
+    # fails, well before the timeout, and nothing goes out.
+    monkeypatch.setattr(durable, "PLAN_SAVE_TIMEOUT", 20.0)
+    hold = _Hold(fail=True)
+    refund = counting_tool(log, "refund", EffectKind.IRREVERSIBLE)
+    model = scripted(calls(("refund", "r-6", "c1")), "done")
+    thread = new_thread()
+    with _held_saver(sqlite_url, hold) as saver:
+        graph = _graph(saver, hold, EffectToolNode([refund]), model, use_async=False)
+        worker, out = _start(graph, thread, use_async=False)
+        assert hold.holding.wait(20)
+        time.sleep(0.3)
+        hold.release.set()
+        worker.join(60)
+        assert out, "the run did not end"
+        # Told why (the failed save), not that 20 s went by.
+        err = out[0]
+        assert isinstance(err, CheckpointNotSavedError), repr(err)
+        assert isinstance(err.__cause__, ConnectionError) and "save failed" in str(err)
+        assert log.attempts("refund") == 0
+        assert _statuses(saver.ledger, thread)["refund"] is EffectStatus.PLANNED
+        saved = saver.saved_checkpoints
+        failed = [cid for cid in list(saved._ids) if saved.failure(cid) is not None]
+        assert len(failed) == 1 and failed[0] not in saved
+
+
+def test_a_failed_save_ends_the_waits_for_the_rest_of_its_run_only() -> None:
+    # LangGraph saves a run's checkpoints one after the other: after a failed save no
+    # later checkpoint of the run is saved. A later save or read of the thread (a new
+    # run) clears that. Checkpoint ids sort by time.
+    from langgraph_cancel.checkpointers.durable import SavedCheckpoints
+
+    noted, thread = SavedCheckpoints(), ("t", "")
+    noted.note("cp-1", thread=thread)
+    noted.note("cp-2", failed=ConnectionError("down"), thread=thread)
+    assert "cp-1" in noted and "cp-2" not in noted
+    assert isinstance(noted.failure("cp-2"), ConnectionError)
+    assert isinstance(noted.failure("cp-3", thread), ConnectionError)  # never coming
+    assert noted.failure("cp-3") is None and noted.failure("cp-3", ("u", "")) is None
+    noted.note("cp-4", thread=thread)  # the next run's first save
+    assert noted.failure("cp-5", thread) is None
+    noted.note("cp-2", thread=thread)  # read back after all: saved
+    assert "cp-2" in noted and noted.failure("cp-2") is None

@@ -53,15 +53,34 @@ class SavedCheckpoints:
     """The ids of the checkpoints a saver wrote or read in this process (the latest ones)."""
 
     def __init__(self, capacity: int = 4096) -> None:
-        self._ids: OrderedDict[str, None] = OrderedDict()
+        # None: saved; an exception: its save failed (LangGraph does not retry it).
+        self._ids: OrderedDict[str, BaseException | None] = OrderedDict()
         self._capacity = capacity
         self._changed = threading.Condition()
         self._awaiting: dict[str, list[asyncio.Future[None]]] = {}
+        # Per (thread, namespace): the last checkpoint saved, read or failed.
+        self._last: OrderedDict[tuple[str, str], tuple[str, BaseException | None]] = OrderedDict()
 
-    def note(self, checkpoint_id: str) -> None:
-        """``checkpoint_id`` is in the database."""
+    def note(
+        self,
+        checkpoint_id: str,
+        failed: BaseException | None = None,
+        *,
+        thread: tuple[str, str] | None = None,
+    ) -> None:
+        """``checkpoint_id`` is in the database; or, with ``failed``, its save failed.
+
+        ``thread``: its (thread id, checkpoint namespace), whose last event this is.
+        """
         with self._changed:
-            self._ids[checkpoint_id] = None
+            if thread is not None:
+                self._last[thread] = (checkpoint_id, failed)
+                self._last.move_to_end(thread)
+                while len(self._last) > self._capacity:
+                    self._last.popitem(last=False)
+            if failed is not None and checkpoint_id in self:
+                return  # saved after all (read back): that wins
+            self._ids[checkpoint_id] = failed
             self._ids.move_to_end(checkpoint_id)
             while len(self._ids) > self._capacity:
                 self._ids.popitem(last=False)
@@ -71,12 +90,41 @@ class SavedCheckpoints:
             fut.get_loop().call_soon_threadsafe(_resolve, fut)
 
     def __contains__(self, checkpoint_id: object) -> bool:
-        return checkpoint_id in self._ids
+        """Whether the checkpoint is known saved."""
+        return (
+            isinstance(checkpoint_id, str)
+            and checkpoint_id in self._ids
+            and self._ids[checkpoint_id] is None
+        )
+
+    def failure(
+        self, checkpoint_id: str, thread: tuple[str, str] | None = None
+    ) -> BaseException | None:
+        """Why the checkpoint's save failed or never can happen, if so.
+
+        LangGraph saves a run's checkpoints in order, each after the one before: once
+        a save of the thread failed, no later checkpoint of the run gets saved. So
+        when the thread's last event is a failed save of this checkpoint or an earlier
+        one (ids sort by time), waiting is pointless. A later save or read of the
+        thread (a new run) clears it.
+        """
+        own = self._ids.get(checkpoint_id)
+        if own is not None or thread is None:
+            return own
+        last = self._last.get(thread)
+        if last is not None and last[1] is not None and last[0] <= checkpoint_id:
+            return last[1]
+        return None
 
     def wait(self, checkpoint_id: str, timeout: float) -> bool:
-        """Wait up to ``timeout`` seconds for ``checkpoint_id`` to be noted."""
+        """Wait up to ``timeout`` seconds for ``checkpoint_id`` to be noted.
+
+        Returns:
+            Whether it is known saved (False as well when its save failed: see ``failure``).
+        """
         with self._changed:
-            return self._changed.wait_for(lambda: checkpoint_id in self._ids, timeout)
+            self._changed.wait_for(lambda: checkpoint_id in self._ids, timeout)
+            return checkpoint_id in self
 
     async def await_noted(self, checkpoint_id: str, within: float) -> bool:
         """``wait`` on an event loop, holding no thread meanwhile.
@@ -87,13 +135,12 @@ class SavedCheckpoints:
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         with self._changed:
             if checkpoint_id in self._ids:
-                return True
+                return checkpoint_id in self
             self._awaiting.setdefault(checkpoint_id, []).append(fut)
         try:
             await asyncio.wait_for(fut, within)
-            return True
         except TimeoutError:
-            return checkpoint_id in self._ids
+            pass
         finally:
             with self._changed:
                 left = self._awaiting.get(checkpoint_id)
@@ -101,6 +148,7 @@ class SavedCheckpoints:
                     left.remove(fut)
                     if not left:
                         del self._awaiting[checkpoint_id]
+        return checkpoint_id in self
 
 
 def _resolve(fut: asyncio.Future[None]) -> None:
@@ -136,9 +184,14 @@ class NotesSavedCheckpoints(_SaverBase):
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
-        """``put``, then note the checkpoint as saved."""
-        out = super().put(config, checkpoint, metadata, new_versions)
-        self.saved_checkpoints.note(checkpoint["id"])
+        """``put``, then note the checkpoint as saved (or its save as failed)."""
+        thread = _thread_of(config)
+        try:
+            out = super().put(config, checkpoint, metadata, new_versions)
+        except BaseException as exc:
+            self.saved_checkpoints.note(checkpoint["id"], failed=exc, thread=thread)
+            raise
+        self.saved_checkpoints.note(checkpoint["id"], thread=thread)
         return out
 
     async def aput(
@@ -148,23 +201,28 @@ class NotesSavedCheckpoints(_SaverBase):
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
-        """``aput``, then note the checkpoint as saved."""
-        out = await super().aput(config, checkpoint, metadata, new_versions)
-        self.saved_checkpoints.note(checkpoint["id"])
+        """``aput``, then note the checkpoint as saved (or its save as failed)."""
+        thread = _thread_of(config)
+        try:
+            out = await super().aput(config, checkpoint, metadata, new_versions)
+        except BaseException as exc:
+            self.saved_checkpoints.note(checkpoint["id"], failed=exc, thread=thread)
+            raise
+        self.saved_checkpoints.note(checkpoint["id"], thread=thread)
         return out
 
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         """``get_tuple``; a checkpoint read back is a saved one."""
         found = super().get_tuple(config)
         if found is not None:
-            self.saved_checkpoints.note(found.checkpoint["id"])
+            self.saved_checkpoints.note(found.checkpoint["id"], thread=_thread_of(config))
         return found
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         """``aget_tuple``; a checkpoint read back is a saved one."""
         found = await super().aget_tuple(config)
         if found is not None:
-            self.saved_checkpoints.note(found.checkpoint["id"])
+            self.saved_checkpoints.note(found.checkpoint["id"], thread=_thread_of(config))
         return found
 
 
@@ -201,6 +259,7 @@ class PlanCheckpoint:
             if noted is not None:
                 if noted.wait(self.checkpoint_id, pause):
                     return
+                self._raise_if_failed(noted, timeout)
             else:
                 time.sleep(pause)
             try:
@@ -231,6 +290,7 @@ class PlanCheckpoint:
             if noted is not None:
                 if await noted.await_noted(self.checkpoint_id, pause):
                     return
+                self._raise_if_failed(noted, timeout)
             else:
                 await asyncio.sleep(pause)
             try:
@@ -252,6 +312,12 @@ class PlanCheckpoint:
             # A sync saver (LangGraph's raise here): its sync read, in a thread.
             return await asyncio.to_thread(self.saver.get_tuple, self.config)
 
+    def _raise_if_failed(self, noted: SavedCheckpoints, timeout: float) -> None:
+        """A save that failed is not retried by LangGraph: no use waiting for it."""
+        failed = noted.failure(self.checkpoint_id, _thread_of(self.config))
+        if failed is not None:
+            raise CheckpointNotSavedError(self.checkpoint_id, timeout, failed=failed) from failed
+
     def _noted(self) -> SavedCheckpoints | None:
         noted: SavedCheckpoints | None = getattr(self.saver, "saved_checkpoints", None)
         return noted
@@ -261,6 +327,12 @@ class PlanCheckpoint:
         if found is not None and noted is not None:
             noted.note(self.checkpoint_id)
         return found is not None
+
+
+def _thread_of(config: RunnableConfig) -> tuple[str, str] | None:
+    conf = config.get("configurable") or {}
+    thread_id = conf.get("thread_id")
+    return None if thread_id is None else (str(thread_id), str(conf.get("checkpoint_ns") or ""))
 
 
 def _rounds(timeout: float, noting: bool) -> Iterator[float]:
