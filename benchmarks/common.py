@@ -221,3 +221,27 @@ def timed(fn: Callable[[], Any]) -> float:
     t0 = time.perf_counter()
     fn()
     return time.perf_counter() - t0
+
+
+def write_pair(ledger: Any, done: str, then: str) -> None:
+    """What EffectToolNode writes per side effect: one outcome with the next intent."""
+    from langgraph_cancel.types import EffectStatus, TransitionRequest
+
+    ledger.transition_many(
+        [
+            TransitionRequest(
+                effect_id=done,
+                to=EffectStatus.COMMITTED,
+                expected=frozenset({EffectStatus.DISPATCHED}),
+                actor="bench",
+                result={"content": "ok", "status": "success"},
+            ),
+            TransitionRequest(
+                effect_id=then,
+                to=EffectStatus.DISPATCHED,
+                expected=frozenset({EffectStatus.PLANNED}),
+                actor="bench",
+                owner="bench",
+            ),
+        ]
+    )

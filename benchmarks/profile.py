@@ -31,7 +31,7 @@ from benchmarks.agent import (
     savers,
     scripted_model,
 )
-from benchmarks.common import Settings, log, median, rnd, time_median
+from benchmarks.common import Settings, log, median, rnd, time_median, write_pair
 
 Patch = tuple[Any, str, str]
 _ROOT = str(Path(__file__).resolve().parent.parent) + "/"
@@ -301,7 +301,7 @@ def _ledger_primitives(ledger: Any, reps: int) -> dict[str, Any]:
 
 def _batched_primitives(ledger: Any, reps: int, times: dict[str, list[float]]) -> None:
     """The batch writes EffectToolNode makes, timed on their own (10 calls a batch)."""
-    from langgraph_cancel.types import EffectKind, EffectStatus, NewEffect, TransitionRequest
+    from langgraph_cancel.types import EffectKind, EffectStatus, NewEffect
 
     thread = f"prim-batch-{uuid.uuid4().hex[:8]}"
     run = ledger.start_run(thread)
@@ -323,20 +323,7 @@ def _batched_primitives(ledger: Any, reps: int, times: dict[str, list[float]]) -
         ledger.transition(ids[0], "dispatched", actor="bench", owner="bench")
         for prev, nxt in itertools.pairwise(ids):
             t1 = time.perf_counter()
-            ledger.transition_many(
-                [
-                    TransitionRequest(
-                        effect_id=prev,
-                        to=EffectStatus.COMMITTED,
-                        expected=frozenset({EffectStatus.DISPATCHED}),
-                        actor="bench",
-                        result={"content": "ok", "status": "success"},
-                    ),
-                    TransitionRequest(
-                        effect_id=nxt, to=EffectStatus.DISPATCHED, actor="bench", owner="bench"
-                    ),
-                ]
-            )
+            write_pair(ledger, prev, nxt)
             times["transition_many (outcome + next intent)"].append(time.perf_counter() - t1)
         t2 = time.perf_counter()
         ledger.record_many(

@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import Settings, ledger_url, log, ratio, rnd, summary
+from benchmarks.common import Settings, ledger_url, log, ratio, rnd, summary, write_pair
 
 SETTLED = ["committed"] * 7 + ["failed", "dropped", "compensated"]
 UNSETTLED_PER_THREAD = 10
@@ -210,30 +210,6 @@ def _seed_writer(ledger: Any, thread: str, n: int) -> list[str]:
     return ids
 
 
-def _write_pair(ledger: Any, done: str, then: str) -> None:
-    """What EffectToolNode writes per side effect: one outcome with the next intent."""
-    from langgraph_cancel.types import EffectStatus, TransitionRequest
-
-    ledger.transition_many(
-        [
-            TransitionRequest(
-                effect_id=done,
-                to=EffectStatus.COMMITTED,
-                expected=frozenset({EffectStatus.DISPATCHED}),
-                actor="bench",
-                result={"content": "ok", "status": "success"},
-            ),
-            TransitionRequest(
-                effect_id=then,
-                to=EffectStatus.DISPATCHED,
-                expected=frozenset({EffectStatus.PLANNED}),
-                actor="bench",
-                owner="bench",
-            ),
-        ]
-    )
-
-
 def unsettled_scale(settings: Settings, backend: str) -> dict[str, Any]:
     """unsettled() of a thread with no history and of one holding 10% of all rows.
 
@@ -278,7 +254,7 @@ def unsettled_scale(settings: Settings, backend: str) -> dict[str, Any]:
             for i in range(5):
                 ledger.unsettled(light)
                 ledger.unsettled(heavy)
-                _write_pair(ledger, writers[k][i], writers[k][i + 1])
+                write_pair(ledger, writers[k][i], writers[k][i + 1])
         for i in range(5, 5 + calls):
             for k, ledger in enumerate(ledgers):
                 for name, thread in (("light", light), ("heavy", heavy)):
@@ -287,7 +263,7 @@ def unsettled_scale(settings: Settings, backend: str) -> dict[str, Any]:
                     times[k][name].append(time.perf_counter() - t1)
                     assert len(got) == UNSETTLED_PER_THREAD, len(got)
                 t1 = time.perf_counter()
-                _write_pair(ledger, writers[k][i], writers[k][i + 1])
+                write_pair(ledger, writers[k][i], writers[k][i + 1])
                 times[k]["write"].append(time.perf_counter() - t1)
         for k, ledger in enumerate(ledgers):
             steps[k]["light_us"] = summary(times[k]["light"], scale=1e6, digits=1)

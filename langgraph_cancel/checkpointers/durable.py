@@ -21,6 +21,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -185,14 +186,8 @@ class NotesSavedCheckpoints(_SaverBase):
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
         """``put``, then note the checkpoint as saved (or its save as failed)."""
-        thread = _thread_of(config)
-        try:
-            out = super().put(config, checkpoint, metadata, new_versions)
-        except BaseException as exc:
-            self.saved_checkpoints.note(checkpoint["id"], failed=exc, thread=thread)
-            raise
-        self.saved_checkpoints.note(checkpoint["id"], thread=thread)
-        return out
+        with self._noting_save(config, checkpoint):
+            return super().put(config, checkpoint, metadata, new_versions)
 
     async def aput(
         self,
@@ -202,14 +197,18 @@ class NotesSavedCheckpoints(_SaverBase):
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
         """``aput``, then note the checkpoint as saved (or its save as failed)."""
+        with self._noting_save(config, checkpoint):
+            return await super().aput(config, checkpoint, metadata, new_versions)
+
+    @contextmanager
+    def _noting_save(self, config: RunnableConfig, checkpoint: Checkpoint) -> Iterator[None]:
         thread = _thread_of(config)
         try:
-            out = await super().aput(config, checkpoint, metadata, new_versions)
+            yield
         except BaseException as exc:
             self.saved_checkpoints.note(checkpoint["id"], failed=exc, thread=thread)
             raise
         self.saved_checkpoints.note(checkpoint["id"], thread=thread)
-        return out
 
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         """``get_tuple``; a checkpoint read back is a saved one."""
