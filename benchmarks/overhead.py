@@ -81,9 +81,10 @@ def measure_cell(
         "base": build_graph(tools, scripted_model(n), base_saver, effectful=False),
         "effect": build_graph(tools, scripted_model(n), cancel_saver, effectful=True),
     }
-    if kind == SIDE_EFFECT and tool_ms > 0 and n > 1:
+    if kind == SIDE_EFFECT and n > 1:
         # The default runs side effects one at a time, in plan order; this variant
-        # lets a whole batch run at once, like ToolNode does.
+        # lets a whole batch run at once, like ToolNode does, so its intents and its
+        # outcomes are each written in one statement. (At N = 1 the two are the same.)
         variants["effect_concurrent"] = build_graph(
             tools, scripted_model(n), cancel_saver, effectful=True, effect_concurrency=n
         )
@@ -181,6 +182,9 @@ def run(settings: Settings, backends: list[str]) -> dict[str, Any]:
                 for tool_ms in cfg["tool_ms"]:
                     points: list[tuple[int, float]] = []
                     cpu_points: list[tuple[int, float]] = []
+                    # added(N) with the batch at once (effect_concurrency=N); N = 1 is
+                    # the default variant itself.
+                    conc_points: list[tuple[int, float]] = []
                     for n in cfg["batches"]:
                         s = measure_cell(
                             base_saver,
@@ -201,6 +205,8 @@ def run(settings: Settings, backends: list[str]) -> dict[str, Any]:
                         added_cpu = eff_cpu - base_cpu
                         points.append((n, added))
                         cpu_points.append((n, added_cpu))
+                        if kind == SIDE_EFFECT and n == 1:
+                            conc_points.append((n, added))
                         cell: dict[str, Any] = {
                             "backend": backend,
                             "kind": kind,
@@ -219,6 +225,8 @@ def run(settings: Settings, backends: list[str]) -> dict[str, Any]:
                         cell.update(_paired("added_pct", s["base"]["wall"], s["effect"]["wall"]))
                         if "effect_concurrent" in s:
                             conc = median(s["effect_concurrent"]["wall"])
+                            assert conc is not None
+                            conc_points.append((n, conc - base))
                             cell["effect_concurrent_ms"] = summary(
                                 s["effect_concurrent"]["wall"], scale=1e3
                             )
@@ -242,6 +250,7 @@ def run(settings: Settings, backends: list[str]) -> dict[str, Any]:
                         )
                     fixed, per_call = _fit(points)
                     cpu_fixed, cpu_per_call = _fit(cpu_points)
+                    conc_fixed, conc_per_call = _fit(conc_points)
                     fits.append(
                         {
                             "backend": backend,
@@ -261,6 +270,10 @@ def run(settings: Settings, backends: list[str]) -> dict[str, Any]:
                             f"N in {[n for n, _ in points]}",
                         }
                     )
+                    if conc_per_call is not None:
+                        assert conc_fixed is not None
+                        fits[-1]["concurrent_fixed_ms_per_run"] = rnd(conc_fixed * 1e3)
+                        fits[-1]["concurrent_marginal_us_per_call"] = rnd(conc_per_call * 1e6, 1)
     log("overhead: the 10 x 5 ms cells through ainvoke")
     async_cells = run_async(settings, backends, cfg)
     return {

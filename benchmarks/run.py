@@ -257,6 +257,16 @@ def evaluate_targets(res: dict[str, Any], settings: Settings) -> list[dict[str, 
                 + "/".join(f"{x}" for x in amort)
                 + " us/call",
             )
+            cm = f.get("concurrent_marginal_us_per_call") if f else None
+            if cm is not None:
+                add(
+                    "PG: <=1 ms added per side-effecting call (marginal, batch at once)",
+                    f"{cm} us/call",
+                    cm <= PG_SE_MAX_US,
+                    "effect_concurrency=N: the batch's intents go in one statement and its "
+                    "outcomes in another; the default (one at a time, in plan order) needs "
+                    "one durable write between two dispatches, see the row above",
+                )
             c1 = _cell(res, "postgres", "side_effecting", 0, batches[0])
             if c1:
                 add(
@@ -562,9 +572,15 @@ def print_tables(res: dict[str, Any]) -> None:
             "marginal us/call",
             "CPU fixed ms",
             "CPU marginal us",
+            "at once: fixed ms / marginal us",
         ):
             t.add_column(col)
         for f in res["overhead"]["fits"]:
+            at_once = (
+                f"{f['concurrent_fixed_ms_per_run']} / {f['concurrent_marginal_us_per_call']}"
+                if "concurrent_marginal_us_per_call" in f
+                else ""
+            )
             t.add_row(
                 f["backend"],
                 f["kind"],
@@ -573,6 +589,7 @@ def print_tables(res: dict[str, Any]) -> None:
                 str(f["marginal_us_per_call"]),
                 str(f["cpu_fixed_ms_per_run"]),
                 str(f["cpu_marginal_us_per_call"]),
+                at_once,
             )
         con.print(t)
     if "profile" in res:

@@ -76,6 +76,18 @@ def test_benchmarks_quick_run_writes_every_section(tmp_path: Path) -> None:
         assert c["base_ms"]["n"] == 1 and c["effect_ms"]["n"] == 1
         low, high = c["paired_added_pct_ci95"]
         assert low <= c["paired_added_pct"] <= high
+    # Side effects are also fitted with the whole batch at once (effect_concurrency=N).
+    fits = data["overhead"]["fits"]
+    for b in run:
+        for tool_ms in (0, 5):
+            (fit,) = [
+                f
+                for f in fits
+                if (f["backend"], f["kind"], f["tool_ms"]) == (b, "side_effecting", tool_ms)
+            ]
+            assert isinstance(fit["concurrent_marginal_us_per_call"], float)
+    if "postgres" in run:
+        assert any("batch at once" in t["target"] for t in data["targets"])
     # The 10 x 5 ms cells again through ainvoke, on every backend run.
     acells = data["overhead"]["async_cells"]
     assert {(c["backend"], c["kind"]) for c in acells} == {
