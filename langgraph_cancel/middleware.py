@@ -34,6 +34,7 @@ from langgraph.prebuilt.tool_node import ToolCallRequest
 from langgraph.runtime import Runtime
 from langgraph.types import Command
 
+from langgraph_cancel.checkpointers.durable import PLAN_SAVE_TIMEOUT
 from langgraph_cancel.graph import (
     REPORT_KEY,
     CancellationSettings,
@@ -111,6 +112,9 @@ class EffectMiddleware(AgentMiddleware[CancelAgentState, Any, Any]):
         approval: Ask a person before calls that need approval (default on).
         compensate_on_cancel: Undo committed reversible effects on cancel.
         cancel_timeout: Seconds to wait for in-flight calls on cancel.
+        checkpoint_timeout: Seconds a side-effecting call waits for the checkpoint
+            of the model step that asked for it before it is refused (see
+            ``EffectToolNode``).
     """
 
     state_schema = CancelAgentState
@@ -122,8 +126,12 @@ class EffectMiddleware(AgentMiddleware[CancelAgentState, Any, Any]):
         approval: bool = True,
         compensate_on_cancel: bool = False,
         cancel_timeout: float = 30.0,
+        checkpoint_timeout: float = PLAN_SAVE_TIMEOUT,
     ) -> None:
         super().__init__()
+        if not checkpoint_timeout > 0:
+            raise ValueError("checkpoint_timeout must be a positive number of seconds")
+        self.checkpoint_timeout = checkpoint_timeout
         self.tools: list[BaseTool] = []
         self.ledger = ledger
         self.approval = approval
@@ -205,7 +213,10 @@ class EffectMiddleware(AgentMiddleware[CancelAgentState, Any, Any]):
         found = self._executors.get(tool.name)
         if found is None or found.tools_by_name.get(tool.name) is not tool:
             found = self._executors[tool.name] = _HandlerExecutor(
-                [tool], ledger=self.ledger, cancel_timeout=self.settings.cancel_timeout
+                [tool],
+                ledger=self.ledger,
+                cancel_timeout=self.settings.cancel_timeout,
+                checkpoint_timeout=self.checkpoint_timeout,
             )
             self.settings.tools[tool.name] = tool
         return found

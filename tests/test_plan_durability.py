@@ -35,7 +35,6 @@ from langgraph_cancel import (
     EffectToolNode,
     add_cancellation,
 )
-from langgraph_cancel.checkpointers import durable
 from langgraph_cancel.checkpointers.durable import PlanCheckpoint, plan_checkpoint
 from langgraph_cancel.checkpointers.postgres import AsyncPostgresCancelSaver, PostgresCancelSaver
 from langgraph_cancel.checkpointers.sqlite import SqliteCancelSaver
@@ -121,6 +120,25 @@ def _graph(saver: Any, hold: _Hold, node: EffectToolNode, model: Any, *, use_asy
     builder.add_conditional_edges("agent", tools_condition)
     builder.add_edge("tools", "agent")
     return add_cancellation(builder).compile(checkpointer=saver)
+
+
+def _agent(saver: Any, hold: _Hold, model: Any, tools: list[Any], **options: Any) -> Any:
+    """``create_agent`` with ``EffectMiddleware(**options)``; the model step arms the hold."""
+    from langchain.agents import create_agent
+    from langchain.agents.middleware import AgentMiddleware
+
+    from langgraph_cancel.middleware import EffectMiddleware
+
+    class ArmAfterModel(AgentMiddleware):  # type: ignore[type-arg]
+        def after_model(self, state: Any, runtime: Any) -> None:
+            hold.armed.set()
+
+    return create_agent(
+        model,
+        tools,
+        middleware=[EffectMiddleware(approval=False, **options), ArmAfterModel()],
+        checkpointer=saver,
+    )
 
 
 def _start(graph: Any, thread: str, *, use_async: bool) -> tuple[threading.Thread, list[Any]]:
@@ -259,25 +277,46 @@ def test_a_saver_of_langgraphs_own_is_asked_by_checkpoint_id(
     ledger.close()
 
 
+@pytest.mark.parametrize("via", ["node", "middleware"])
 def test_a_save_that_never_comes_dispatches_nothing(
-    sqlite_url: str, log: ExecutionLog, monkeypatch: pytest.MonkeyPatch
+    sqlite_url: str, log: ExecutionLog, via: str
 ) -> None:
-    monkeypatch.setattr(durable, "PLAN_SAVE_TIMEOUT", 0.5)
     hold = _Hold()
     refund = counting_tool(log, "refund", EffectKind.IRREVERSIBLE)
     model = scripted(calls(("refund", "r-3", "c1")), "done")
     thread = new_thread()
     with _held_saver(sqlite_url, hold) as saver:
-        graph = _graph(saver, hold, EffectToolNode([refund]), model, use_async=False)
+        if via == "node":
+            node = EffectToolNode([refund], checkpoint_timeout=0.5)
+            graph = _graph(saver, hold, node, model, use_async=False)
+        else:
+            graph = _agent(saver, hold, model, [refund], checkpoint_timeout=0.5)
+        started = time.monotonic()
         worker, out = _start(graph, thread, use_async=False)
-        time.sleep(2)  # the node gave up after 0.5 s; the run ends once the save does
+        assert hold.holding.wait(20)
+        # The node gives up after 0.5 s of the default 30; the run ends once the save does.
+        deadline = time.monotonic() + 20
+        while _statuses(saver.ledger, thread).get("refund") is not EffectStatus.PLANNED:
+            assert time.monotonic() < deadline, "the call was never planned"
+            time.sleep(0.05)
+        time.sleep(max(0.0, started + 2.0 - time.monotonic()))
         hold.release.set()
         worker.join(30)
         assert out, "the run did not end"
         assert isinstance(out[0], CheckpointNotSavedError), out[0]
-        assert "nothing was dispatched" in str(out[0])
+        assert "0.5" in str(out[0]) and "nothing was dispatched" in str(out[0])
         assert log.attempts("refund") == 0
         assert _statuses(saver.ledger, thread)["refund"] is EffectStatus.PLANNED
+
+
+@pytest.mark.parametrize("seconds", [0, -1.0, float("nan")])
+def test_checkpoint_timeout_must_be_a_positive_number_of_seconds(seconds: float) -> None:
+    from langgraph_cancel.middleware import EffectMiddleware
+
+    with pytest.raises(ValueError, match="checkpoint_timeout"):
+        EffectToolNode([], checkpoint_timeout=seconds)
+    with pytest.raises(ValueError, match="checkpoint_timeout"):
+        EffectMiddleware(checkpoint_timeout=seconds)
 
 
 def _probe(seen: list[PlanCheckpoint | None]) -> Callable[..., Any]:
@@ -324,27 +363,12 @@ def test_the_checkpoint_waited_for_is_the_tasks_own_in_a_subgraph_too(sqlite_url
 
 
 def test_create_agent_with_the_middleware_waits_too(sqlite_url: str, log: ExecutionLog) -> None:
-    from langchain.agents import create_agent
-    from langchain.agents.middleware import AgentMiddleware
-
-    from langgraph_cancel.middleware import EffectMiddleware
-
     hold = _Hold()
-
-    class ArmAfterModel(AgentMiddleware):  # type: ignore[type-arg]
-        def after_model(self, state: Any, runtime: Any) -> None:
-            hold.armed.set()
-
     refund = counting_tool(log, "refund", EffectKind.IRREVERSIBLE)
     model = scripted(calls(("refund", "r-4", "c1")), "done")
     thread = new_thread()
     with _held_saver(sqlite_url, hold) as saver:
-        agent = create_agent(
-            model,
-            [refund],
-            middleware=[EffectMiddleware(approval=False), ArmAfterModel()],
-            checkpointer=saver,
-        )
+        agent = _agent(saver, hold, model, [refund])
         _run_held(agent, hold, thread, _nothing_sent(log, "refund"))
         assert log.attempts("refund") == 1
         assert _statuses(saver.ledger, thread)["refund"] is EffectStatus.COMMITTED
@@ -430,18 +454,16 @@ def test_a_read_that_fails_is_not_saved_yet_and_the_wait_goes_on() -> None:
         assert isinstance(caught.value.__cause__, ConnectionError)
 
 
-def test_a_save_that_fails_stops_the_wait_at_once(
-    sqlite_url: str, log: ExecutionLog, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_save_that_fails_stops_the_wait_at_once(sqlite_url: str, log: ExecutionLog) -> None:
     # LangGraph does not retry a failed save: the dispatch stops waiting when it
     # fails, well before the timeout, and nothing goes out.
-    monkeypatch.setattr(durable, "PLAN_SAVE_TIMEOUT", 20.0)
     hold = _Hold(fail=True)
     refund = counting_tool(log, "refund", EffectKind.IRREVERSIBLE)
     model = scripted(calls(("refund", "r-6", "c1")), "done")
     thread = new_thread()
     with _held_saver(sqlite_url, hold) as saver:
-        graph = _graph(saver, hold, EffectToolNode([refund]), model, use_async=False)
+        node = EffectToolNode([refund], checkpoint_timeout=20.0)
+        graph = _graph(saver, hold, node, model, use_async=False)
         worker, out = _start(graph, thread, use_async=False)
         assert hold.holding.wait(20)
         time.sleep(0.3)

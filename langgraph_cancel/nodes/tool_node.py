@@ -52,7 +52,7 @@ from tenacity import (
     wait_exponential,
 )
 
-from langgraph_cancel.checkpointers.durable import plan_checkpoint
+from langgraph_cancel.checkpointers.durable import PLAN_SAVE_TIMEOUT, plan_checkpoint
 from langgraph_cancel.effects import (
     CLASSIFIED_TOOLS,
     EffectSpec,
@@ -393,6 +393,10 @@ class EffectToolNode(ToolNode):
             and outcomes of calls in flight together share round trips.
         cancel_timeout: Seconds an in-flight side-effecting call may take to
             finish once its task is cancelled, before it is recorded unknown.
+        checkpoint_timeout: Seconds a side-effecting call waits for the checkpoint
+            of the step that asked for it (LangGraph may still be writing it, under
+            the default ``durability="async"``) before it is refused with
+            ``CheckpointNotSavedError``; nothing is dispatched then.
     """
 
     def __init__(
@@ -408,6 +412,7 @@ class EffectToolNode(ToolNode):
         ledger: Ledger | str | None = None,
         effect_concurrency: int = 1,
         cancel_timeout: float = DEFAULT_CANCEL_TIMEOUT,
+        checkpoint_timeout: float = PLAN_SAVE_TIMEOUT,
     ) -> None:
         super().__init__(
             tools,
@@ -420,9 +425,12 @@ class EffectToolNode(ToolNode):
         )
         if effect_concurrency < 1:
             raise ValueError("effect_concurrency must be at least 1")
+        if not checkpoint_timeout > 0:
+            raise ValueError("checkpoint_timeout must be a positive number of seconds")
         self.ledger = ledger
         self.effect_concurrency = effect_concurrency
         self.cancel_timeout = cancel_timeout
+        self.checkpoint_timeout = checkpoint_timeout
         self.specs: dict[str, EffectSpec] = {
             tool_name: spec_of(t) for tool_name, t in self.tools_by_name.items()
         }
@@ -1112,9 +1120,9 @@ class EffectToolNode(ToolNode):
             # The step that asked for this call must be on disk before it goes out,
             # or a crash would lose the call and the resume ask for it anew.
             if _offload.get():
-                await plan.await_saved()
+                await plan.await_saved(self.checkpoint_timeout)
             else:
-                plan.wait()
+                plan.wait(self.checkpoint_timeout)
         if batch is not None and batch.commits is not None and not redispatch:
             begun = await self._begin_grouped(p, rec, scope, batch.commits)
         else:
