@@ -194,6 +194,21 @@ C = CallSpec
         injections=(Inject("cancel", "turn", 1),),
     )
 )
+@example(
+    # Found by a 400-example soak: the cancel came while the model wrote its final
+    # answer, so the run's cancel was finished after the graph ended, and the crash
+    # hit the ticket's compensation there. The checkpoint names no next step; the
+    # run (cancelling) does, and the resume compensates the ticket.
+    plan=Plan(
+        turns=((C("cx_lookup"),), (C("cx_lookup"),), (C("cx_ticket"),)),
+        injections=(
+            Inject("cancel", "turn", 3, "before"),
+            Inject("crash", "hook", 0, "compensate"),
+        ),
+        compensate_on_cancel=True,
+        use_async=True,
+    )
+)
 def test_invariants_hold_under_random_chaos(plan: Plan) -> None:
     runner = play(plan)
     # What the example exercised (pytest --hypothesis-show-statistics).
