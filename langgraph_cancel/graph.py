@@ -60,6 +60,7 @@ from langgraph_cancel.nodes.tool_node import (
     find_own_record,
     is_same_call,
     mark_unknown,
+    recorded_call,
     replay_message,
 )
 from langgraph_cancel.report import CancellationReport, build_report
@@ -140,6 +141,7 @@ def _record_dangling_dropped(
     known under ``reused_call_id`` (``find_own_record``), so the report counts it
     as not run; the other call's record stays as it is.
     """
+    call = recorded_call(call)
     own_id, rec = find_own_record(scope.ledger, scope.thread_id, call)
     if rec is None:
         _plan_dropped(scope, settings, cast(ToolCall, {**call, "id": own_id}))
@@ -147,8 +149,8 @@ def _record_dangling_dropped(
 
 
 def _plan_dropped(scope: RunScope, settings: CancellationSettings, call: ToolCall) -> None:
-    raw_name = call.get("name")
-    name = raw_name if isinstance(raw_name, str) else "" if raw_name is None else str(raw_name)
+    """Record ``call`` (in its ``recorded_call`` form) as dropped: it never runs."""
+    name = call["name"]
     spec = settings.spec(name)
     args = call.get("args")
     key: str | None = None
@@ -160,9 +162,9 @@ def _plan_dropped(scope: RunScope, settings: CancellationSettings, call: ToolCal
         "thread_id": scope.thread_id,
         "run_id": scope.run_id,
         "tool_call_id": str(call["id"]),
-        "tool": name or "(none)",
+        "tool": name,
         "kind": spec.kind if spec is not None else EffectKind.IRREVERSIBLE,
-        "args": args if isinstance(args, dict) else {"__raw__": repr(args)},
+        "args": args,
         "status": EffectStatus.DROPPED,
         "error": NOT_RUN_CANCELLED,
         "owner": scope.owner,
@@ -189,7 +191,8 @@ def _drop_send_payload(state: Any, scope: RunScope, settings: CancellationSettin
     if isinstance(state, dict) and state.get("__type") == "tool_call_with_context":
         call = state.get("tool_call")
         if isinstance(call, dict) and call.get("id"):
-            own_id, existing = find_own_record(scope.ledger, scope.thread_id, cast(ToolCall, call))
+            call = recorded_call(call)
+            own_id, existing = find_own_record(scope.ledger, scope.thread_id, call)
             if existing is None:
                 _plan_dropped(scope, settings, cast(ToolCall, {**call, "id": own_id}))
             elif existing.status in UNDISPATCHED_STATUSES | {EffectStatus.NOT_APPLIED}:
@@ -333,8 +336,9 @@ def finalize_cancel(
 def _answer_dangling(scope: RunScope, dangling: list[ToolCall]) -> list[ToolMessage]:
     out: list[ToolMessage] = []
     for call in dangling:
-        _own_id, rec = find_own_record(scope.ledger, scope.thread_id, call)
-        if rec is None or not is_same_call(rec, call):
+        recorded = recorded_call(call)
+        _own_id, rec = find_own_record(scope.ledger, scope.thread_id, recorded)
+        if rec is None or not is_same_call(rec, recorded):
             out.append(
                 ToolMessage(
                     NOT_RUN_CANCELLED,

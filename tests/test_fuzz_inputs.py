@@ -412,6 +412,21 @@ BIG_REFUND = call_args(CallSpec("cx_refund", 1), 0)  # needs approval
     approve=False,
     cancel_first=False,
 )
+# Found by a 200-example soak: the same nameless call twice in a cancelled run. The
+# cancel recorded the first as tool "(none)", then compared the second's raw name ("")
+# with that record and gave the copy a record of its own. Both sides now compare the
+# call as recorded (``recorded_call``).
+@example(
+    batch=[
+        {"name": "cx_lookup", "args": {}, "id": "call_e3e70682c209"},
+        {"name": "cx_lookup", "args": {}, "id": "call_e3e70682c209"},
+        {"name": "", "args": {}, "id": "call_f728b4fa4248"},
+        {"name": "", "args": {}, "id": "call_f728b4fa4248"},
+    ],
+    backend="memory",
+    approve=False,
+    cancel_first=True,
+)
 def test_model_tool_calls_never_crash_nor_lose_a_row(
     batch: list[dict[str, Any]], backend: str, approve: bool, cancel_first: bool
 ) -> None:

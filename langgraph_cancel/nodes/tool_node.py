@@ -123,6 +123,26 @@ def _call_identity(p: _Planned) -> tuple[str, str, str]:
     return (p.ledger_id, p.tool.name, _canonical(p.call.get("args")))
 
 
+def recorded_call(call: Any) -> ToolCall:
+    """A call as the ledger records it, malformed or not: the tool's name as text
+    (``"(none)"`` when it has none) and arguments that are an object.
+
+    Whoever records a call and whoever later looks for its record compare this
+    form, so the same malformed call twice finds one record, not two.
+    """
+    raw_name = call.get("name")
+    name = raw_name if isinstance(raw_name, str) else "" if raw_name is None else str(raw_name)
+    args = call.get("args")
+    return cast(
+        ToolCall,
+        {
+            "name": name or "(none)",
+            "args": args if isinstance(args, dict) else {"__raw__": repr(args)},
+            "id": str(call.get("id")),
+        },
+    )
+
+
 def reused_call_id(call: ToolCall) -> str:
     """The ledger id of a call whose tool-call id already names another call's record.
 
@@ -727,16 +747,8 @@ class EffectToolNode(ToolNode):
     def _record_malformed(
         self, scope: RunScope, call: ToolCall, name: str, kind: EffectKind, content: str
     ) -> None:
-        args = call.get("args")
         # The call as recorded: the same call again finds this record as its own.
-        recorded = cast(
-            ToolCall,
-            {
-                "name": name or "(none)",
-                "args": args if isinstance(args, dict) else {"__raw__": repr(args)},
-                "id": str(call.get("id")),
-            },
-        )
+        recorded = recorded_call({**call, "name": name})
         for call_id in (str(recorded["id"]), reused_call_id(recorded)):
             rec, created = scope.ledger.plan(
                 thread_id=scope.thread_id,
@@ -1840,6 +1852,7 @@ __all__ = [
     "mark_unknown",
     "message_payload",
     "moved_record",
+    "recorded_call",
     "replay_message",
     "reused_call_id",
     "unknown_owner",
