@@ -10,24 +10,28 @@ database cannot be shared between processes.
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
+import sqlite3
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 
 import langgraph_cancel.ledger.core as ledger_module
+from langgraph_cancel.checkpointers.sqlite import SqliteCancelSaver
 from langgraph_cancel.errors import (
     DuplicateIdempotencyKeyError,
     IllegalTransitionError,
     TransitionConflictError,
 )
 from langgraph_cancel.ledger import Ledger
+from langgraph_cancel.ledger.backends import enable_wal
 from langgraph_cancel.types import (
     CANCEL_STATUSES,
     EFFECT_TRANSITIONS,
@@ -287,6 +291,7 @@ pkg = types.ModuleType("langgraph_cancel")
 pkg.__path__ = [os.environ["LGC_PACKAGE_DIR"]]
 sys.modules["langgraph_cancel"] = pkg
 from langgraph_cancel.ledger import Ledger
+from langgraph_cancel.ledger.backends import enable_wal
 
 url, status, ready, go = sys.argv[1:5]
 run_ids = sys.argv[5:]
@@ -356,3 +361,61 @@ def test_two_processes_racing_terminal_transitions(
             assert a != b, (run_id, a, b)  # exactly one process made the transition
             expected = RunStatus.COMPLETED if a else RunStatus.FAILED
             assert ledger.get_run(run_id).status is expected
+
+
+def _open_fresh_file(path: str, gate: str, results: Any) -> None:
+    """A forked racer: open the saver and its ledger on ``path`` as soon as ``gate`` exists."""
+    while not os.path.exists(gate):
+        time.sleep(0.0002)
+    try:
+        with SqliteCancelSaver.from_conn_string(path) as saver:
+            saver.setup()
+            saver.ledger.start_run(new_id("t"))
+        results.put("ok")
+    except Exception as exc:  # reported to the parent, which fails the test with it
+        results.put(repr(exc))
+
+
+def test_processes_opening_a_fresh_sqlite_file_together(tmp_path: Path) -> None:
+    """Workers started together on a file that does not exist yet all open it.
+
+    Only one of several connections switching a fresh file to WAL gets the lock;
+    SQLite tells the others "database is locked" at once, without its busy
+    timeout. A worker must not die of that (found by CI in the forked-worker test).
+    """
+    forked = multiprocessing.get_context("fork")
+    for round_ in range(12):
+        path, gate = str(tmp_path / f"fresh-{round_}.db"), str(tmp_path / f"go-{round_}")
+        results = forked.Queue()
+        procs = [
+            forked.Process(target=_open_fresh_file, args=(path, gate, results)) for _ in range(4)
+        ]
+        for proc in procs:
+            proc.start()
+        time.sleep(0.05)
+        Path(gate).touch()
+        outcomes = [results.get(timeout=60) for _ in procs]
+        for proc in procs:
+            proc.join(timeout=60)
+        assert outcomes == ["ok"] * len(procs), (round_, outcomes)
+        with Ledger.from_url(f"sqlite:///{path}", setup=False) as ledger:
+            assert len(ledger.runs_by_status(RunStatus.RUNNING)) == len(procs)
+
+
+def test_enable_wal_waits_for_a_lock_the_busy_handler_would_not(tmp_path: Path) -> None:
+    path = str(tmp_path / "locked.db")
+    holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    holder.execute("CREATE TABLE t (x)")
+    holder.execute("BEGIN EXCLUSIVE")
+    conn = sqlite3.connect(path, timeout=0, check_same_thread=False)
+    try:
+        with pytest.raises(sqlite3.OperationalError, match="locked"):
+            enable_wal(conn, timeout=0.1)
+        release = threading.Timer(0.3, holder.execute, args=("COMMIT",))
+        release.start()
+        enable_wal(conn, timeout=10)
+        release.join()
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    finally:
+        conn.close()
+        holder.close()

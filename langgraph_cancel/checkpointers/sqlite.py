@@ -13,6 +13,7 @@ from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph_cancel.checkpointers.base import LedgerOwner, ThreadedAsyncMixin
 from langgraph_cancel.checkpointers.durable import NotesSavedCheckpoints
 from langgraph_cancel.ledger import Ledger
+from langgraph_cancel.ledger.backends import enable_wal
 
 DEFAULT_PATH = ".langgraph-cancel.db"
 
@@ -46,8 +47,8 @@ class SqliteCancelSaver(NotesSavedCheckpoints, ThreadedAsyncMixin, SqliteSaver, 
         super().__init__(conn, serde=serde)
         path = _path_of(conn)
         if path != ":memory:":
-            conn.execute("PRAGMA journal_mode = WAL")
             conn.execute("PRAGMA busy_timeout = 30000")
+            enable_wal(conn)
         self.path = path
         self.ledger = (
             ledger

@@ -19,11 +19,14 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, cast
 
 from tenacity import (
     RetryCallState,
+    Retrying,
     before_sleep_log,
     retry,
     retry_if_exception,
     stop_after_attempt,
+    stop_after_delay,
     wait_exponential,
+    wait_random,
 )
 
 from langgraph_cancel.errors import TransientDatabaseError
@@ -196,6 +199,31 @@ class Backend:
         raise NotImplementedError  # pragma: no cover
 
 
+def enable_wal(conn: sqlite3.Connection, *, timeout: float = 30.0) -> None:
+    """Put a file database in WAL mode, waiting out other processes doing the same.
+
+    Switching a fresh file to WAL needs its exclusive lock, and SQLite answers
+    "database is locked" at once to all but one of several processes that try
+    together (its busy handler is not called there, to avoid a deadlock). So
+    the switch is retried, with jitter, for up to ``timeout`` seconds. Once the
+    file is in WAL mode the pragma is a no-op that takes no lock.
+
+    Args:
+        conn: A connection to a file database.
+        timeout: Seconds to keep trying before the lock error is raised.
+    """
+    for attempt in Retrying(
+        retry=retry_if_exception(
+            lambda exc: isinstance(exc, sqlite3.OperationalError) and is_transient(exc)
+        ),
+        stop=stop_after_delay(timeout),
+        wait=wait_exponential(multiplier=0.005, max=0.25) + wait_random(0, 0.01),
+        reraise=True,
+    ):
+        with attempt:
+            conn.execute("PRAGMA journal_mode = WAL")
+
+
 class SqliteBackend(Backend):
     """SQLite: an in-memory database or one file in WAL mode.
 
@@ -218,7 +246,7 @@ class SqliteBackend(Backend):
         self._conn.row_factory = sqlite3.Row
         self._conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
         if path != ":memory:":
-            self._conn.execute("PRAGMA journal_mode = WAL")
+            enable_wal(self._conn, timeout=busy_timeout_ms / 1000)
             self._conn.execute("PRAGMA synchronous = NORMAL")
         self._sql_cache: dict[str, str] = {}
         self._depth = 0
