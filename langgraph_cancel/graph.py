@@ -35,7 +35,7 @@ from langchain_core.runnables.config import ensure_config, merge_configs, var_ch
 from langchain_core.tools import BaseTool
 from langgraph._internal._runnable import RunnableCallable
 from langgraph.callbacks import GraphCallbackHandler, GraphInterruptEvent
-from langgraph.errors import GraphDrained
+from langgraph.errors import EmptyInputError, GraphDrained
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.runtime import RunControl, Runtime
@@ -722,13 +722,21 @@ class _Invocation:
             out["callbacks"] = manager
         return cast(RunnableConfig, out)
 
-    def end(self, *, drained: bool, failed: bool, interrupted: bool = False) -> None:
+    def end(
+        self, *, drained: bool, failed: bool, interrupted: bool = False, empty: bool = False
+    ) -> None:
         """Close the run if it ended; clear drained work; release the lease.
 
         ``interrupted``: the run's task was cancelled (a server's ``runs.cancel``,
         a client disconnect, Ctrl-C). That is a stop request too: it is recorded
         as one and the cancel is finished from the ledger (the graph state of
         the interrupted step is gone; the next invocation answers its calls).
+
+        ``empty``: LangGraph refused the invocation before its first step
+        (``EmptyInputError``: no input and no checkpoint to resume). A failed
+        invocation otherwise leaves its run live, to be resumed like a crash;
+        a run with no checkpoint and no effect has nothing to resume, so it is
+        closed ``failed`` instead of being left ``running`` forever.
         """
         try:
             current_scope.reset(self.token)
@@ -743,6 +751,8 @@ class _Invocation:
                 self._record_interruption()
             if not failed or interrupted:
                 self._close_run()
+            elif empty:
+                self._close_empty_run()
         finally:
             try:
                 if not self._released:
@@ -828,6 +838,21 @@ class _Invocation:
             report = finalize_cancel(self.scope, self.settings, dangling)
             self._settle_state(report, dangling)
 
+    def _close_empty_run(self) -> None:
+        """Close a run that nothing ran under (see ``end``); leave any other alone."""
+        try:
+            if self.ledger.run_effects(self.scope.run_id):
+                return
+            if self.graph.checkpointer is not None and self.graph.get_state(
+                self._state_config()
+            ).values:
+                return
+            self._released = self.ledger.finish_run(
+                self.scope.run_id, RunStatus.FAILED, release_lease=self.owner
+            )
+        except Exception:
+            logger.warning("could not close the run of an empty invocation", exc_info=True)
+
     def _complete(self) -> bool:
         """Mark the run completed if the graph ran to its end; True if this call did.
 
@@ -884,7 +909,7 @@ class CancellableGraph(CompiledStateGraph):  # type: ignore[type-arg]
             return
         inv = _Invocation(self, input, merged)
         kwargs.setdefault("control", RunControl())
-        drained = failed = interrupted = False
+        drained = failed = interrupted = empty = False
         try:
             yield from super().stream(input, inv.watching(config), **kwargs)
         except GraphDrained as exc:
@@ -895,11 +920,14 @@ class CancellableGraph(CompiledStateGraph):  # type: ignore[type-arg]
         except KeyboardInterrupt:
             failed = interrupted = True
             raise
+        except EmptyInputError:
+            failed = empty = True
+            raise
         except BaseException:
             failed = True
             raise
         finally:
-            inv.end(drained=drained, failed=failed, interrupted=interrupted)
+            inv.end(drained=drained, failed=failed, interrupted=interrupted, empty=empty)
 
     async def astream(
         self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
@@ -915,7 +943,7 @@ class CancellableGraph(CompiledStateGraph):  # type: ignore[type-arg]
         inv = await asyncio.to_thread(_Invocation, self, input, merged)
         current_scope.set(inv.scope)
         kwargs.setdefault("control", RunControl())
-        drained = failed = interrupted = False
+        drained = failed = interrupted = empty = False
         try:
             async for chunk in super().astream(input, inv.watching(config), **kwargs):
                 yield chunk
@@ -927,12 +955,17 @@ class CancellableGraph(CompiledStateGraph):  # type: ignore[type-arg]
         except (asyncio.CancelledError, KeyboardInterrupt):
             failed = interrupted = True
             raise
+        except EmptyInputError:
+            failed = empty = True
+            raise
         except BaseException:
             failed = True
             raise
         finally:
             closing = asyncio.ensure_future(
-                asyncio.to_thread(inv.end, drained=drained, failed=failed, interrupted=interrupted)
+                asyncio.to_thread(
+                    inv.end, drained=drained, failed=failed, interrupted=interrupted, empty=empty
+                )
             )
             await asyncio.shield(closing)
 

@@ -160,3 +160,28 @@ def test_the_run_holds_its_lease_while_it_runs_and_gives_it_back(
         _run(graph, Command(resume="go on"), config_for(thread), use_async)
         assert ledger.lease(thread) is None
         assert [r.status for r in ledger.runs(thread)] == [RunStatus.COMPLETED]
+
+
+@pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])
+def test_no_input_on_a_new_thread_leaves_no_live_run(db_url: str, use_async: bool) -> None:
+    """``invoke(None)`` on a thread with no checkpoint: LangGraph refuses it
+    (``EmptyInputError``) before any step. The run the invocation opened has
+    nothing to resume: it is closed, its lease given back, and the thread's next
+    message starts a run of its own (found by the stateful chaos machine)."""
+    from langgraph.errors import EmptyInputError
+
+    with open_saver(db_url) as saver:
+        graph = add_cancellation(_builder()).compile(checkpointer=saver)
+        thread = new_thread()
+        with pytest.raises(EmptyInputError):
+            _run(graph, None, config_for(thread), use_async)
+        (run,) = saver.ledger.runs(thread)
+        assert run.status is RunStatus.FAILED
+        assert saver.ledger.lease(thread) is None
+        with pytest.raises(EmptyInputError):  # again: still nothing to resume, no new run
+            _run(graph, None, config_for(thread), use_async)
+        assert [r.run_id for r in saver.ledger.runs(thread)] == [run.run_id]
+        out = _run(graph, {"messages": [HumanMessage("go")]}, config_for(thread), use_async)
+        assert out["__interrupt__"][0].value == "proceed?"
+        latest = saver.ledger.latest_run(thread)
+        assert latest.run_id != run.run_id and latest.status is RunStatus.RUNNING
