@@ -110,10 +110,14 @@ class CallSpec:
 
     ``variant``: 0 plain; 1 the approval-needing form (priority 9, amount 150);
     2 a call the provider refuses (unknown order, refund over the order total).
+    ``ref``: a refund's reference (its declared idempotency key); default one of
+    its own, ``r-c<n>``. A later message naming an earlier ref asks for the same
+    refund again.
     """
 
     tool: str
     variant: int = 0
+    ref: str | None = None
 
 
 @dataclass(frozen=True)
@@ -154,10 +158,14 @@ class Plan:
     #: After a crash, two workers resume the thread at once (sync plans).
     racing_resumes: bool = False
 
-    def numbered(self) -> list[list[tuple[int, CallSpec]]]:
-        """The turns with each call's global number ``n`` (its id is ``c<n>``)."""
+    @property
+    def n_calls(self) -> int:
+        return sum(len(turn) for turn in self.turns)
+
+    def numbered(self, base: int = 0) -> list[list[tuple[int, CallSpec]]]:
+        """The turns with each call's global number ``n`` (its id is ``c<n>``), from ``base``."""
         out: list[list[tuple[int, CallSpec]]] = []
-        n = 0
+        n = base
         for turn in self.turns:
             row = []
             for spec in turn:
@@ -186,7 +194,7 @@ def call_args(spec: CallSpec, n: int) -> dict[str, Any]:
         return {"to": f"{tag}@example.com", "subject": f"mail {tag}", "tag": tag}
     if spec.tool == "cx_refund":
         amount = {0: 5.0, 1: 150.0, 2: 5000.0}[spec.variant]
-        return {"order_id": "o-97", "amount": amount, "ref": f"r-{tag}", "tag": tag}
+        return {"order_id": "o-97", "amount": amount, "ref": spec.ref or f"r-{tag}", "tag": tag}
     if spec.tool == "cx_post":
         return {"channel": "#ops", "text": f"post {tag}", "tag": tag}
     raise ValueError(f"unknown chaos tool {spec.tool!r}")
@@ -248,6 +256,12 @@ class World:
     delay: float = 0.0
     #: Called at every chaos point: ("tool", n, "before"|"after") or ("turn", k, "").
     on_event: Callable[[str, int, str], None] | None = None
+    #: Where the current plan starts on the thread (a thread may carry several plans,
+    #: one per user message): its first call is ``c<call_base>``, its turn 0 the
+    #: model's answer after ``turn_base`` earlier AI messages. Injections and faults
+    #: count from there.
+    call_base: int = 0
+    turn_base: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
@@ -312,7 +326,7 @@ class World:
             raise AssertionError(inj)
 
     def tool_event(self, tag: str, phase: str) -> None:
-        n = int(tag[1:]) if tag[1:].isdigit() else -1
+        n = int(tag[1:]) - self.call_base if tag[1:].isdigit() else -1
         if self.kill_point == (n, phase):
             assert self.kill_marker is not None
             self.kill_marker.write_text(f"{n}:{phase}")
@@ -467,14 +481,15 @@ def dangling_calls(messages: list[BaseMessage]) -> list[str]:
 
 
 def scripted_model(world: World) -> ScriptedChatModel:
-    """Turn ``k`` when the history holds ``k`` AI messages; refuses dangling calls (I5)."""
-    turns = world.plan.numbered()
+    """Turn ``k`` of the current plan when the history holds ``turn_base + k`` AI
+    messages; refuses dangling calls (I5)."""
 
     def pick(messages: list[BaseMessage]) -> AIMessage:
         missing = dangling_calls(messages)
         if missing:
             raise ValueError(f"I5: the model was sent unanswered tool calls {missing}")
-        k = sum(isinstance(m, AIMessage) for m in messages)
+        turns = world.plan.numbered(world.call_base)
+        k = sum(isinstance(m, AIMessage) for m in messages) - world.turn_base
         world.turn_event(k)
         if k < len(turns):
             return AIMessage(
@@ -650,6 +665,25 @@ class Runner:
     @property
     def thread_id(self) -> str:
         return self.world.thread_id
+
+    def begin(self, plan: Plan) -> None:
+        """Take ``plan`` as the script of the thread's next user message.
+
+        Its calls are numbered after every earlier plan's and its turns counted
+        from the AI messages already in the history; its injections, reviewer
+        answers and faults start afresh. The graph (concurrency, async, cancel
+        options) stays the one this runner was built with.
+        """
+        world = self.world
+        state = self.graph.get_state(self.cfg).values if self.saver is not None else {}
+        world.call_base += self.plan.n_calls
+        world.turn_base = sum(isinstance(m, AIMessage) for m in state.get("messages", []))
+        world.plan = self.plan = plan
+        world.fired = set()
+        self.decision_index = 0
+        self.approvals = 0
+        for operation, mode in plan.faults:
+            world.providers.set_fault(operation, mode, times=1)
 
     # ---- invoking
     def _consume(self, chunks: Any, step: Step) -> None:

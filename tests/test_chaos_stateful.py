@@ -1,0 +1,319 @@
+"""A Hypothesis state machine over one thread's life (issue 8): many messages, chaos, operators.
+
+``test_chaos_properties.py`` plays one plan per example on a fresh thread. Here
+one thread lives through a sequence of steps Hypothesis chooses, so what one
+step leaves behind is what the next one meets:
+
+* a user message: one to three model turns of mixed effect kinds, with the
+  reviewer's answers, provider faults and chaos (a stop request, a crash in a
+  tool or a hook, the invocation's task killed), played on the same graph; a
+  refund may name an earlier message's refund (the same declared key), so a
+  refund the stop dropped, one a reviewer rejected and one already issued are
+  all asked for again;
+* a stop pressed between messages (on a finished run: a no-op; on a crashed
+  run: the next invocation finishes the cancel);
+* the thread continued with no input (a resume);
+* an operator's ``reconcile`` and ``compensate`` from outside the graph;
+* the thread brought to rest by a status message.
+
+After every step the persisted state alone must answer I7 (what was done, what
+was or may have been committed, what comes next) and no key may have reached a
+provider twice (I2); at rest, and at the end, all of I1-I8 are checked against
+the providers' truth with the same checks as the whole-plan property.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, event, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    rule,
+)
+from langchain_core.messages import HumanMessage
+
+from chaos_harness import (
+    IRREVERSIBLE_OPS,
+    REVERSIBLE_OPS,
+    CallSpec,
+    Plan,
+    Runner,
+    check_cancelled_run_starts_nothing,
+    check_invariants,
+    check_persisted_state_answers,
+    check_resume_reconciles_first,
+    db_url_of,
+    open_saver,
+)
+from chaos_strategies import chaos, decisions_strategy, faults_strategy, turns_strategy
+from hypothesis_profiles import examples
+from langgraph_cancel import EffectKind, EffectStatus, request_cancel
+from langgraph_cancel.api import compensate
+from langgraph_cancel.errors import UnknownThreadError
+from langgraph_cancel.recovery import reconcile
+from langgraph_cancel.types import UNSETTLED_STATUSES, EffectRecord
+
+
+class OneThread(RuleBasedStateMachine):
+    """One thread on one saver, driven by the steps Hypothesis picks."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._stack = contextlib.ExitStack()
+        self.runner: Runner | None = None
+        self.refs: list[str] = []  # every refund ref asked for so far
+        self.messages = 0
+        self.resting = True
+
+    # ------------------------------------------------------------------ set-up
+    @initialize(
+        backend=st.sampled_from(("memory", "sqlite")),
+        effect_concurrency=st.integers(1, 3),
+        use_async=st.booleans(),
+        compensate_on_cancel=st.booleans(),
+        reconcile_interactive=st.booleans(),
+    )
+    def open_thread(
+        self,
+        backend: str,
+        effect_concurrency: int,
+        use_async: bool,
+        compensate_on_cancel: bool,
+        reconcile_interactive: bool,
+    ) -> None:
+        root = Path(self._stack.enter_context(tempfile.TemporaryDirectory(prefix="chaos-sm-")))
+        saver = self._stack.enter_context(open_saver(backend, root))
+        self.base = Plan(
+            turns=(),
+            effect_concurrency=effect_concurrency,
+            backend=backend,
+            use_async=use_async,
+            compensate_on_cancel=compensate_on_cancel,
+            reconcile_interactive=reconcile_interactive,
+        )
+        self.runner = Runner(self.base, root, saver, url=db_url_of(backend, root))
+
+    def teardown(self) -> None:
+        try:
+            if self.runner is not None and self.messages > 0:
+                if not self.resting:
+                    self.status_message()
+                check_invariants(self.runner)
+        finally:
+            self._stack.close()
+
+    # ------------------------------------------------------------------ helpers
+    @property
+    def r(self) -> Runner:
+        assert self.runner is not None
+        return self.runner
+
+    def _drive(self, inp: Any) -> None:
+        """Drive the thread; a resumed thread must reconcile before it dispatches (I8)."""
+        runner = self.r
+        unsettled: list[EffectRecord] = [
+            e
+            for e in runner.ledger.effects(runner.thread_id)
+            if e.status in (EffectStatus.DISPATCHED, EffectStatus.UNKNOWN)
+        ]
+        runs = {r.run_id for r in runner.ledger.runs(runner.thread_id)}
+        runner.drive(inp)
+        check_resume_reconciles_first(runner, unsettled, runs)
+
+    def _at_rest(self) -> bool:
+        runner = self.r
+        runs = runner.ledger.runs(runner.thread_id)
+        effects = runner.ledger.effects(runner.thread_id)
+        return all(r.terminal for r in runs) and not any(
+            e.status in UNSETTLED_STATUSES - {EffectStatus.UNKNOWN} for e in effects
+        )
+
+    # ------------------------------------------------------------------ rules
+    @rule(data=st.data())
+    def user_message(self, data: st.DataObject) -> None:
+        """A new message: its turns, the reviewer's answers, faults and chaos."""
+        turns = data.draw(turns_strategy, label="turns")
+        if self.refs:
+            # Some refunds are asked for again, under an earlier message's ref.
+            again = st.one_of(st.none(), st.sampled_from(self.refs))
+            turns = tuple(
+                tuple(
+                    CallSpec(c.tool, c.variant, data.draw(again, label="ref"))
+                    if c.tool == "cx_refund"
+                    else c
+                    for c in turn
+                )
+                for turn in turns
+            )
+        n_calls = sum(len(t) for t in turns)
+        plan = Plan(
+            turns=turns,
+            effect_concurrency=self.base.effect_concurrency,
+            decisions=data.draw(decisions_strategy, label="decisions"),
+            injections=data.draw(chaos(n_calls, len(turns), self.base.use_async), label="chaos"),
+            faults=data.draw(faults_strategy, label="faults"),
+            backend=self.base.backend,
+            use_async=self.base.use_async,
+            compensate_on_cancel=self.base.compensate_on_cancel,
+            reconcile_interactive=self.base.reconcile_interactive,
+            racing_cancels=data.draw(st.sampled_from((1, 1, 2)), label="racing cancels"),
+            racing_resumes=data.draw(st.booleans(), label="racing resumes"),
+        )
+        runner = self.r
+        runner.begin(plan)
+        earlier = set(self.refs)
+        first = runner.world.call_base
+        for n, spec in (p for turn in plan.numbered(first) for p in turn):
+            if spec.tool == "cx_refund":
+                self.refs.append(spec.ref or f"r-c{n}")
+        self.messages += 1
+        self._drive({"messages": [HumanMessage(f"message {self.messages}")]})
+        check_cancelled_run_starts_nothing(runner)
+        self.resting = self._at_rest()
+        for inj in sorted(runner.world.fired, key=repr):
+            event(f"fired: {inj.what} at {inj.where} {inj.phase}")
+        if any(c.ref in earlier for t in turns for c in t):
+            event("a refund asked for again")
+        if not self.resting:
+            event("a message left the thread unsettled")
+
+    @rule()
+    def status_message(self) -> None:
+        """Bring the thread to rest (the user asks where things stand); then I1-I8."""
+        self.r.begin(Plan(turns=(), **self._options()))
+        self.messages += 1
+        self._drive({"messages": [HumanMessage("where do things stand?")]})
+        check_cancelled_run_starts_nothing(self.r)
+        check_invariants(self.r)
+        self.resting = True
+
+    @rule(act=st.sampled_from(("stop", "continue", "reconcile", "compensate")))
+    def between_messages(self, act: str) -> None:
+        """Someone acts on the thread while no message is in progress."""
+        event(f"between messages: {act}")
+        {
+            "stop": self.stop_between_messages,
+            "continue": self.continue_without_input,
+            "reconcile": self.operator_reconciles,
+            "compensate": self.operator_compensates,
+        }[act]()
+
+    def stop_between_messages(self) -> None:
+        """A stop pressed with no message in progress."""
+        runner = self.r
+        if not self.messages:
+            with pytest.raises(UnknownThreadError):  # a typed answer, nothing recorded
+                request_cancel(runner.saver, runner.thread_id, reason="early", requested_by="t")
+            return
+        before = runner.ledger.latest_run(runner.thread_id)
+        statuses = {r.run_id: r.status for r in runner.ledger.runs(runner.thread_id)}
+        runner.world.cancel_from_another_thread("stop pressed between messages")
+        answers = runner.world.cancels[-max(1, runner.plan.racing_cancels) :]
+        if before is None or before.terminal:
+            # Nothing to stop: a clear no-op, and no run changes.
+            assert not any(a.accepted for a in answers), answers
+            after = {r.run_id: r.status for r in runner.ledger.runs(runner.thread_id)}
+            assert after == statuses
+        else:
+            # A run a crash left live: recorded now, finished by the next invocation.
+            assert any(a.accepted for a in answers), answers
+            self.resting = False
+
+    def continue_without_input(self) -> None:
+        """``invoke(None)``: resumes a crashed run; on a finished thread it does nothing."""
+        runner = self.r
+        if not self.messages:
+            return  # nothing to continue (tests/test_run_completion.py covers that call)
+        run = runner.ledger.latest_run(runner.thread_id)
+        if run is not None and run.terminal and self.resting:
+            check_cancelled_run_starts_nothing(runner)
+            before = len(runner.ledger.effects(runner.thread_id))
+            step = runner.invoke(None)
+            assert not step.crashed and not step.interrupts, step
+            assert len(runner.ledger.effects(runner.thread_id)) == before
+            return
+        self._drive(None)
+        self.resting = self._at_rest()
+
+    def operator_reconciles(self) -> None:
+        """``langgraph-cancel reconcile THREAD`` between invocations."""
+        runner = self.r
+        if not self.messages:
+            return
+        (result,) = reconcile(runner.saver, runner.thread_id, tools=runner.graph.cancellation.tools)
+        assert result.busy is None, f"no worker is live between steps, yet {result.busy} holds it"
+        for rec in result.still_unknown:
+            assert rec.owner and rec.next_action, rec
+        keys = runner.world.providers.truth()["keys"]
+        for settled in result.settled:
+            e = settled.effect
+            if e.status is EffectStatus.COMMITTED and e.kind is not EffectKind.READ_ONLY:
+                assert keys.get(e.idempotency_key, {}).get("executions", 0) == 1, e
+            if e.status is EffectStatus.NOT_APPLIED:
+                assert keys.get(e.idempotency_key, {}).get("executions", 0) == 0, e
+        self.resting = self._at_rest()
+
+    def operator_compensates(self) -> None:
+        """``langgraph-cancel compensate THREAD``: undo the committed reversible effects."""
+        runner = self.r
+        if not self.messages:
+            return
+        done = compensate(runner.saver, runner.thread_id, tools=runner.graph.cancellation.tools)
+        tickets = {t["key"]: t for t in runner.world.providers.truth()["tickets"]}
+        for e in done:
+            assert e.kind is EffectKind.REVERSIBLE, e
+            assert e.status in (EffectStatus.COMPENSATED, EffectStatus.COMPENSATION_FAILED), e
+            if e.status is EffectStatus.COMPENSATED:
+                assert tickets[e.idempotency_key]["status"] == "closed", e
+        left = [
+            e
+            for e in runner.ledger.effects(runner.thread_id)
+            if e.kind is EffectKind.REVERSIBLE and e.status is EffectStatus.COMMITTED
+        ]
+        assert not left, f"committed reversible effects left uncompensated: {left}"
+
+    def _options(self) -> dict[str, Any]:
+        b = self.base
+        return {
+            "effect_concurrency": b.effect_concurrency,
+            "backend": b.backend,
+            "use_async": b.use_async,
+            "compensate_on_cancel": b.compensate_on_cancel,
+            "reconcile_interactive": b.reconcile_interactive,
+        }
+
+    # ------------------------------------------------------------------ invariants
+    @invariant()
+    def persisted_state_answers(self) -> None:
+        """I7 after every step, from the database alone (a fresh connection)."""
+        if self.runner is not None and self.messages > 0:
+            check_persisted_state_answers(self.runner)
+
+    @invariant()
+    def no_key_reached_a_provider_twice(self) -> None:
+        """I2 after every step: each key applied at most once, by every provider."""
+        if self.runner is None:
+            return
+        keys = self.runner.world.providers.truth()["keys"]
+        twice = {
+            k: v["executions"]
+            for k, v in keys.items()
+            if v["operation"] in IRREVERSIBLE_OPS | REVERSIBLE_OPS and v["executions"] > 1
+        }
+        assert not twice, f"I2: applied more than once: {twice}"
+
+
+OneThread.TestCase.settings = settings(
+    max_examples=examples(ci=30, dev=10),
+    stateful_step_count=10,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+test_one_thread_through_messages_chaos_and_operators = pytest.mark.timeout(1500)(OneThread.TestCase)
