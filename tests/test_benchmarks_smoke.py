@@ -65,7 +65,9 @@ def test_benchmarks_quick_run_writes_every_section(tmp_path: Path) -> None:
     for section in SECTIONS:
         assert section in data, f"missing section {section}"
     assert data["targets"], "no target rows"
-    assert all(t["status"] in ("PASS", "MISS", "n/a") for t in data["targets"])
+    assert all(t["status"] in ("PASS", "MISS", "n/a", "info") for t in data["targets"])
+    # A row that is no target says why in its detail.
+    assert all(t["detail"] for t in data["targets"] if t["status"] == "info")
     assert isinstance(data["notes"], list)
 
     cells = data["overhead"]["cells"]
