@@ -25,6 +25,7 @@ the providers' truth with the same checks as the whole-plan property.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -154,16 +155,12 @@ class OneThread(RuleBasedStateMachine):
                 for turn in turns
             )
         n_calls = sum(len(t) for t in turns)
-        plan = Plan(
+        plan = dataclasses.replace(
+            self.base,
             turns=turns,
-            effect_concurrency=self.base.effect_concurrency,
             decisions=data.draw(decisions_strategy, label="decisions"),
             injections=data.draw(chaos(n_calls, len(turns), self.base.use_async), label="chaos"),
             faults=data.draw(faults_strategy, label="faults"),
-            backend=self.base.backend,
-            use_async=self.base.use_async,
-            compensate_on_cancel=self.base.compensate_on_cancel,
-            reconcile_interactive=self.base.reconcile_interactive,
             racing_cancels=data.draw(st.sampled_from((1, 1, 2)), label="racing cancels"),
             racing_resumes=data.draw(st.booleans(), label="racing resumes"),
         )
@@ -188,7 +185,7 @@ class OneThread(RuleBasedStateMachine):
     @rule()
     def status_message(self) -> None:
         """Bring the thread to rest (the user asks where things stand); then I1-I8."""
-        self.r.begin(Plan(turns=(), **self._options()))
+        self.r.begin(self.base)  # no turns: the model answers at once
         self.messages += 1
         self._drive({"messages": [HumanMessage("where do things stand?")]})
         check_cancelled_run_starts_nothing(self.r)
@@ -279,16 +276,6 @@ class OneThread(RuleBasedStateMachine):
             if e.kind is EffectKind.REVERSIBLE and e.status is EffectStatus.COMMITTED
         ]
         assert not left, f"committed reversible effects left uncompensated: {left}"
-
-    def _options(self) -> dict[str, Any]:
-        b = self.base
-        return {
-            "effect_concurrency": b.effect_concurrency,
-            "backend": b.backend,
-            "use_async": b.use_async,
-            "compensate_on_cancel": b.compensate_on_cancel,
-            "reconcile_interactive": b.reconcile_interactive,
-        }
 
     # ------------------------------------------------------------------ invariants
     @invariant()
