@@ -208,8 +208,19 @@ class HookError(LangGraphCancelError):
     """A reconcile or compensate hook raised, hung or returned something unusable."""
 
 
+class BatchSuperseded(BaseException):
+    """A sync graph's tool batch was taken over by the thread supervising it, or that
+    thread is gone: the worker running the batch stops before anything else goes out.
+
+    A ``BaseException``, like ``GeneratorExit``: the tool node's ``except Exception``
+    handlers (a tool's failure) must not take it for the tool's. It never reaches
+    the caller of the graph.
+    """
+
+
 __all__ = [
     "ApprovalRequiredError",
+    "BatchSuperseded",
     "CheckpointNotSavedError",
     "ConfigurationError",
     "DispatchRefusedError",

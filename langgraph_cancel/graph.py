@@ -843,9 +843,10 @@ class _Invocation:
         try:
             if self.ledger.run_effects(self.scope.run_id):
                 return
-            if self.graph.checkpointer is not None and self.graph.get_state(
-                self._state_config()
-            ).values:
+            if (
+                self.graph.checkpointer is not None
+                and self.graph.get_state(self._state_config()).values
+            ):
                 return
             self._released = self.ledger.finish_run(
                 self.scope.run_id, RunStatus.FAILED, release_lease=self.owner

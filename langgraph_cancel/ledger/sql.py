@@ -354,7 +354,7 @@ WITH req AS (
     INSERT INTO lgc_transitions (effect_id, from_status, to_status, at, actor, detail)
     SELECT effect_id, from_status, status, %(now)s, actor, audit_detail FROM upd ORDER BY n
 )
-SELECT * FROM upd"""
+SELECT n, {EFFECT_COLUMNS} FROM upd"""
 
 PG_INSERT_EFFECT = f"""
 WITH ins AS ({INSERT_EFFECT}

@@ -61,6 +61,7 @@ from langgraph_cancel.effects import (
     spec_of,
 )
 from langgraph_cancel.errors import (
+    BatchSuperseded,
     DispatchRefusedError,
     DuplicateIdempotencyKeyError,
     EffectConflictError,
@@ -70,6 +71,13 @@ from langgraph_cancel.errors import (
 from langgraph_cancel.hooks import call_reconcile
 from langgraph_cancel.hooks import run_sync as _run_sync
 from langgraph_cancel.ledger import Ledger, derive_idempotency_key
+from langgraph_cancel.nodes.supervision import (
+    InFlight,
+    Supervisor,
+    call_outside_loop,
+    current_supervisor,
+    supervise,
+)
 from langgraph_cancel.runtime import (
     RunScope,
     check_durability,
@@ -464,7 +472,40 @@ class EffectToolNode(ToolNode):
         config: RunnableConfig,
         runtime: Runtime[Any],
     ) -> Any:
-        return _run_sync(self._abatch(input, config, runtime))
+        if not self._dispatches_sync_effects(input):
+            return _run_sync(self._abatch(input, config, runtime))
+
+        def take_over(call: InFlight) -> Any:
+            # The call it gave up on is recorded unknown; the batch runs again here as
+            # after a crash: recorded answers are replayed, the calls behind it dropped.
+            return _run_sync(self._abatch(input, config, runtime))
+
+        return supervise(lambda: _run_sync(self._abatch(input, config, runtime)), take_over)
+
+    def _dispatches_sync_effects(self, input: Any) -> bool:
+        """Whether a sync graph's batch has side effects to run one at a time in a worker."""
+        if (
+            self.effect_concurrency != 1
+            or self._wrap_tool_call is not None
+            or self._awrap_tool_call is not None
+        ):
+            return False
+        try:
+            tool_calls, _ = self._parse_input(input)
+        except Exception:
+            return False  # _abatch reports it
+        for call in tool_calls:
+            name = call.get("name") if isinstance(call, Mapping) else None
+            tool = self.tools_by_name.get(name) if isinstance(name, str) else None
+            spec = self.specs.get(name) if isinstance(name, str) else None
+            if (
+                tool is not None
+                and spec is not None
+                and _has_sync_body(tool)
+                and (spec.kind is not EffectKind.READ_ONLY or spec.requires_approval is not None)
+            ):
+                return True
+        return False
 
     async def _afunc(
         self,
@@ -1127,6 +1168,9 @@ class EffectToolNode(ToolNode):
         batch: _Batch | None = None,
     ) -> Any:
         ledger = scope.ledger
+        sup = current_supervisor.get() if batch is not None else None
+        if sup is not None:
+            sup.check()  # its caller took the batch over, or is gone: nothing more goes out
         plan = plan_checkpoint(p.runtime.config)
         if plan is not None and not plan.known_saved():
             # The step that asked for this call must be on disk before it goes out,
@@ -1144,16 +1188,20 @@ class EffectToolNode(ToolNode):
         rec = begun
         call = {**p.call, "args": rec.args}
         planned = replace(p, call=cast(ToolCall, call), key=rec.idempotency_key)
-        task: asyncio.Future[Any] | concurrent.futures.Future[Any]
+        task: asyncio.Future[Any] | concurrent.futures.Future[Any] | None = None
         try:
-            if (
+            one_at_a_time = (
                 batch is not None
                 and self.effect_concurrency == 1
                 and not _offload.get()
                 and _has_sync_body(p.tool)
-            ):
-                # A sync graph's calls, one at a time: the call in the pool, the wait
-                # here (nothing else runs on this private loop meanwhile).
+            )
+            if one_at_a_time and sup is not None:
+                # A supervised batch (a sync graph): the call runs in this worker thread.
+                msg = self._invoke_supervised(planned, rec, input_type, scope, sup)
+            elif one_at_a_time:
+                # The call in the pool, the wait here (nothing else runs on this
+                # private loop meanwhile).
                 task = _tool_pool().submit(
                     contextvars.copy_context().run,
                     self._invoke_blocking,
@@ -1168,13 +1216,17 @@ class EffectToolNode(ToolNode):
                 )
                 msg = await _await_in_flight(task, scope, self._grace(p.spec))
         except _StoppedWaiting as stop:
+            assert task is not None
             return await self._stop_waiting(planned, rec, task, scope, stop)
+        except BatchSuperseded:
+            raise
         except asyncio.CancelledError:
             # Our task was cancelled (runs.cancel, disconnect, Ctrl-C). The request has
             # left the process: wait for its outcome within the timeout, record it, then
             # let the cancellation propagate. Never drop the wait silently.
-            waited = task if isinstance(task, asyncio.Future) else asyncio.wrap_future(task)
-            await self._settle_after_task_cancel(planned, rec, waited, scope)
+            if task is not None:
+                waited = task if isinstance(task, asyncio.Future) else asyncio.wrap_future(task)
+                await self._settle_after_task_cancel(planned, rec, waited, scope)
             raise
         except GraphInterrupt:
             # interrupt() inside the tool: the call paused before it finished, and
@@ -1220,35 +1272,60 @@ class EffectToolNode(ToolNode):
         stop: _StoppedWaiting,
     ) -> ToolMessage:
         """Record the still-running call as unknown; settle it if it finishes later."""
-        ledger = scope.ledger
-        unknown = await _db(mark_unknown, ledger, rec, p.spec, str(stop))
+        unknown = await _db(mark_unknown, scope.ledger, rec, p.spec, str(stop))
 
         def settle_late(done: asyncio.Future[Any] | concurrent.futures.Future[Any]) -> None:
             if done.cancelled() or done.exception() is not None:
                 return  # still unknown: reconciliation (or a person) settles it
-            msg = done.result()
-            result = (
-                message_payload(msg)
-                if isinstance(msg, ToolMessage)
-                else {"content": f"(tool returned {type(msg).__name__})", "status": "success"}
-            )
-
-            def record() -> None:
-                with contextlib.suppress(Exception):
-                    ledger.transition(
-                        rec.effect_id,
-                        EffectStatus.COMMITTED,
-                        expected=[EffectStatus.UNKNOWN],
-                        actor=scope.owner,
-                        result=result,
-                        detail={"settled_late": True},
-                    )
-
             # Off the event loop: the callback runs on it.
-            threading.Thread(target=record, name="langgraph-cancel-late", daemon=True).start()
+            threading.Thread(
+                target=record_late_outcome,
+                args=(scope, rec, done.result()),
+                name="langgraph-cancel-late",
+                daemon=True,
+            ).start()
 
         task.add_done_callback(settle_late)
         return replay_message(unknown, p.call)
+
+    def _invoke_supervised(
+        self,
+        p: _Planned,
+        rec: EffectRecord,
+        input_type: Literal["list", "dict", "tool_calls"],
+        scope: RunScope,
+        sup: Supervisor,
+    ) -> Any:
+        """Run a dispatched call in this (worker) thread while the supervisor watches.
+
+        Raises:
+            BatchSuperseded: The supervisor gave up on the call while it ran (it recorded
+                it unknown; its outcome is kept here) or had stopped before it began
+                (the intent is durable: the call is settled as one left in flight).
+        """
+        grace = self._grace(p.spec)
+        call = InFlight(
+            scope=scope,
+            grace=grace,
+            give_up=lambda: mark_unknown(scope.ledger, rec, p.spec, str(_StoppedWaiting(grace))),
+        )
+        sup.begin(call)
+        try:
+            msg = call_outside_loop(
+                contextvars.copy_context().run,
+                self._invoke_blocking,
+                p,
+                input_type,
+                retry=p.spec.retry_safe,
+            )
+        except BaseException as exc:
+            if sup.end(call):
+                raise BatchSuperseded("gave up on the call in flight") from exc  # stays unknown
+            raise
+        if sup.end(call):
+            record_late_outcome(scope, rec, msg)
+            raise BatchSuperseded("gave up on the call in flight")
+        return msg
 
     def _begin_dispatch(
         self,
@@ -1777,6 +1854,25 @@ def unknown_owner(spec: EffectSpec) -> tuple[str, str]:
         "check the external system for this idempotency key, then settle the effect as "
         "committed or not_applied (langgraph-cancel reconcile THREAD)",
     )
+
+
+def record_late_outcome(scope: RunScope, rec: EffectRecord, msg: Any) -> None:
+    """A call recorded unknown when the run stopped waiting for it came back: keep its
+    outcome (a failure stays unknown: only reconciliation, or a person, can settle it)."""
+    result = (
+        message_payload(msg)
+        if isinstance(msg, ToolMessage)
+        else {"content": f"(tool returned {type(msg).__name__})", "status": "success"}
+    )
+    with contextlib.suppress(Exception):
+        scope.ledger.transition(
+            rec.effect_id,
+            EffectStatus.COMMITTED,
+            expected=[EffectStatus.UNKNOWN],
+            actor=scope.owner,
+            result=result,
+            detail={"settled_late": True},
+        )
 
 
 def mark_unknown(ledger: Ledger, rec: EffectRecord, spec: EffectSpec, why: str) -> EffectRecord:

@@ -1,0 +1,196 @@
+"""A sync graph's side effects run in the batch's worker thread, under a supervisor.
+
+The node's own thread waits for the batch and watches the cancel signal while a
+call is in flight. These tests pin what that must keep: a stop still stops waiting
+for a hung call after its grace (and nothing queued behind it goes out, not even
+once the hung call returns), a caller that dies while it waits stops the batch,
+and a tool runs as it would in ``ToolNode``'s worker threads (no event loop).
+"""
+
+from __future__ import annotations
+
+import _thread
+import asyncio
+import threading
+import time
+from typing import Any
+
+import pytest
+from langchain_core.messages import HumanMessage
+from langchain_core.tools import tool
+
+from graphs import (
+    ExecutionLog,
+    agent_builder,
+    calls,
+    cancellable,
+    config_for,
+    counting_tool,
+    dangling_calls,
+    new_thread,
+    scripted,
+    wait_until,
+)
+from langgraph_cancel import (
+    EffectKind,
+    EffectStatus,
+    EffectToolNode,
+    effect,
+    get_report,
+    request_cancel,
+)
+from langgraph_cancel.errors import BatchSuperseded
+from langgraph_cancel.nodes import supervision
+from module_fixtures import (  # noqa: F401 (fixtures: pytest finds them by name)
+    db_url_fixture,
+    log_fixture,
+    providers_path_fixture,
+    saver_fixture,
+)
+
+GRACE = 0.3
+
+
+def _run_in_thread(fn: Any) -> tuple[threading.Thread, list[Any], list[BaseException]]:
+    result: list[Any] = []
+    error: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            result.append(fn())
+        except BaseException as exc:  # handed to the test
+            error.append(exc)
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    return thread, result, error
+
+
+def test_a_hung_call_is_given_up_and_nothing_behind_it_goes_out(
+    saver: Any, log: ExecutionLog
+) -> None:
+    tools = [
+        counting_tool(log, "sb_first", EffectKind.IRREVERSIBLE),
+        counting_tool(log, "sb_hung", EffectKind.IRREVERSIBLE, reconcile=False),
+        counting_tool(log, "sb_queued", EffectKind.IRREVERSIBLE),
+    ]
+    model = scripted(
+        calls(("sb_first", "a", "f1"), ("sb_hung", "b", "h1"), ("sb_queued", "c", "q1"))
+    )
+    graph = cancellable(
+        agent_builder(model, EffectToolNode(tools, cancel_timeout=GRACE)),
+        saver,
+        cancel_timeout=GRACE,
+    )
+    thread_id = new_thread()
+    log.arm("sb_hung")
+    runner, result, error = _run_in_thread(
+        lambda: graph.invoke({"messages": [HumanMessage("go")]}, config_for(thread_id))
+    )
+    try:
+        wait_until(lambda: log.started("sb_hung"), timeout=30, what="the hung call to start")
+        request_cancel(saver, thread_id, reason="stop", requested_by="test")
+        runner.join(10.0)
+        returned = not runner.is_alive()
+        hung = saver.ledger.find_effect(thread_id, "h1")
+    finally:
+        log.release("sb_hung")
+    assert returned, "the stop waited past the hung call's grace"
+    assert not error, error
+    assert hung is not None and hung.status is EffectStatus.UNKNOWN and hung.owner
+    # The worker, free again, records the late outcome and dispatches nothing more.
+    wait_until(
+        lambda: saver.ledger.find_effect(thread_id, "h1").status is EffectStatus.COMMITTED,
+        timeout=10,
+        what="the late outcome",
+    )
+    time.sleep(0.3)
+    assert log.attempts("sb_queued") == 0
+    assert log.applied("sb_first") == 1 and log.applied("sb_hung") == 1
+    assert saver.ledger.find_effect(thread_id, "q1").status is EffectStatus.DROPPED
+    messages = result[0]["messages"]
+    assert dangling_calls(messages) == []
+    report = get_report(saver, thread_id)
+    assert report.status == "cancelled"
+    assert [e.tool_call_id for e in report.permanent] == ["f1"]
+    assert [e.tool_call_id for e in report.not_run] == ["q1"]
+    assert report.dispatched_after_cancel == 0
+
+
+def test_a_caller_gone_while_a_call_is_in_flight_stops_the_batch(
+    saver: Any, log: ExecutionLog
+) -> None:
+    # Ctrl-C in the thread that invoked the graph: the call in flight finishes and
+    # its outcome is recorded; the calls behind it never go out.
+    tools = [
+        counting_tool(log, "sb_interrupted", EffectKind.IRREVERSIBLE),
+        counting_tool(log, "sb_after", EffectKind.IRREVERSIBLE),
+    ]
+    model = scripted(calls(("sb_interrupted", "a", "i1"), ("sb_after", "b", "i2")))
+    graph = cancellable(agent_builder(model, EffectToolNode(tools)), saver)
+    thread_id = new_thread()
+    log.arm("sb_interrupted")
+    interrupted = False
+
+    def interrupt_the_caller() -> None:
+        wait_until(lambda: log.started("sb_interrupted"), timeout=30, what="the call to start")
+        _thread.interrupt_main()  # KeyboardInterrupt in the supervising (main) thread
+        time.sleep(0.2)
+        log.release("sb_interrupted")
+
+    helper = threading.Thread(target=interrupt_the_caller, daemon=True)
+    helper.start()
+    try:
+        graph.invoke({"messages": [HumanMessage("go")]}, config_for(thread_id))
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        log.release("sb_interrupted")
+        helper.join(30)
+    assert interrupted
+    wait_until(
+        lambda: saver.ledger.find_effect(thread_id, "i1").status is EffectStatus.COMMITTED,
+        timeout=10,
+        what="the outcome of the call in flight",
+    )
+    time.sleep(0.3)
+    assert log.applied("sb_interrupted") == 1
+    assert log.attempts("sb_after") == 0
+    behind = saver.ledger.find_effect(thread_id, "i2")
+    assert behind.dispatched_at is None  # planned, or dropped by the interrupted run's end
+    assert behind.status in (EffectStatus.PLANNED, EffectStatus.DROPPED)
+
+
+def test_a_sync_tool_may_start_its_own_event_loop(saver: Any) -> None:
+    @effect(EffectKind.IRREVERSIBLE, requires_approval=False)
+    @tool
+    def sb_loopy(item: str) -> str:
+        """Runs a coroutine with asyncio.run, as sync wrappers of async clients do."""
+
+        async def work() -> str:
+            await asyncio.sleep(0)
+            return f"done {item}"
+
+        return asyncio.run(work())
+
+    model = scripted(calls(("sb_loopy", "a", "l1"), ("sb_loopy", "b", "l2")))
+    graph = cancellable(agent_builder(model, EffectToolNode([sb_loopy])), saver)
+    thread_id = new_thread()
+    out = graph.invoke({"messages": [HumanMessage("go")]}, config_for(thread_id))
+    answers = [m.content for m in out["messages"] if getattr(m, "tool_call_id", None)]
+    assert answers == ["done a", "done b"]
+    assert saver.ledger.find_effect(thread_id, "l2").status is EffectStatus.COMMITTED
+
+
+def test_the_supervisor_gives_up_only_on_the_call_still_in_flight() -> None:
+    sup = supervision.Supervisor()
+    first = supervision.InFlight(scope=None, grace=0.0, give_up=lambda: None)  # type: ignore[arg-type]
+    second = supervision.InFlight(scope=None, grace=0.0, give_up=lambda: None)  # type: ignore[arg-type]
+    sup.begin(first)
+    assert sup.end(first) is False
+    assert sup.give_up(first) is False  # it returned already: nothing to give up
+    sup.begin(second)
+    assert sup.give_up(second) is True
+    assert sup.end(second) is True
+    with pytest.raises(BatchSuperseded):
+        sup.check()
