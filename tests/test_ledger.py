@@ -32,8 +32,11 @@ from langgraph_cancel.types import (
     TERMINAL_RUN_STATUSES,
     UNSETTLED_STATUSES,
     EffectKind,
+    EffectRecord,
     EffectStatus,
+    NewEffect,
     RunStatus,
+    TransitionRequest,
     utcnow,
 )
 from ledger_util import (
@@ -748,3 +751,25 @@ def test_find_moved_matches_the_id_and_tilde_exactly(ledger: Ledger) -> None:
     ]
     assert [r.tool_call_id for r in ledger.find_moved(thread, "c%")] == ["c%~f"]
     assert ledger.find_moved(thread, "c") == [] and ledger.find_moved(new_id("t"), "call_0") == []
+
+
+def test_arguments_and_results_keep_integers_beyond_64_bits(ledger: Ledger) -> None:
+    # Amounts in cents, ids: JSONB keeps any integer, and so must the way back (orjson,
+    # tried for parsing JSONB faster, turns 10**30 into a float).
+    thread = new_id("t")
+    run = ledger.start_run(thread)
+    big = {"amount_cents": 10**30, "nested": [{"x": -(2**70)}], "text": "é ✓"}
+    (entry,) = ledger.plan_many(
+        thread_id=thread,
+        run_id=run.run_id,
+        items=[NewEffect(tool_call_id="big", tool="t", kind=EffectKind.READ_ONLY, args=big)],
+    )
+    assert isinstance(entry, tuple)
+    rec, _ = entry
+    done = ledger.transition(rec.effect_id, EffectStatus.DISPATCHED)
+    assert done.args == big
+    (moved,) = ledger.transition_many(
+        [TransitionRequest(effect_id=rec.effect_id, to=EffectStatus.COMMITTED, result=big)]
+    )
+    assert isinstance(moved, EffectRecord) and moved.result == big
+    assert ledger.get_effect(rec.effect_id).result == big

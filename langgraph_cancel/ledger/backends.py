@@ -17,7 +17,6 @@ from contextlib import contextmanager
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, cast
 
-import orjson
 from tenacity import (
     RetryCallState,
     Retrying,
@@ -358,7 +357,6 @@ class PostgresBackend(Backend):
                     "prepare_threshold": 0,
                     "options": "-c plan_cache_mode=force_generic_plan -c enable_seqscan=off",
                 },
-                configure=_configure_connection,
                 open=True,
                 name="langgraph-cancel-ledger",
             )
@@ -463,22 +461,6 @@ class PostgresBackend(Backend):
         self.closed = True
         if self._owns and self._pool is not None:
             self._pool.close()
-
-
-def json_loads(data: bytes | str) -> Any:
-    """JSONB from the server, parsed with orjson (several times faster than ``json``);
-    what orjson refuses (integers beyond 64 bits) goes to ``json``."""
-    try:
-        return orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return json.loads(data)
-
-
-def _configure_connection(conn: Connection[Any]) -> None:
-    """Each connection of a pool the ledger opens itself: its JSONB parser."""
-    from psycopg.types.json import set_json_loads
-
-    set_json_loads(json_loads, conn)
 
 
 def json_text(value: Any) -> str:
