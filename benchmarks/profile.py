@@ -200,9 +200,10 @@ def _micro(reps: int) -> dict[str, Any]:
         "tool_invoke_sync_us_per_call": rnd(sync / 10 * 1e6, 1),
         "tool_ainvoke_sync_tool_us_per_call": rnd((ainv - loop_cost) / 10 * 1e6, 1),
         "note": (
-            "EffectToolNode's sync entry runs asyncio.run() per node execution and calls "
-            "each sync tool through tool.ainvoke (run_in_executor: a thread hop per call); "
-            "ToolNode's sync path calls tool.invoke in its executor."
+            "What the sync entry avoids: EffectToolNode runs a sync graph's batch on a "
+            "pooled private loop (not asyncio.run() per node execution) and calls a sync "
+            "tool with tool.invoke (not tool.ainvoke, a thread hop and async callbacks per "
+            "call); ToolNode's sync path calls tool.invoke in its executor."
         ),
     }
 
@@ -348,50 +349,46 @@ def _batched_primitives(ledger: Any, reps: int, times: dict[str, list[float]]) -
 
 
 def _tool_path_ab(saver: Any, base_saver: Any, n: int, reps: int) -> dict[str, Any]:
-    """Diagnostic A/B, not a result: EffectToolNode as is (a sync graph runs ``tool.invoke``
-    in a worker thread, so a cancelled run can stop waiting) vs the same node calling
-    ``tool.invoke`` inline on the event-loop thread. Measures what the thread hop costs."""
+    """Diagnostic A/B, not a result: EffectToolNode as is (a sync graph's batch runs in one
+    supervised worker thread, each side effect inline there) vs the same node handing each
+    call to a thread pool and back (what it did before: so that a cancelled run can stop
+    waiting, without a supervisor). Measures what the hand-over per call costs."""
     import langgraph_cancel.nodes.tool_node as tn
-    from langgraph_cancel.effects import bound_idempotency_key
 
-    original = tn.EffectToolNode.__dict__.get("_invoke")
+    original = tn.EffectToolNode.__dict__.get("_batch_in_worker")
     if original is None:
-        return {"skipped": "EffectToolNode._invoke not found"}
+        return {"skipped": "EffectToolNode._batch_in_worker not found"}
 
-    async def sync_invoke(self: Any, p: Any, input_type: Any, *, retry: bool) -> Any:
-        injected = self._inject_tool_args(p.call, p.runtime, p.tool)
-        call_args = {**injected, "type": "tool_call"}
-        with bound_idempotency_key(p.key):
-            response = p.tool.invoke(call_args, p.runtime.config)
-        return self._normalize_tool_response(response, p.call, input_type)
+    def never(self: Any, input: Any, *, async_graph: bool) -> bool:
+        return False
 
     tools = [make_tool(SIDE_EFFECT, 0)]
     g_base = build_graph(tools, scripted_model(n), base_saver, effectful=False)
     g_eff = build_graph(tools, scripted_model(n), saver, effectful=True)
-    walls: dict[str, list[float]] = {"base": [], "as_is": [], "inline_tool_call": []}
+    walls: dict[str, list[float]] = {"base": [], "as_is": [], "handover_per_call": []}
     cpus: dict[str, list[float]] = {k: [] for k in walls}
     try:
         run_once(g_eff, n + 3)
         for _ in range(reps):
             for mode in walls:
-                patched = sync_invoke if mode == "inline_tool_call" else original
-                tn.EffectToolNode._invoke = patched  # type: ignore[method-assign]
+                patched = never if mode == "handover_per_call" else original
+                tn.EffectToolNode._batch_in_worker = patched  # type: ignore[method-assign]
                 w, c = run_once(g_base if mode == "base" else g_eff, n + 3)
                 walls[mode].append(w)
                 cpus[mode].append(c)
     except Exception as exc:  # the library changed shape: report, do not fail the run
         return {"skipped": f"{type(exc).__name__}: {exc}"}
     finally:
-        tn.EffectToolNode._invoke = original  # type: ignore[method-assign]
+        tn.EffectToolNode._batch_in_worker = original  # type: ignore[method-assign]
     out: dict[str, Any] = {"n_calls": n, "reps": reps}
     for mode in walls:
         out[f"{mode}_ms"] = rnd((median(walls[mode]) or 0) * 1e3)
         out[f"{mode}_cpu_ms"] = rnd((median(cpus[mode]) or 0) * 1e3)
-    out["tool_thread_hop_us_per_call"] = rnd(
-        ((median(walls["as_is"]) or 0) - (median(walls["inline_tool_call"]) or 0)) / n * 1e6, 1
+    out["handover_us_per_call"] = rnd(
+        ((median(walls["handover_per_call"]) or 0) - (median(walls["as_is"]) or 0)) / n * 1e6, 1
     )
-    out["tool_thread_hop_cpu_us_per_call"] = rnd(
-        ((median(cpus["as_is"]) or 0) - (median(cpus["inline_tool_call"]) or 0)) / n * 1e6, 1
+    out["handover_cpu_us_per_call"] = rnd(
+        ((median(cpus["handover_per_call"]) or 0) - (median(cpus["as_is"]) or 0)) / n * 1e6, 1
     )
     return out
 

@@ -52,6 +52,7 @@ from langgraph_cancel.hooks import call_reconcile
 from langgraph_cancel.hooks import run_sync as _run_sync
 from langgraph_cancel.ledger import Ledger
 from langgraph_cancel.nodes.tool_node import (
+    INTERRUPTED_REASON,
     NOT_RUN_CANCELLED,
     TOOL_REGISTRY,
     EffectToolNode,
@@ -764,7 +765,7 @@ class _Invocation:
         try:
             self.ledger.request_cancel(
                 self.scope.thread_id,
-                reason="run task cancelled (server cancel, disconnect or Ctrl-C)",
+                reason=INTERRUPTED_REASON,
                 requested_by="runtime",
                 cascade=True,
             )

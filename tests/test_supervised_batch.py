@@ -16,7 +16,7 @@ import time
 from typing import Any
 
 import pytest
-from langchain_core.messages import HumanMessage
+from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_core.tools import tool
 
 from graphs import (
@@ -41,6 +41,7 @@ from langgraph_cancel import (
 )
 from langgraph_cancel.errors import BatchSuperseded
 from langgraph_cancel.nodes import supervision
+from langgraph_cancel.testing import tool_call
 from module_fixtures import (  # noqa: F401 (fixtures: pytest finds them by name)
     db_url_fixture,
     log_fixture,
@@ -66,8 +67,9 @@ def _run_in_thread(fn: Any) -> tuple[threading.Thread, list[Any], list[BaseExcep
     return thread, result, error
 
 
+@pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])
 def test_a_hung_call_is_given_up_and_nothing_behind_it_goes_out(
-    saver: Any, log: ExecutionLog
+    saver: Any, log: ExecutionLog, use_async: bool
 ) -> None:
     tools = [
         counting_tool(log, "sb_first", EffectKind.IRREVERSIBLE),
@@ -78,14 +80,17 @@ def test_a_hung_call_is_given_up_and_nothing_behind_it_goes_out(
         calls(("sb_first", "a", "f1"), ("sb_hung", "b", "h1"), ("sb_queued", "c", "q1"))
     )
     graph = cancellable(
-        agent_builder(model, EffectToolNode(tools, cancel_timeout=GRACE)),
+        agent_builder(model, EffectToolNode(tools, cancel_timeout=GRACE), use_async=use_async),
         saver,
         cancel_timeout=GRACE,
     )
     thread_id = new_thread()
+    inp = {"messages": [HumanMessage("go")]}
     log.arm("sb_hung")
     runner, result, error = _run_in_thread(
-        lambda: graph.invoke({"messages": [HumanMessage("go")]}, config_for(thread_id))
+        (lambda: asyncio.run(graph.ainvoke(inp, config_for(thread_id))))
+        if use_async
+        else (lambda: graph.invoke(inp, config_for(thread_id)))
     )
     try:
         wait_until(lambda: log.started("sb_hung"), timeout=30, what="the hung call to start")
@@ -194,3 +199,173 @@ def test_the_supervisor_gives_up_only_on_the_call_still_in_flight() -> None:
     assert sup.end(second) is True
     with pytest.raises(BatchSuperseded):
         sup.check()
+
+
+# ----------------------------------------------------------------------------- async graphs
+# An async graph whose batch calls only tools with a sync body runs it in a worker too;
+# its task may be cancelled (a server's runs.cancel) while a call is in flight there.
+
+
+def _sync_charge_agent(
+    saver: Any, seconds: float, started: threading.Event, done: list[str], cancel_timeout: float
+) -> Any:
+    @effect(EffectKind.IRREVERSIBLE, requires_approval=False)
+    @tool
+    def sb_charge(amount: int) -> str:
+        """Charge a card (a blocking client)."""
+        started.set()
+        time.sleep(seconds)
+        done.append(f"charged {amount}")
+        return f"charged {amount}"
+
+    model = scripted(
+        AIMessage(
+            "",
+            tool_calls=[
+                tool_call("sb_charge", {"amount": 5}, id="c5"),
+                tool_call("sb_charge", {"amount": 7}, id="c7"),
+            ],
+        ),
+        "after cancel",
+    )
+    builder = agent_builder(
+        model, EffectToolNode([sb_charge], cancel_timeout=cancel_timeout), use_async=True
+    )
+    return cancellable(builder, saver, cancel_timeout=cancel_timeout)
+
+
+async def _cancel_the_task_in_flight(graph: Any, thread_id: str, started: threading.Event) -> None:
+    task = asyncio.create_task(
+        graph.ainvoke({"messages": [HumanMessage("charge")]}, config_for(thread_id))
+    )
+    await asyncio.to_thread(started.wait, 30)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+async def test_a_cancelled_task_waits_for_the_call_in_the_worker_and_records_it(
+    saver: Any,
+) -> None:
+    started, done = threading.Event(), []
+    graph = _sync_charge_agent(saver, 0.3, started, done, cancel_timeout=5)
+    thread_id = new_thread()
+    await _cancel_the_task_in_flight(graph, thread_id, started)
+    await asyncio.sleep(0.3)
+    assert done == ["charged 5"]  # the call behind it never went out
+    first = saver.ledger.find_effect(thread_id, "c5")
+    assert first.status is EffectStatus.COMMITTED
+    second = saver.ledger.find_effect(thread_id, "c7")
+    assert second is None or second.dispatched_at is None
+    report = get_report(saver, thread_id)
+    assert report.status == "cancelled"
+    assert [e.tool_call_id for e in report.permanent] == ["c5"] and report.unknown == []
+    out = await graph.ainvoke({"messages": [HumanMessage("and now?")]}, config_for(thread_id))
+    assert dangling_calls(out["messages"]) == []
+    assert out["messages"][-1].content == "after cancel"
+    assert done == ["charged 5"]
+
+
+async def test_a_cancelled_task_records_a_call_outliving_its_grace_unknown_then_settles_it(
+    saver: Any,
+) -> None:
+    started, done = threading.Event(), []
+    graph = _sync_charge_agent(saver, 1.5, started, done, cancel_timeout=0.2)
+    thread_id = new_thread()
+    t0 = time.monotonic()
+    await _cancel_the_task_in_flight(graph, thread_id, started)
+    assert time.monotonic() - t0 < 1.4, "the cancelled task waited past the call's grace"
+    rec = saver.ledger.find_effect(thread_id, "c5")
+    assert rec.status is EffectStatus.UNKNOWN and rec.owner and rec.next_action
+    assert [e.effect_id for e in get_report(saver, thread_id).unknown] == [rec.effect_id]
+    await asyncio.to_thread(
+        wait_until,
+        lambda: saver.ledger.find_effect(thread_id, "c5").status is EffectStatus.COMMITTED,
+        timeout=10,
+        what="the late outcome",
+    )
+    await asyncio.sleep(0.2)
+    assert done == ["charged 5"]
+    second = saver.ledger.find_effect(thread_id, "c7")
+    assert second is None or second.dispatched_at is None
+
+
+async def test_an_async_graph_keeps_a_batch_with_an_async_tool_on_its_own_loop(
+    saver: Any, log: ExecutionLog
+) -> None:
+    # An async tool may use what belongs to the graph's event loop (a client, an
+    # asyncio.Event): such a batch is not moved to a worker thread.
+    ready = asyncio.Event()
+    ready.set()
+
+    @effect(EffectKind.READ_ONLY)
+    @tool
+    async def sb_loop_bound(item: str) -> str:
+        """Reads through something bound to the graph's event loop."""
+        await asyncio.wait_for(ready.wait(), 5)
+        return f"read {item}"
+
+    write = counting_tool(log, "sb_write_next_to_async", EffectKind.IRREVERSIBLE)
+    model = scripted(calls(("sb_loop_bound", "a", "r1"), ("sb_write_next_to_async", "b", "w1")))
+    graph = cancellable(
+        agent_builder(model, EffectToolNode([sb_loop_bound, write]), use_async=True), saver
+    )
+    thread_id = new_thread()
+    out = await graph.ainvoke({"messages": [HumanMessage("go")]}, config_for(thread_id))
+    answers = {m.tool_call_id: m.content for m in out["messages"] if isinstance(m, ToolMessage)}
+    assert answers["r1"] == "read a"
+    assert log.applied("sb_write_next_to_async") == 1
+
+
+@pytest.mark.parametrize("concurrency", [1, 3])
+def test_a_batch_in_the_worker_makes_no_blocking_call_a_server_would_flag(
+    tmp_path: Any, log: ExecutionLog, concurrency: int
+) -> None:
+    # A LangGraph server (langgraph dev) fails any blocking call made while an event
+    # loop runs in the calling thread (BlockBuster). The worker runs the batch on a
+    # private loop: its ledger I/O, waits and calls must not count as that loop's.
+    from blockbuster import BlockBuster
+
+    from graphs import open_saver
+
+    tools = [
+        counting_tool(log, "bb_read", EffectKind.READ_ONLY),
+        counting_tool(log, "bb_write", EffectKind.IRREVERSIBLE),
+        counting_tool(log, "bb_undoable", EffectKind.REVERSIBLE),
+    ]
+    model = scripted(
+        calls(
+            ("bb_read", "a", "b1"),
+            ("bb_write", "b", "b2"),
+            ("bb_undoable", "c", "b3"),
+            ("bb_write", "d", "b4"),
+        )
+    )
+    url = "sqlite:///" + str(tmp_path / "ledger.db")
+    with open_saver(url) as saver:
+        graph = cancellable(
+            agent_builder(
+                model, EffectToolNode(tools, effect_concurrency=concurrency), use_async=True
+            ),
+            saver,
+        )
+        thread_id = new_thread()
+        bb = BlockBuster(excluded_modules=[])
+        for module, func in (("logging/__init__.py", "emit"), ("logging/__init__.py", "flush")):
+            bb.functions["io.TextIOWrapper.write"].can_block_in(module, func)
+        nodes_seen: list[str] = []
+
+        async def run() -> Any:
+            bb.activate()
+            try:
+                async for chunk in graph.astream(
+                    {"messages": [HumanMessage("go")]}, config_for(thread_id)
+                ):
+                    nodes_seen.extend(chunk)
+            finally:
+                bb.deactivate()
+
+        asyncio.run(run())
+        assert "tools" in nodes_seen
+        assert log.applied("bb_write") == 2 and log.applied("bb_undoable") == 1
+        assert log.applied("bb_read") == 1

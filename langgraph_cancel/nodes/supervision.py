@@ -14,6 +14,13 @@ The worker learns of a give-up only when its call returns; from then on it stops
 (``BatchSuperseded``) before anything else leaves the process. The supervisor's own
 failure (``KeyboardInterrupt`` while it waits) stops the worker the same way, at
 its next dispatch, after the call in flight has been recorded.
+
+An async graph whose batch calls only tools with a sync body (nothing in it needs
+the graph's event loop) runs it the same way (``supervise_async``): one hop off the
+loop for the batch instead of one per ledger write and per call. Its task may be
+cancelled (a server's ``runs.cancel``, a disconnect): the worker is stopped, the
+call in flight gets its grace to finish and be recorded, and is recorded unknown
+past it, as the async path does for a call of its own.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -58,13 +65,15 @@ class InFlight:
 class Supervisor:
     """What the node's thread and its worker share about the call in flight."""
 
-    __slots__ = ("_call", "_given_up", "_lock", "stopped")
+    __slots__ = ("_call", "_given_up", "_lock", "scope", "stopped")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._call: InFlight | None = None
         self._given_up: InFlight | None = None
         self.stopped = False
+        #: The batch's run, once the worker has found it.
+        self.scope: RunScope | None = None
 
     def check(self) -> None:
         """Before a dispatch: raise ``BatchSuperseded`` once the supervisor has stopped."""
@@ -149,6 +158,67 @@ def supervise(
         raise
 
 
+async def supervise_async(
+    work: Callable[[], T],
+    take_over: Callable[[InFlight], Awaitable[T]],
+    on_task_cancel: Callable[[Supervisor], object],
+    *,
+    wait_after_cancel: float,
+    poll: float = POLL_SECONDS,
+) -> T:
+    """``supervise`` for an event loop: the loop waits for the worker without blocking.
+
+    Args:
+        work: The batch (in a worker thread).
+        take_over: Awaited once the supervisor has given up on a call of a cancelled
+            run; its answer is the batch's.
+        on_task_cancel: Called in a thread when this task is cancelled, after the
+            worker was stopped: records the stop in the ledger.
+        wait_after_cancel: Seconds to wait, once this task is cancelled, for a
+            worker with no call in flight to stop.
+        poll: Seconds between two looks at the cancel signal.
+    """
+    sup = Supervisor()
+    ctx = contextvars.copy_context()
+    ctx.run(current_supervisor.set, sup)
+    done = asyncio.wrap_future(_node_pool().submit(ctx.run, work))
+    # Nobody may await it after a cancel: its error is read here, not logged as lost.
+    done.add_done_callback(lambda f: f.cancelled() or f.exception())
+    watched: InFlight | None = None
+    deadline: float | None = None
+    try:
+        while True:
+            finished, _ = await asyncio.wait({done}, timeout=poll)
+            if finished:
+                return done.result()
+            call = sup.in_flight()
+            if call is not watched:
+                watched, deadline = call, None
+            if call is None:
+                continue
+            if deadline is None and await call.scope.signal.acancel_called():
+                await asyncio.to_thread(call.scope.signal.observe)
+                deadline = time.monotonic() + (math.inf if call.grace is None else call.grace)
+            if deadline is not None and time.monotonic() >= deadline and sup.give_up(call):
+                await asyncio.to_thread(call.give_up)
+                return await take_over(call)
+    except asyncio.CancelledError:
+        # The task was cancelled: nothing more goes out, and the call in flight (if
+        # any) is waited for within its grace, then recorded unknown.
+        sup.stop()
+        await asyncio.to_thread(on_task_cancel, sup)
+        call = sup.in_flight()
+        limit = wait_after_cancel if call is None or call.grace is None else call.grace
+        finished, _ = await asyncio.wait({done}, timeout=limit)
+        call = sup.in_flight()
+        if not finished and call is not None and sup.give_up(call):
+            await asyncio.to_thread(call.give_up)
+        raise
+    except BaseException:
+        sup.stop()
+        raise
+
+
 def call_outside_loop(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """Call ``fn`` as a thread without an event loop would (as ``ToolNode``'s workers do).
 
@@ -195,4 +265,5 @@ __all__ = [
     "call_outside_loop",
     "current_supervisor",
     "supervise",
+    "supervise_async",
 ]

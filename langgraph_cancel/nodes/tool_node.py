@@ -77,6 +77,7 @@ from langgraph_cancel.nodes.supervision import (
     call_outside_loop,
     current_supervisor,
     supervise,
+    supervise_async,
 )
 from langgraph_cancel.runtime import (
     RunScope,
@@ -107,6 +108,8 @@ ABANDONED_READ = (
 )
 _KIND_ORDER = {EffectKind.READ_ONLY: 0, EffectKind.REVERSIBLE: 1, EffectKind.IRREVERSIBLE: 2}
 DEFAULT_CANCEL_TIMEOUT = 30.0
+#: The stop a cancelled run task stands for (a server's runs.cancel, a disconnect).
+INTERRUPTED_REASON = "run task cancelled (server cancel, disconnect or Ctrl-C)"
 
 #: Tools known in this process by name: every ``effect(...)``-classified tool, plus
 #: the tools of every EffectToolNode (unclassified ones included).
@@ -472,7 +475,7 @@ class EffectToolNode(ToolNode):
         config: RunnableConfig,
         runtime: Runtime[Any],
     ) -> Any:
-        if not self._dispatches_sync_effects(input):
+        if not self._batch_in_worker(input, async_graph=False):
             return _run_sync(self._abatch(input, config, runtime))
 
         def take_over(call: InFlight) -> Any:
@@ -482,30 +485,37 @@ class EffectToolNode(ToolNode):
 
         return supervise(lambda: _run_sync(self._abatch(input, config, runtime)), take_over)
 
-    def _dispatches_sync_effects(self, input: Any) -> bool:
-        """Whether a sync graph's batch has side effects to run one at a time in a worker."""
-        if (
-            self.effect_concurrency != 1
-            or self._wrap_tool_call is not None
-            or self._awrap_tool_call is not None
-        ):
+    def _batch_in_worker(self, input: Any, *, async_graph: bool) -> bool:
+        """Whether the batch runs in a supervised worker thread (``nodes/supervision.py``).
+
+        A sync graph's batch does when it has side effects to run one at a time
+        (each then runs in the worker, with no hand-over); an async graph's when
+        every call names a tool with a sync body, so that nothing in the batch
+        needs the graph's event loop.
+        """
+        if self._wrap_tool_call is not None or self._awrap_tool_call is not None:
+            return False
+        if not async_graph and self.effect_concurrency != 1:
             return False
         try:
             tool_calls, _ = self._parse_input(input)
         except Exception:
             return False  # _abatch reports it
+        effects = False
         for call in tool_calls:
             name = call.get("name") if isinstance(call, Mapping) else None
             tool = self.tools_by_name.get(name) if isinstance(name, str) else None
             spec = self.specs.get(name) if isinstance(name, str) else None
-            if (
-                tool is not None
-                and spec is not None
-                and _has_sync_body(tool)
-                and (spec.kind is not EffectKind.READ_ONLY or spec.requires_approval is not None)
-            ):
-                return True
-        return False
+            if tool is None or spec is None:
+                continue  # answered as a malformed call: nothing runs
+            if not _has_sync_body(tool):
+                if async_graph:
+                    return False
+                continue
+            effects = effects or (
+                spec.kind is not EffectKind.READ_ONLY or spec.requires_approval is not None
+            )
+        return async_graph or effects
 
     async def _afunc(
         self,
@@ -513,11 +523,50 @@ class EffectToolNode(ToolNode):
         config: RunnableConfig,
         runtime: Runtime[Any],
     ) -> Any:
+        if not self._batch_in_worker(input, async_graph=True):
+            return await self._abatch_on_loop(input, config, runtime)
+
+        async def take_over(call: InFlight) -> Any:
+            # As in a sync graph (see _func), on this loop.
+            return await self._abatch_on_loop(input, config, runtime)
+
+        return await supervise_async(
+            lambda: _run_sync(self._abatch(input, config, runtime)),
+            take_over,
+            self._record_task_cancel,
+            wait_after_cancel=self.cancel_timeout,
+        )
+
+    async def _abatch_on_loop(
+        self,
+        input: list[AnyMessage] | dict[str, Any] | BaseModel,
+        config: RunnableConfig,
+        runtime: Runtime[Any],
+    ) -> Any:
+        """The batch on the graph's event loop, its blocking work in threads."""
         token = _offload.set(True)
         try:
             return await self._abatch(input, config, runtime)
         finally:
             _offload.reset(token)
+
+    @staticmethod
+    def _record_task_cancel(sup: Supervisor) -> None:
+        """An async graph's task was cancelled while its batch ran in a worker: record
+        the stop (a call in flight is then waited for, as ``_settle_after_task_cancel``
+        does; without one, the graph records the same stop when it unwinds)."""
+        scope = sup.scope
+        if scope is None:
+            return
+        in_flight = sup.in_flight() is not None
+        try:
+            scope.ledger.request_cancel(
+                scope.thread_id,
+                reason="run task cancelled" if in_flight else INTERRUPTED_REASON,
+                requested_by="asyncio" if in_flight else "runtime",
+            )
+        except Exception:  # the outcome of the call in flight matters more than the flag
+            logger.warning("could not flag run %s as cancel_requested", scope.run_id, exc_info=True)
 
     async def _abatch(
         self,
@@ -530,6 +579,9 @@ class EffectToolNode(ToolNode):
         scope = invocation_scope(config, self.ledger)
         if scope is None or scope.run.terminal:
             scope = await _db(scope_for, config, ledger=self.ledger)
+        sup = current_supervisor.get()
+        if sup is not None:
+            sup.scope = scope
         token = current_scope.set(scope)
         try:
             outputs = await self._run_batch(input, config, runtime, tool_calls, input_type, scope)
@@ -607,7 +659,9 @@ class EffectToolNode(ToolNode):
             try:
                 if pooled:
                     assert batch is not None
-                    answers = self._run_reads_pooled(pooled, input_type, scope, batch)
+                    answers = call_outside_loop(
+                        self._run_reads_pooled, pooled, input_type, scope, batch
+                    )
                     for p, out in zip(pooled, answers, strict=True):
                         outputs[p.index] = out
                 results = await asyncio.gather(
@@ -1178,7 +1232,7 @@ class EffectToolNode(ToolNode):
             if _offload.get():
                 await plan.await_saved(self.checkpoint_timeout)
             else:
-                plan.wait(self.checkpoint_timeout)
+                call_outside_loop(plan.wait, self.checkpoint_timeout)
         if batch is not None and batch.commits is not None and not redispatch:
             begun = await self._begin_grouped(p, rec, scope, batch.commits)
         else:
@@ -1198,7 +1252,9 @@ class EffectToolNode(ToolNode):
             )
             if one_at_a_time and sup is not None:
                 # A supervised batch (a sync graph): the call runs in this worker thread.
-                msg = self._invoke_supervised(planned, rec, input_type, scope, sup)
+                msg = call_outside_loop(
+                    self._invoke_supervised, planned, rec, input_type, scope, sup
+                )
             elif one_at_a_time:
                 # The call in the pool, the wait here (nothing else runs on this
                 # private loop meanwhile).
@@ -1209,7 +1265,7 @@ class EffectToolNode(ToolNode):
                     input_type,
                     retry=p.spec.retry_safe,
                 )
-                msg = _wait_in_flight(task, scope, self._grace(p.spec))
+                msg = call_outside_loop(_wait_in_flight, task, scope, self._grace(p.spec))
             else:
                 task = asyncio.ensure_future(
                     self._invoke(planned, input_type, retry=p.spec.retry_safe)
@@ -1309,10 +1365,21 @@ class EffectToolNode(ToolNode):
             grace=grace,
             give_up=lambda: mark_unknown(scope.ledger, rec, p.spec, str(_StoppedWaiting(grace))),
         )
-        sup.begin(call)
         try:
-            msg = call_outside_loop(
-                contextvars.copy_context().run,
+            sup.begin(call)
+        except BatchSuperseded:
+            # Stopped between the intent and the call: it never left the process.
+            with contextlib.suppress(LedgerError):
+                scope.ledger.transition(
+                    rec.effect_id,
+                    EffectStatus.NOT_APPLIED,
+                    expected=[EffectStatus.DISPATCHED],
+                    actor=scope.owner,
+                    detail={"never_sent": True, "reason": "the batch was stopped"},
+                )
+            raise
+        try:
+            msg = contextvars.copy_context().run(
                 self._invoke_blocking,
                 p,
                 input_type,
@@ -1665,7 +1732,9 @@ async def _db(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """
     if _offload.get():
         return await asyncio.to_thread(fn, *args, **kwargs)
-    return fn(*args, **kwargs)
+    # Blocking, on a private loop that nothing else uses meanwhile: a checker of
+    # blocking calls (a LangGraph server's) must not take this thread for its loop's.
+    return call_outside_loop(fn, *args, **kwargs)
 
 
 def _conflict(p: _Planned, rec: EffectRecord) -> ToolMessage | None:
