@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_core.tools import tool
+from langgraph.graph import START, MessagesState, StateGraph
 
 from graphs import (
     ExecutionLog,
@@ -369,3 +370,50 @@ def test_a_batch_in_the_worker_makes_no_blocking_call_a_server_would_flag(
         assert "tools" in nodes_seen
         assert log.applied("bb_write") == 2 and log.applied("bb_undoable") == 1
         assert log.applied("bb_read") == 1
+
+
+def test_a_run_interrupted_after_its_tool_node_finished_keeps_its_answers(
+    saver: Any, log: ExecutionLog
+) -> None:
+    # The run is interrupted (Ctrl-C, a server's runs.cancel) after the tool node
+    # returned but before LangGraph saved the step: its answers are the step's pending
+    # writes. The cancel is then finished outside the graph, and its update of the
+    # state must keep them: no call left unanswered, none answered "not run".
+    write = counting_tool(log, "sb_late_stop", EffectKind.IRREVERSIBLE)
+
+    def interrupt_once_answered(state: MessagesState) -> dict[str, Any]:
+        wait_until(
+            lambda: (
+                (rec := saver.ledger.find_effect(thread_id, "ls1")) is not None
+                and rec.status is EffectStatus.COMMITTED
+            ),
+            timeout=30,
+            what="the tool node's answer",
+        )
+        time.sleep(0.2)  # the tool node's task has returned and its writes are put
+        raise KeyboardInterrupt
+
+    builder = StateGraph(MessagesState)
+    builder.add_node(
+        "agent",
+        lambda s: {
+            "messages": [scripted(calls(("sb_late_stop", "a", "ls1"))).invoke(s["messages"])]
+        },
+    )
+    builder.add_node("tools", EffectToolNode([write]))
+    builder.add_node("bystander", interrupt_once_answered)
+    builder.add_edge(START, "agent")
+    builder.add_edge("agent", "tools")
+    builder.add_edge("agent", "bystander")
+    graph = cancellable(builder, saver)
+    thread_id = new_thread()
+    with pytest.raises(KeyboardInterrupt):
+        graph.invoke({"messages": [HumanMessage("go")]}, config_for(thread_id))
+    messages = graph.get_state(config_for(thread_id)).values["messages"]
+    assert dangling_calls(messages) == []
+    answers = [m for m in messages if isinstance(m, ToolMessage)]
+    assert [(m.tool_call_id, m.status) for m in answers] == [("ls1", "success")]
+    report = get_report(saver, thread_id)
+    assert report.status == "cancelled"
+    assert [e.tool_call_id for e in report.permanent] == ["ls1"] and report.not_run == []
+    assert log.applied("sb_late_stop") == 1
