@@ -802,35 +802,31 @@ class _Invocation:
         config = self._state_config()
         try:
             if report is None:
-                if self.graph.get_state(config).tasks:
+                if self.graph.get_state(config).next:
                     self.graph.update_state(config, None, as_node=END)
                 return
             update: dict[str, Any] = {self.settings.report_key: report.model_dump(mode="json")}
             if dangling:
                 update[self.settings.messages_key] = _answer_dangling(self.scope, dangling)
+            self._keep_finished_writes(config)
             self.graph.update_state(config, update, as_node=CANCEL_NODE)
         except Exception:
             logger.warning("could not settle the state of a cancelled run", exc_info=True)
 
-    def _keep_finished_writes(self) -> None:
+    def _keep_finished_writes(self, config: RunnableConfig) -> None:
         """Fold the writes of the saved step's finished tasks into the state.
 
         The run stopped inside a step (Ctrl-C, a server's ``runs.cancel``, a sibling
         that failed): a task that finished, a tool node with its answers, left its
-        writes pending on the step's checkpoint. A live snapshot shows them (and no
-        longer lists the task as next), so their calls look answered; an update of
-        the state as another node (the cancel's, below) starts from the saved step
-        and would drop them. Updating as ``END`` first keeps them and clears the
-        tasks that will not run.
+        writes pending on the step's checkpoint. The live snapshot ``_dangling``
+        reads shows them (and no longer lists the task as next), so their calls are
+        not answered again; an update of the state as another node (the cancel's)
+        starts from the saved step and would drop them. Updating as ``END`` first
+        keeps them and clears the tasks that will not run. Done only once the
+        cancel is finished: until then the saved step still names what to resume.
         """
-        if self.graph.checkpointer is None:
-            return
-        config = self._state_config()
-        try:
-            if self.graph.get_state(config).tasks:
-                self.graph.update_state(config, None, as_node=END)
-        except Exception:
-            logger.warning("could not keep the finished tasks' writes", exc_info=True)
+        if self.graph.get_state(config).tasks:
+            self.graph.update_state(config, None, as_node=END)
 
     def _dangling(self) -> list[ToolCall]:
         """Tool calls the saved state leaves unanswered (none known without a checkpointer)."""
@@ -855,7 +851,6 @@ class _Invocation:
             # The signal arrived after the last check: finish the cancel here. Calls the
             # saved state leaves unanswered (e.g. paused at an approval interrupt) will
             # never run: the cancel records them as not run.
-            self._keep_finished_writes()
             dangling = self._dangling()
             report = finalize_cancel(self.scope, self.settings, dangling)
             self._settle_state(report, dangling)

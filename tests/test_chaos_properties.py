@@ -172,6 +172,20 @@ C = CallSpec
         reconcile_interactive=True,
     )
 )
+@example(
+    # Found by the next soak, against the first version of that fix (which folded the
+    # finished writes in before finishing the cancel): the compensation crashed, and
+    # the checkpoint no longer named the tool step its calls were waiting for (I7).
+    plan=Plan(
+        turns=((C("cx_lookup"),) * 5, (C("cx_lookup"), C("cx_ticket"))),
+        injections=(
+            Inject("kill_task", "tool", 6, "before"),
+            Inject("crash", "hook", 0, "compensate"),
+        ),
+        use_async=True,
+        compensate_on_cancel=True,
+    )
+)
 def test_invariants_hold_under_random_chaos(plan: Plan) -> None:
     runner = play(plan)
     # What the example exercised (pytest --hypothesis-show-statistics).
