@@ -458,7 +458,8 @@ def findings(res: dict[str, Any]) -> list[str]:
             f"Python-level costs on this box: asyncio.run() of an empty coroutine "
             f"{micro.get('asyncio_run_empty_us')} us (EffectToolNode's sync entry reuses "
             f"pooled loops instead); a sync tool via tool.ainvoke "
-            f"(executor hop, async callbacks; EffectToolNode uses it in async graphs only) "
+            f"(executor hop, async callbacks; EffectToolNode uses it only for a batch an "
+            f"async graph keeps on its loop) "
             f"{micro.get('tool_ainvoke_sync_tool_us_per_call')} us/call vs tool.invoke "
             f"{micro.get('tool_invoke_sync_us_per_call')} us/call."
         )
