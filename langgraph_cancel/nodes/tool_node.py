@@ -1467,17 +1467,12 @@ class EffectToolNode(ToolNode):
     def _success_request(
         self, p: _Planned, rec: EffectRecord, msg: Any, scope: RunScope
     ) -> TransitionRequest:
-        result = (
-            message_payload(msg)
-            if isinstance(msg, ToolMessage)
-            else {"content": f"(tool returned {type(msg).__name__})", "status": "success"}
-        )
         return TransitionRequest(
             effect_id=rec.effect_id,
             to=EffectStatus.COMMITTED,
             expected=frozenset({EffectStatus.DISPATCHED}),
             actor=scope.owner,
-            result=result,
+            result=outcome_payload(msg),
         )
 
     def _record_success(self, p: _Planned, rec: EffectRecord, msg: Any, scope: RunScope) -> Any:
@@ -1925,21 +1920,23 @@ def unknown_owner(spec: EffectSpec) -> tuple[str, str]:
     )
 
 
+def outcome_payload(msg: Any) -> dict[str, Any]:
+    """What the ledger keeps of a successful call's answer (``replay_message`` reads it)."""
+    if isinstance(msg, ToolMessage):
+        return message_payload(msg)
+    return {"content": f"(tool returned {type(msg).__name__})", "status": "success"}
+
+
 def record_late_outcome(scope: RunScope, rec: EffectRecord, msg: Any) -> None:
     """A call recorded unknown when the run stopped waiting for it came back: keep its
     outcome (a failure stays unknown: only reconciliation, or a person, can settle it)."""
-    result = (
-        message_payload(msg)
-        if isinstance(msg, ToolMessage)
-        else {"content": f"(tool returned {type(msg).__name__})", "status": "success"}
-    )
     with contextlib.suppress(Exception):
         scope.ledger.transition(
             rec.effect_id,
             EffectStatus.COMMITTED,
             expected=[EffectStatus.UNKNOWN],
             actor=scope.owner,
-            result=result,
+            result=outcome_payload(msg),
             detail={"settled_late": True},
         )
 
