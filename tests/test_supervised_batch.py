@@ -417,3 +417,50 @@ def test_a_run_interrupted_after_its_tool_node_finished_keeps_its_answers(
     assert report.status == "cancelled"
     assert [e.tool_call_id for e in report.permanent] == ["ls1"] and report.not_run == []
     assert log.applied("sb_late_stop") == 1
+
+
+@pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])
+def test_a_call_still_running_here_is_never_reconciled_not_applied(
+    saver: Any, log: ExecutionLog, use_async: bool
+) -> None:
+    # The stop gave up waiting for a hung call (unknown); the thread's next input
+    # reconciles, and the provider has no record of the key yet: the request is still
+    # on its way from this process, so the call stays unknown (not not_applied, which
+    # would free its key), and its outcome is kept when it arrives.
+    tools = [counting_tool(log, "sb_slow_refund", EffectKind.IRREVERSIBLE)]
+    model = scripted(calls(("sb_slow_refund", "a", "sr1")))
+    graph = cancellable(
+        agent_builder(model, EffectToolNode(tools, cancel_timeout=GRACE), use_async=use_async),
+        saver,
+        cancel_timeout=GRACE,
+    )
+    thread_id = new_thread()
+
+    def invoke(inp: Any) -> Any:
+        if use_async:
+            return asyncio.run(graph.ainvoke(inp, config_for(thread_id)))
+        return graph.invoke(inp, config_for(thread_id))
+
+    log.arm("sb_slow_refund")
+    runner, _result, error = _run_in_thread(lambda: invoke({"messages": [HumanMessage("go")]}))
+    try:
+        wait_until(lambda: log.started("sb_slow_refund"), timeout=30, what="the call to start")
+        request_cancel(saver, thread_id, reason="stop", requested_by="test")
+        runner.join(10.0)
+        assert not runner.is_alive() and not error, error
+        assert saver.ledger.find_effect(thread_id, "sr1").status is EffectStatus.UNKNOWN
+        invoke({"messages": [HumanMessage("where do things stand?")]})  # reconciles first
+        held = saver.ledger.find_effect(thread_id, "sr1")
+        assert held.status is EffectStatus.UNKNOWN, held
+        assert "still in flight in this process" in (held.error or "")
+    finally:
+        log.release("sb_slow_refund")
+    wait_until(
+        lambda: saver.ledger.find_effect(thread_id, "sr1").status is EffectStatus.COMMITTED,
+        timeout=10,
+        what="the late outcome",
+    )
+    rec = saver.ledger.find_effect(thread_id, "sr1")
+    trail = [h.to_status for h in saver.ledger.history(rec.effect_id)]
+    assert EffectStatus.NOT_APPLIED not in trail, trail
+    assert log.applied("sb_slow_refund") == 1

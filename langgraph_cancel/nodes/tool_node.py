@@ -1243,6 +1243,7 @@ class EffectToolNode(ToolNode):
         call = {**p.call, "args": rec.args}
         planned = replace(p, call=cast(ToolCall, call), key=rec.idempotency_key)
         task: asyncio.Future[Any] | concurrent.futures.Future[Any] | None = None
+        _RUNNING.add(rec.effect_id)
         try:
             one_at_a_time = (
                 batch is not None
@@ -1301,6 +1302,17 @@ class EffectToolNode(ToolNode):
             raise
         except Exception as exc:
             return await self._record_failure(planned, rec, exc, scope)
+        finally:
+            # Running until the call itself ends, even when the run stopped waiting.
+            if task is None:
+                _RUNNING.discard(rec.effect_id)
+            else:
+                effect_id = rec.effect_id
+
+                def done_running(_: Any) -> None:
+                    _RUNNING.discard(effect_id)
+
+                task.add_done_callback(done_running)
         if batch is not None and self.effect_concurrency == 1:
             # Written with the next call's intent, or when the batch's loop ends.
             batch.outcome = self._success_request(planned, rec, msg, scope)
@@ -1960,7 +1972,15 @@ def mark_unknown(ledger: Ledger, rec: EffectRecord, spec: EffectSpec, why: str) 
 def apply_outcome(
     ledger: Ledger, rec: EffectRecord, spec: EffectSpec, outcome: Outcome, *, actor: str
 ) -> EffectRecord:
-    """Settle an in-flight or unknown effect with what reconciliation found."""
+    """Settle an in-flight or unknown effect with what reconciliation found.
+
+    A provider with no record of a call whose request this process is still making
+    has not seen it *yet*: the call stays unknown (its outcome is recorded when it
+    returns), never ``not_applied``, which would free its key for another effect.
+    """
+    if outcome.status == "not_applied" and running_here(rec.effect_id):
+        why = f"the request is still in flight in this process; {outcome.reason or ''}"
+        return mark_unknown(ledger, rec, spec, why.rstrip("; "))
     try:
         if outcome.status == "committed":
             result = {"content": _result_text(outcome.result), "status": "success"}
@@ -1981,6 +2001,35 @@ def apply_outcome(
     except IllegalTransitionError:
         return ledger.get_effect(rec.effect_id)
     return mark_unknown(ledger, rec, spec, outcome.reason or "reconcile could not tell")
+
+
+class _RunningCalls:
+    """The effects whose call is running in this process (a set safe across threads)."""
+
+    def __init__(self) -> None:
+        self._ids: set[str] = set()
+        self._lock = threading.Lock()
+
+    def add(self, effect_id: str) -> None:
+        with self._lock:
+            self._ids.add(effect_id)
+
+    def discard(self, effect_id: str) -> None:
+        with self._lock:
+            self._ids.discard(effect_id)
+
+    def __contains__(self, effect_id: object) -> bool:
+        with self._lock:
+            return effect_id in self._ids
+
+
+_RUNNING = _RunningCalls()
+
+
+def running_here(effect_id: str) -> bool:
+    """Whether this process is still making the call of ``effect_id`` (a stopped wait
+    does not stop the request)."""
+    return effect_id in _RUNNING
 
 
 def dangling_tool_calls(messages: Sequence[Any]) -> list[ToolCall]:
