@@ -31,7 +31,7 @@ import sqlite3
 import threading
 import time
 import uuid
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -79,6 +79,8 @@ ORDERS = ("o-88", "o-91", "o-93", "o-97", "o-102")
 IRREVERSIBLE_OPS = frozenset({"refund", "send_email", "post_message"})
 REVERSIBLE_OPS = frozenset({"create_ticket"})
 UNDO_PREFIX = "undo:"
+#: How the ledger marks a key an effect gave to another (``#released-to:<effect id>``).
+RELEASED = "#released-to:"
 
 #: The chaos agent's tools: name -> (kind, approval rule in words).
 TOOL_KINDS: dict[str, EffectKind] = {
@@ -1074,6 +1076,8 @@ def check_invariants(runner: Runner) -> None:
         assert info["executions"] <= 1, f"I2: key {key} applied {info['executions']} times"
         owner = key[len(UNDO_PREFIX) :] if key.startswith(UNDO_PREFIX) else key
         assert owner in by_key, f"I2/I7: the provider saw key {key} the ledger does not know"
+    allowed_by_key: Counter[str] = Counter()
+    holders: dict[str, list[str]] = defaultdict(list)
     for e in effects:
         trail = ledger.history(e.effect_id)
         fresh = sum(
@@ -1094,12 +1098,17 @@ def check_invariants(runner: Runner) -> None:
             assert again == 0, f"I2: {e.tool_call_id} ({e.tool}) re-dispatched in flight{context}"
         # A fresh dispatch follows a plan/approval, or a reconcile that proved "not applied".
         per = spec.max_attempts if spec.retry_safe else 1
-        allowed = (fresh + again) * per
-        ran = runner.world.invocations.get(e.idempotency_key, 0)
-        reached = keys.get(e.idempotency_key, {}).get("attempts", 0)
+        # A key an effect gave up (``#released-to:``) ran under its plain name: its
+        # dispatches count for the key with those of the effect that holds it now.
+        key = e.idempotency_key.split(RELEASED, 1)[0]
+        allowed_by_key[key] += (fresh + again) * per
+        holders[key].append(f"{e.tool_call_id} ({e.tool}) {fresh}+{again}")
+    for key, allowed in allowed_by_key.items():
+        ran = runner.world.invocations.get(key, 0)
+        reached = keys.get(key, {}).get("attempts", 0)
         assert ran <= allowed and reached <= allowed, (
-            f"I2: {e.tool_call_id} ({e.tool}) ran {ran} times, reached the provider "
-            f"{reached} times, for {fresh}+{again} dispatches{context}"
+            f"I2: key {key} ran {ran} times, reached the provider {reached} times, for "
+            f"{allowed} allowed (dispatches x attempts) of {holders[key]}{context}"
         )
     # ---- I3: every dispatched effect is settled or unknown with owner and next action
     for e in effects:
@@ -1109,7 +1118,11 @@ def check_invariants(runner: Runner) -> None:
             assert e.status not in UNSETTLED_STATUSES, (
                 f"I3: {e.tool_call_id} left {e.status.value} at rest{context}"
             )
-        if e.dispatched_at is None and e.kind is not EffectKind.READ_ONLY:
+        if (
+            e.dispatched_at is None
+            and e.kind is not EffectKind.READ_ONLY
+            and not allowed_by_key[e.idempotency_key]  # no earlier holder went out under it
+        ):
             assert runner.world.invocations.get(e.idempotency_key, 0) == 0, (
                 f"I1: {e.tool_call_id} ran without a dispatch record{context}"
             )
