@@ -475,15 +475,14 @@ class EffectToolNode(ToolNode):
         config: RunnableConfig,
         runtime: Runtime[Any],
     ) -> Any:
+        def run_batch() -> Any:
+            return _run_sync(self._abatch(input, config, runtime))
+
         if not self._batch_in_worker(input, async_graph=False):
-            return _run_sync(self._abatch(input, config, runtime))
-
-        def take_over(call: InFlight) -> Any:
-            # The call it gave up on is recorded unknown; the batch runs again here as
-            # after a crash: recorded answers are replayed, the calls behind it dropped.
-            return _run_sync(self._abatch(input, config, runtime))
-
-        return supervise(lambda: _run_sync(self._abatch(input, config, runtime)), take_over)
+            return run_batch()
+        # Given up on a call (recorded unknown), the supervisor runs the batch again, as
+        # after a crash: recorded answers are replayed, the calls behind it dropped.
+        return supervise(run_batch, lambda _call: run_batch())
 
     def _batch_in_worker(self, input: Any, *, async_graph: bool) -> bool:
         """Whether the batch runs in a supervised worker thread (``nodes/supervision.py``).
@@ -1275,8 +1274,6 @@ class EffectToolNode(ToolNode):
         except _StoppedWaiting as stop:
             assert task is not None
             return await self._stop_waiting(planned, rec, task, scope, stop)
-        except BatchSuperseded:
-            raise
         except asyncio.CancelledError:
             # Our task was cancelled (runs.cancel, disconnect, Ctrl-C). The request has
             # left the process: wait for its outcome within the timeout, record it, then
@@ -2003,27 +2000,9 @@ def apply_outcome(
     return mark_unknown(ledger, rec, spec, outcome.reason or "reconcile could not tell")
 
 
-class _RunningCalls:
-    """The effects whose call is running in this process (a set safe across threads)."""
-
-    def __init__(self) -> None:
-        self._ids: set[str] = set()
-        self._lock = threading.Lock()
-
-    def add(self, effect_id: str) -> None:
-        with self._lock:
-            self._ids.add(effect_id)
-
-    def discard(self, effect_id: str) -> None:
-        with self._lock:
-            self._ids.discard(effect_id)
-
-    def __contains__(self, effect_id: object) -> bool:
-        with self._lock:
-            return effect_id in self._ids
-
-
-_RUNNING = _RunningCalls()
+#: The effects whose call is running in this process (a set's add, discard and ``in``
+#: are atomic: no lock needed across threads).
+_RUNNING: set[str] = set()
 
 
 def running_here(effect_id: str) -> bool:
