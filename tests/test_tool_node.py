@@ -444,6 +444,120 @@ def test_concurrent_side_effects_share_their_ledger_writes(
     assert len(writes) < 12, writes  # ... in fewer round trips than one per write
 
 
+def _count_outcome_writes(ledger: Any) -> tuple[list[int], Any]:
+    """Spy on ``ledger.transition_many``: the number of outcomes in each write."""
+    writes: list[int] = []
+    transition_many = ledger.transition_many
+
+    def counted(requests: Any) -> Any:
+        outcomes = [r for r in requests if r.to is not EffectStatus.DISPATCHED]
+        if outcomes:
+            writes.append(len(outcomes))
+        return transition_many(requests)
+
+    ledger.transition_many = counted
+    return writes, lambda: delattr(ledger, "transition_many")
+
+
+@pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])
+def test_outcomes_of_calls_finishing_together_share_one_write(
+    saver: Any, log: ExecutionLog, use_async: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Six refunds dispatched together return a few milliseconds apart: the first
+    # outcome waits for the others still in flight, and all six go in one write
+    # (without the wait, the first was written alone and the rest in a chain).
+    from langgraph_cancel.nodes import tool_node
+
+    monkeypatch.setattr(tool_node, "OUTCOME_LINGER", 30.0)
+    barrier = threading.Barrier(6, timeout=20)
+
+    def spread(item: str) -> None:
+        barrier.wait()
+        time.sleep(0.003 * int(item[1:]))
+
+    refund = counting_tool(log, "refund", EffectKind.IRREVERSIBLE, after=spread)
+    model = scripted(calls(*((("refund", f"o{i}", f"c{i}")) for i in range(6))), "fin")
+    graph = cancellable(
+        agent_builder(model, EffectToolNode([refund], effect_concurrency=6), use_async=use_async),
+        saver,
+    )
+    writes, restore = _count_outcome_writes(saver.ledger)
+    try:
+        thread_id = new_thread()
+        out = asyncio.run(astart(graph, thread_id)) if use_async else start(graph, thread_id)
+    finally:
+        restore()
+    assert [m.status for m in tool_messages(out["messages"])] == ["success"] * 6
+    assert writes == [6]
+    assert {r.status for r in saver.ledger.effects(thread_id)} == {EffectStatus.COMMITTED}
+
+
+def test_an_outcome_waits_for_a_slow_sibling_only_so_long(
+    saver: Any, log: ExecutionLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The quick refund's outcome is on disk while its slow sibling is still running:
+    # the slow call returns only once the quick one reads committed in the ledger.
+    from langgraph_cancel.nodes import tool_node
+
+    monkeypatch.setattr(tool_node, "OUTCOME_LINGER", 0.05)
+    release = threading.Event()
+
+    def slow(item: str) -> None:
+        if item == "slow":
+            assert release.wait(20), "the quick call's outcome was never written"
+
+    refund = counting_tool(log, "refund", EffectKind.IRREVERSIBLE, before=slow)
+    model = scripted(calls(("refund", "quick", "c1"), ("refund", "slow", "c2")), "fin")
+    graph = cancellable(
+        agent_builder(model, EffectToolNode([refund], effect_concurrency=2)), saver
+    )
+    thread_id = new_thread()
+    result: dict[str, Any] = {}
+    runner = threading.Thread(target=lambda: result.update(start(graph, thread_id)))
+    runner.start()
+    try:
+        wait_until(
+            lambda: any(
+                r.tool_call_id == "c1" and r.status is EffectStatus.COMMITTED
+                for r in saver.ledger.effects(thread_id)
+            ),
+            timeout=20,
+            what="the quick call's outcome",
+        )
+    finally:
+        release.set()
+        runner.join(30)
+    assert [m.status for m in tool_messages(result["messages"])] == ["success"] * 2
+
+
+def test_a_call_waiting_for_a_slot_is_not_held_back_by_a_lingering_outcome(
+    saver: Any, log: ExecutionLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Two at a time, three calls: c1 returns at once while c2 runs on until c3 has
+    # run. c3 needs c1's slot, so c1's outcome must not wait for c2's (it would
+    # wait for good here: OUTCOME_LINGER is 30 s).
+    from langgraph_cancel.nodes import tool_node
+
+    monkeypatch.setattr(tool_node, "OUTCOME_LINGER", 30.0)
+    third_ran = threading.Event()
+
+    def before(item: str) -> None:
+        if item == "o3":
+            third_ran.set()
+        elif item == "o2":
+            assert third_ran.wait(20), "the third call never got a slot"
+
+    refund = counting_tool(log, "refund", EffectKind.IRREVERSIBLE, before=before)
+    model = scripted(calls(*((("refund", f"o{i}", f"c{i}")) for i in (1, 2, 3))), "fin")
+    graph = cancellable(
+        agent_builder(model, EffectToolNode([refund], effect_concurrency=2)), saver
+    )
+    thread_id = new_thread()
+    out = start(graph, thread_id)
+    assert [m.status for m in tool_messages(out["messages"])] == ["success"] * 3
+    assert log.applied("refund") == 3
+
+
 def test_the_same_call_twice_in_a_concurrent_batch_runs_once(saver: Any, log: ExecutionLog) -> None:
     # The same call twice in one batch is one step: it runs once and both copies get
     # its answer (they once asked for the same intent in the same write, refused as a
