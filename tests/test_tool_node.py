@@ -508,9 +508,7 @@ def test_an_outcome_waits_for_a_slow_sibling_only_so_long(
 
     refund = counting_tool(log, "refund", EffectKind.IRREVERSIBLE, before=slow)
     model = scripted(calls(("refund", "quick", "c1"), ("refund", "slow", "c2")), "fin")
-    graph = cancellable(
-        agent_builder(model, EffectToolNode([refund], effect_concurrency=2)), saver
-    )
+    graph = cancellable(agent_builder(model, EffectToolNode([refund], effect_concurrency=2)), saver)
     thread_id = new_thread()
     result: dict[str, Any] = {}
     runner = threading.Thread(target=lambda: result.update(start(graph, thread_id)))
@@ -549,9 +547,7 @@ def test_a_call_waiting_for_a_slot_is_not_held_back_by_a_lingering_outcome(
 
     refund = counting_tool(log, "refund", EffectKind.IRREVERSIBLE, before=before)
     model = scripted(calls(*((("refund", f"o{i}", f"c{i}")) for i in (1, 2, 3))), "fin")
-    graph = cancellable(
-        agent_builder(model, EffectToolNode([refund], effect_concurrency=2)), saver
-    )
+    graph = cancellable(agent_builder(model, EffectToolNode([refund], effect_concurrency=2)), saver)
     thread_id = new_thread()
     out = start(graph, thread_id)
     assert [m.status for m in tool_messages(out["messages"])] == ["success"] * 3
