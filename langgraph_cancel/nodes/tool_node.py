@@ -112,6 +112,8 @@ DEFAULT_CANCEL_TIMEOUT = 30.0
 #: outcomes of the calls still in flight beside it (seconds).
 OUTCOME_LINGER = 0.005
 #: The stop a cancelled run task stands for (a server's runs.cancel, a disconnect).
+#: A read ``_run_reads_pooled`` leaves to ``_run_read``.
+_NOT_POOLED: Any = object()
 INTERRUPTED_REASON = "run task cancelled (server cancel, disconnect or Ctrl-C)"
 
 #: Tools known in this process by name: every ``effect(...)``-classified tool, plus
@@ -675,6 +677,8 @@ class EffectToolNode(ToolNode):
             runtimes.append(tool_runtime)
         # A wrapper (wrap_tool_call) may re-run or rewrite a call: record per call then.
         batch = _Batch() if self._wrap_tool_call is None and self._awrap_tool_call is None else None
+        # A sync graph's reads start in the pool while the ledger is asked about them.
+        overlap = batch is not None and not _offload.get()
 
         def sort() -> list[_Planned]:
             """Classify the calls; the reads' records (one hop off the loop for both)."""
@@ -689,7 +693,7 @@ class EffectToolNode(ToolNode):
                         planned.spec, planned.call.get("args") or {}
                     )
                     (reads if fast_read else effects).append(planned)
-            if batch is not None and reads:
+            if batch is not None and reads and not overlap:
                 return self._find_read_records(reads, batch, scope)
             return reads
 
@@ -702,23 +706,21 @@ class EffectToolNode(ToolNode):
             return await self._run_effect(p, req, it, sc, batch)
 
         if reads:
-            pooled: list[_Planned] = []
-            if batch is not None and not _offload.get():
-                # A sync graph: fresh reads run in a thread pool, as ToolNode runs its
-                # calls, without an asyncio task and wait per call.
-                pooled = [
-                    p for p in reads if p.ledger_id not in batch.records and _has_sync_body(p.tool)
-                ]
-            taken = {p.index for p in pooled}
-            rest = [p for p in reads if p.index not in taken]
+            rest = reads
             try:
-                if pooled:
+                if overlap:
+                    # A sync graph: fresh reads run in a thread pool, as ToolNode runs
+                    # its calls, without an asyncio task and wait per call.
                     assert batch is not None
-                    answers = call_outside_loop(
-                        self._run_reads_pooled, pooled, input_type, scope, batch
+                    answers, reads = call_outside_loop(
+                        self._run_reads_pooled, reads, input_type, scope, batch
                     )
-                    for p, out in zip(pooled, answers, strict=True):
-                        outputs[p.index] = out
+                    rest = []
+                    for p, out in zip(reads, answers, strict=True):
+                        if out is _NOT_POOLED:
+                            rest.append(p)
+                        else:
+                            outputs[p.index] = out
                 results = await asyncio.gather(
                     *(self._guarded(p, input_type, scope, run_read) for p in rest)
                 )
@@ -1037,28 +1039,72 @@ class EffectToolNode(ToolNode):
         input_type: Literal["list", "dict", "tool_calls"],
         scope: RunScope,
         batch: _Batch,
-    ) -> list[Any]:
-        """Fresh reads of a sync graph: the same steps as ``_run_read``, the calls in a pool.
+    ) -> tuple[list[Any], list[_Planned]]:
+        """A sync graph's reads: the same steps as ``_run_read``, the calls in a pool.
+
+        The calls with a sync body are handed to the pool at once, each held until
+        the ledger has said what it holds for the batch (``_find_read_records``, one
+        read meanwhile): a fresh call then runs, a recorded one is left to
+        ``_run_read`` (replayed, or run under its own id).
 
         The wait checks the cancel signal between timeouts; on cancel, reads that may
         be abandoned are (their threads finish on their own, their results unused),
         the others are waited for.
+
+        Returns:
+            Per read, its answer or ``_NOT_POOLED`` (``_run_read``'s to give); and the
+            reads, each under the id of its own record.
         """
         if scope.cancel_called():
+            looked_up = self._find_read_records(reads, batch, scope)
+            fresh = [p for p in looked_up if p.ledger_id not in batch.records]
             scope.signal.observe()
-            for p in reads:
+            for p in fresh:
                 self._drop(scope, p, None)
+            dropped = {p.index for p in fresh}
             return [
                 ToolMessage(
                     NOT_RUN_CANCELLED, name=p.tool.name, tool_call_id=p.call_id, status="error"
                 )
-                for p in reads
-            ]
+                if p.index in dropped
+                else _NOT_POOLED
+                for p in looked_up
+            ], looked_up
+        gate = threading.Event()
+        run_these: set[int] = set()
+
+        def held(p: _Planned) -> Any:
+            gate.wait()
+            if p.index not in run_these:
+                return _NOT_POOLED
+            return self._invoke_blocking(p, input_type)
+
+        candidates = [p for p in reads if _has_sync_body(p.tool)]
         pool = _tool_pool()
-        futures = [
-            pool.submit(contextvars.copy_context().run, self._invoke_blocking, p, input_type)
-            for p in reads
-        ]
+        submitted = [pool.submit(contextvars.copy_context().run, held, p) for p in candidates]
+        try:
+            looked_up = self._find_read_records(reads, batch, scope)
+            run_these.update(
+                p.index
+                for p, before in zip(looked_up, reads, strict=True)
+                if p is before and p.ledger_id not in batch.records and _has_sync_body(p.tool)
+            )
+        finally:
+            gate.set()  # on a failed lookup nothing runs: every held call returns at once
+        pooled = [p for p in looked_up if p.index in run_these]
+        futures = [f for f, p in zip(submitted, candidates, strict=True) if p.index in run_these]
+        collected = self._collect_reads(pooled, futures, scope, batch)
+        answers = {p.index: out for p, out in zip(pooled, collected, strict=True)}
+        return [answers.get(p.index, _NOT_POOLED) for p in looked_up], looked_up
+
+    def _collect_reads(
+        self,
+        reads: list[_Planned],
+        futures: list[concurrent.futures.Future[Any]],
+        scope: RunScope,
+        batch: _Batch,
+    ) -> list[Any]:
+        """Wait for the pooled reads (abandoning what may be on cancel); their answers."""
         pending = set(futures)
         abandoned: set[concurrent.futures.Future[Any]] = set()
         observed = False
