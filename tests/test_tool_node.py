@@ -554,6 +554,35 @@ def test_a_call_waiting_for_a_slot_is_not_held_back_by_a_lingering_outcome(
     assert log.applied("refund") == 3
 
 
+def test_reads_held_for_a_failed_ledger_lookup_never_run(saver: Any, log: ExecutionLog) -> None:
+    # A sync graph hands its reads to the pool before asking the ledger about them;
+    # when that lookup fails, no read runs and the run fails with the ledger's error.
+    # The next invoke runs each read once.
+    from langgraph_cancel.errors import TransientDatabaseError
+
+    reads = [counting_tool(log, f"r{i}", EffectKind.READ_ONLY) for i in range(3)]
+    model = scripted(calls(*((f"r{i}", f"x{i}", f"c{i}") for i in range(3))), "fin")
+    graph = cancellable(agent_builder(model, EffectToolNode(reads)), saver)
+    thread_id = new_thread()
+    ledger = saver.ledger
+
+    def lost(*_a: Any, **_k: Any) -> Any:
+        raise TransientDatabaseError("connection lost (test)")
+
+    ledger.find_effects = lost
+    try:
+        with pytest.raises(TransientDatabaseError):
+            start(graph, thread_id)
+    finally:
+        del ledger.find_effects
+    time.sleep(0.1)  # a held read that ran anyway would be in the log by now
+    assert [log.attempts(f"r{i}") for i in range(3)] == [0, 0, 0]
+    out = graph.invoke(None, config_for(thread_id))
+    assert [m.status for m in tool_messages(out["messages"])] == ["success"] * 3
+    assert [log.attempts(f"r{i}") for i in range(3)] == [1, 1, 1]
+    assert {e.status for e in ledger.effects(thread_id)} == {EffectStatus.COMMITTED}
+
+
 def test_the_same_call_twice_in_a_concurrent_batch_runs_once(saver: Any, log: ExecutionLog) -> None:
     # The same call twice in one batch is one step: it runs once and both copies get
     # its answer (they once asked for the same intent in the same write, refused as a
