@@ -554,6 +554,40 @@ def test_a_call_waiting_for_a_slot_is_not_held_back_by_a_lingering_outcome(
     assert log.applied("refund") == 3
 
 
+@pytest.mark.parametrize("node", ["ToolNode", "EffectToolNode"])
+@pytest.mark.parametrize("kind", [EffectKind.READ_ONLY, EffectKind.IRREVERSIBLE])
+def test_max_concurrency_bounds_the_calls_running_at_once(
+    saver: Any, log: ExecutionLog, node: str, kind: EffectKind
+) -> None:
+    # As ToolNode does, the run's max_concurrency bounds how many calls run at once
+    # (for side effects: below effect_concurrency). Five calls of 30 ms each.
+    running = [0, 0]  # now, peak
+    lock = threading.Lock()
+
+    def enter(_item: str) -> None:
+        with lock:
+            running[0] += 1
+            running[1] = max(running)
+        time.sleep(0.03)
+        with lock:
+            running[0] -= 1
+
+    work = counting_tool(log, "work", kind, before=enter)
+    model = scripted(calls(*(("work", f"x{i}", f"c{i}") for i in range(5))), "fin")
+    if node == "ToolNode":
+        graph = agent_builder(model, ToolNode([work])).compile(checkpointer=saver)
+    else:
+        graph = cancellable(
+            agent_builder(model, EffectToolNode([work], effect_concurrency=5)), saver
+        )
+    out = graph.invoke(
+        {"messages": [HumanMessage("go")]}, {**config_for(new_thread()), "max_concurrency": 2}
+    )
+    assert [m.status for m in tool_messages(out["messages"])] == ["success"] * 5
+    assert log.applied("work") == 5
+    assert 1 <= running[1] <= 2
+
+
 def test_reads_held_for_a_failed_ledger_lookup_never_run(saver: Any, log: ExecutionLog) -> None:
     # A sync graph hands its reads to the pool before asking the ledger about them;
     # when that lookup fails, no read runs and the run fails with the ledger's error.

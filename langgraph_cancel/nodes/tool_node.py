@@ -744,7 +744,8 @@ class EffectToolNode(ToolNode):
             commits = _GroupCommit(scope.ledger) if batch is not None else None
             if batch is not None:
                 batch.commits = commits
-            sem = asyncio.Semaphore(self.effect_concurrency)
+            limit = config.get("max_concurrency")
+            sem = asyncio.Semaphore(min(self.effect_concurrency, limit or self.effect_concurrency))
 
             async def bounded(p: _Planned) -> Any:
                 if commits is None:
@@ -1080,20 +1081,35 @@ class EffectToolNode(ToolNode):
             return self._invoke_blocking(p, input_type)
 
         candidates = [p for p in reads if _has_sync_body(p.tool)]
-        pool = _tool_pool()
-        submitted = [pool.submit(contextvars.copy_context().run, held, p) for p in candidates]
-        try:
-            looked_up = self._find_read_records(reads, batch, scope)
-            run_these.update(
-                p.index
-                for p, before in zip(looked_up, reads, strict=True)
-                if p is before and p.ledger_id not in batch.records and _has_sync_body(p.tool)
+        # The run's max_concurrency bounds the calls running at once, as it bounds
+        # ToolNode's (a pool of that size for the batch).
+        limit = reads[0].runtime.config.get("max_concurrency") if reads else None
+        pool = (
+            _tool_pool()
+            if limit is None
+            else concurrent.futures.ThreadPoolExecutor(
+                limit, thread_name_prefix="langgraph-cancel-tool"
             )
+        )
+        try:
+            submitted = [pool.submit(contextvars.copy_context().run, held, p) for p in candidates]
+            try:
+                looked_up = self._find_read_records(reads, batch, scope)
+                run_these.update(
+                    p.index
+                    for p, before in zip(looked_up, reads, strict=True)
+                    if p is before and p.ledger_id not in batch.records and _has_sync_body(p.tool)
+                )
+            finally:
+                gate.set()  # on a failed lookup nothing runs: every held call returns at once
+            pooled = [p for p in looked_up if p.index in run_these]
+            futures = [
+                f for f, p in zip(submitted, candidates, strict=True) if p.index in run_these
+            ]
+            collected = self._collect_reads(pooled, futures, scope, batch)
         finally:
-            gate.set()  # on a failed lookup nothing runs: every held call returns at once
-        pooled = [p for p in looked_up if p.index in run_these]
-        futures = [f for f, p in zip(submitted, candidates, strict=True) if p.index in run_these]
-        collected = self._collect_reads(pooled, futures, scope, batch)
+            if pool is not _pool:
+                pool.shutdown(wait=False)  # an abandoned read's thread ends on its own
         answers = {p.index: out for p, out in zip(pooled, collected, strict=True)}
         return [answers.get(p.index, _NOT_POOLED) for p in looked_up], looked_up
 
