@@ -111,9 +111,9 @@ DEFAULT_CANCEL_TIMEOUT = 30.0
 #: Longest an outcome of a concurrent batch waits to share its write with the
 #: outcomes of the calls still in flight beside it (seconds).
 OUTCOME_LINGER = 0.005
-#: The stop a cancelled run task stands for (a server's runs.cancel, a disconnect).
 #: A read ``_run_reads_pooled`` leaves to ``_run_read``.
 _NOT_POOLED: Any = object()
+#: The stop a cancelled run task stands for (a server's runs.cancel, a disconnect).
 INTERRUPTED_REASON = "run task cancelled (server cancel, disconnect or Ctrl-C)"
 
 #: Tools known in this process by name: every ``effect(...)``-classified tool, plus
