@@ -498,3 +498,23 @@ def test_a_failed_save_ends_the_waits_for_the_rest_of_its_run_only() -> None:
     assert noted.failure("cp-5", thread) is None
     noted.note("cp-2", thread=thread)  # read back after all: saved
     assert "cp-2" in noted and noted.failure("cp-2") is None
+
+
+def test_the_sqlite_savers_checkpoints_commit_as_its_ledger_does(tmp_path: Any) -> None:
+    # One file, one write-ahead log, one durability for both kinds of rows: WAL with
+    # synchronous=NORMAL (a commit survives kill -9; a power cut loses a suffix of the
+    # log, never a checkpoint while keeping a later intent). The connection is the
+    # user's: what the saver set on it is what its checkpoints get.
+    import sqlite3
+
+    conn = sqlite3.connect(str(tmp_path / "agent.db"), check_same_thread=False)
+    try:
+        saver = SqliteCancelSaver(conn)
+        saver.setup()
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert conn.execute("PRAGMA synchronous").fetchone()[0] == 1  # NORMAL
+        ledger_conn = saver.ledger.backend._conn  # type: ignore[attr-defined]
+        assert ledger_conn.execute("PRAGMA synchronous").fetchone()[0] == 1
+        saver.ledger.close()
+    finally:
+        conn.close()
