@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
+import os
+import sqlite3
+import tempfile
+from collections.abc import Iterator
 from typing import Any
 
 from benchmarks.agent import (
@@ -69,10 +74,43 @@ def _paired(name: str, base: list[float], other: list[float]) -> dict[str, Any]:
     return {f"paired_{name}": mid, f"paired_{name}_ci95": [low, high]}
 
 
+#: The 10-call batch of 5 ms tools the 10%-of-wall targets are about (also run async).
+ASYNC_CELL = (10, 5.0)
+
+
+@contextlib.contextmanager
+def _normal_sync_saver(backend: str, settings: Settings) -> Iterator[Any]:
+    """On SQLite, LangGraph's ``SqliteSaver`` with ``synchronous=NORMAL`` (else None)."""
+    if backend != "sqlite":
+        yield None
+        return
+    from langgraph.checkpoint.sqlite import SqliteSaver
+
+    d = tempfile.mkdtemp(prefix="overhead-normal-", dir=settings.workdir)
+    conn = sqlite3.connect(os.path.join(d, "base.db"), check_same_thread=False)
+    try:
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("PRAGMA synchronous = NORMAL")
+        saver = SqliteSaver(conn)
+        saver.setup()
+        yield saver
+    finally:
+        conn.close()
+
+
 def measure_cell(
-    base_saver: Any, cancel_saver: Any, n: int, tool_ms: float, kind: str, reps: int, warmup: int
+    base_saver: Any,
+    cancel_saver: Any,
+    n: int,
+    tool_ms: float,
+    kind: str,
+    reps: int,
+    warmup: int,
+    normal_saver: Any = None,
 ) -> dict[str, dict[str, list[float]]]:
     """Interleaved trials (ABAB...) of the plain and the effect graph on fresh threads.
+
+    ``normal_saver``: also the plain graph on it (``base_normal``).
 
     Returns ``{variant: {"wall": [...], "cpu": [...]}}`` in seconds.
     """
@@ -81,6 +119,10 @@ def measure_cell(
         "base": build_graph(tools, scripted_model(n), base_saver, effectful=False),
         "effect": build_graph(tools, scripted_model(n), cancel_saver, effectful=True),
     }
+    if normal_saver is not None:
+        variants["base_normal"] = build_graph(
+            tools, scripted_model(n), normal_saver, effectful=False
+        )
     if kind == SIDE_EFFECT and n > 1:
         # The default runs side effects one at a time, in plan order; this variant
         # lets a whole batch run at once, like ToolNode does, so its intents and its
@@ -107,10 +149,6 @@ def measure_cell(
     finally:
         gc.unfreeze()
     return samples
-
-
-#: The async cells: the 10-call batch of 5 ms tools the 10%-of-wall targets are about.
-ASYNC_CELL = (10, 5.0)
 
 
 async def _ameasure(
@@ -177,7 +215,10 @@ def run(settings: Settings, backends: list[str]) -> dict[str, Any]:
     fits: list[dict[str, Any]] = []
     for backend in backends:
         log(f"overhead: {backend}")
-        with savers(backend, settings) as (base_saver, cancel_saver):
+        with (
+            savers(backend, settings) as (base_saver, cancel_saver),
+            _normal_sync_saver(backend, settings) as normal_saver,
+        ):
             for kind in (SIDE_EFFECT, READ_ONLY):
                 for tool_ms in cfg["tool_ms"]:
                     points: list[tuple[int, float]] = []
@@ -194,6 +235,7 @@ def run(settings: Settings, backends: list[str]) -> dict[str, Any]:
                             kind,
                             cfg["reps"][n],
                             cfg["warmup"],
+                            normal_saver if (n, tool_ms) == ASYNC_CELL else None,
                         )
                         base = median(s["base"]["wall"])
                         eff = median(s["effect"]["wall"])
@@ -223,6 +265,26 @@ def run(settings: Settings, backends: list[str]) -> dict[str, Any]:
                             "added_cpu_us_per_call": rnd(added_cpu * 1e6 / n, 1),
                         }
                         cell.update(_paired("added_pct", s["base"]["wall"], s["effect"]["wall"]))
+                        if "base_normal" in s:
+                            # SqliteCancelSaver commits with synchronous=NORMAL (as its
+                            # ledger does); LangGraph's SqliteSaver keeps SQLite's FULL.
+                            # Against a plain saver set alike: the library's own cost.
+                            cell["base_normal_ms"] = summary(s["base_normal"]["wall"], scale=1e3)
+                            cell.update(
+                                _paired(
+                                    "added_pct_vs_normal_base",
+                                    s["base_normal"]["wall"],
+                                    s["effect"]["wall"],
+                                )
+                            )
+                            if "effect_concurrent" in s:
+                                cell.update(
+                                    _paired(
+                                        "effect_concurrent_added_pct_vs_normal_base",
+                                        s["base_normal"]["wall"],
+                                        s["effect_concurrent"]["wall"],
+                                    )
+                                )
                         if "effect_concurrent" in s:
                             conc = median(s["effect_concurrent"]["wall"])
                             assert conc is not None
