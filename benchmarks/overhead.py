@@ -40,7 +40,7 @@ def plan(settings: Settings) -> dict[str, Any]:
             "tool_ms": [0, 5],
             # N=10 carries the 10%-of-wall targets: enough pairs for a usable interval
             # on a machine whose speed moves by +-15% between trials.
-            "reps": {1: 16, 10: 30, 100: 4},
+            "reps": {1: 16, 10: 30, 100: 8},
             "warmup": 1,
         }
     if settings.batches:

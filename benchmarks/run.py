@@ -89,7 +89,7 @@ def parse_args(argv: list[str] | None) -> Settings:
         "--reps",
         type=int,
         default=None,
-        help="repetitions per overhead cell (default: 25/15/5 for N=1/10/100)",
+        help="repetitions per overhead cell (default: 16/30/8 for N=1/10/100)",
     )
     p.add_argument(
         "--out",
