@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import _thread
 import asyncio
+import signal
 import threading
 import time
 from typing import Any
@@ -144,6 +145,10 @@ def test_a_caller_gone_while_a_call_is_in_flight_stops_the_batch(
         time.sleep(0.2)
         log.release("sb_interrupted")
 
+    # A process started in the background by a shell ignores SIGINT, and Python then
+    # leaves it ignored (interrupt_main does nothing): this test is about a process
+    # that handles Ctrl-C, so it installs Python's handler for its duration.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     helper = threading.Thread(target=interrupt_the_caller, daemon=True)
     helper.start()
     try:
@@ -153,6 +158,7 @@ def test_a_caller_gone_while_a_call_is_in_flight_stops_the_batch(
     finally:
         log.release("sb_interrupted")
         helper.join(30)
+        signal.signal(signal.SIGINT, previous)
     assert interrupted
     wait_until(
         lambda: saver.ledger.find_effect(thread_id, "i1").status is EffectStatus.COMMITTED,
