@@ -270,21 +270,13 @@ def run(settings: Settings, backends: list[str]) -> dict[str, Any]:
                             # ledger does); LangGraph's SqliteSaver keeps SQLite's FULL.
                             # Against a plain saver set alike: the library's own cost.
                             cell["base_normal_ms"] = summary(s["base_normal"]["wall"], scale=1e3)
-                            cell.update(
-                                _paired(
-                                    "added_pct_vs_normal_base",
-                                    s["base_normal"]["wall"],
-                                    s["effect"]["wall"],
-                                )
-                            )
-                            if "effect_concurrent" in s:
-                                cell.update(
-                                    _paired(
-                                        "effect_concurrent_added_pct_vs_normal_base",
-                                        s["base_normal"]["wall"],
-                                        s["effect_concurrent"]["wall"],
-                                    )
-                                )
+                            for variant, key in (
+                                ("effect", "added_pct_vs_normal_base"),
+                                ("effect_concurrent", "effect_concurrent_added_pct_vs_normal_base"),
+                            ):
+                                if variant in s:
+                                    normal = s["base_normal"]["wall"]
+                                    cell.update(_paired(key, normal, s[variant]["wall"]))
                         if "effect_concurrent" in s:
                             conc = median(s["effect_concurrent"]["wall"])
                             assert conc is not None
