@@ -987,9 +987,7 @@ class EffectToolNode(ToolNode):
         if await scope.signal.acancel_called():
             await _db(scope.signal.observe)
             await _db(self._drop, scope, p, existing)
-            return ToolMessage(
-                NOT_RUN_CANCELLED, name=p.tool.name, tool_call_id=p.call_id, status="error"
-            )
+            return _not_run(p)
         try:
             msg = await _await_read(
                 asyncio.ensure_future(self._invoke(p, input_type, retry=True)), scope, p.spec
@@ -1064,12 +1062,7 @@ class EffectToolNode(ToolNode):
                 self._drop(scope, p, None)
             dropped = {p.index for p in fresh}
             return [
-                ToolMessage(
-                    NOT_RUN_CANCELLED, name=p.tool.name, tool_call_id=p.call_id, status="error"
-                )
-                if p.index in dropped
-                else _NOT_POOLED
-                for p in looked_up
+                _not_run(p) if p.index in dropped else _NOT_POOLED for p in looked_up
             ], looked_up
         gate = threading.Event()
         run_these: set[int] = set()
@@ -1095,10 +1088,11 @@ class EffectToolNode(ToolNode):
             submitted = [pool.submit(contextvars.copy_context().run, held, p) for p in candidates]
             try:
                 looked_up = self._find_read_records(reads, batch, scope)
+                held_ids = {p.index for p in candidates}
                 run_these.update(
                     p.index
                     for p, before in zip(looked_up, reads, strict=True)
-                    if p is before and p.ledger_id not in batch.records and _has_sync_body(p.tool)
+                    if p is before and p.index in held_ids and p.ledger_id not in batch.records
                 )
             finally:
                 gate.set()  # on a failed lookup nothing runs: every held call returns at once
@@ -2058,6 +2052,11 @@ def unknown_owner(spec: EffectSpec) -> tuple[str, str]:
         "check the external system for this idempotency key, then settle the effect as "
         "committed or not_applied (langgraph-cancel reconcile THREAD)",
     )
+
+
+def _not_run(p: _Planned) -> ToolMessage:
+    """The answer for a call the cancel stopped before it was dispatched."""
+    return ToolMessage(NOT_RUN_CANCELLED, name=p.tool.name, tool_call_id=p.call_id, status="error")
 
 
 def outcome_payload(msg: Any) -> dict[str, Any]:
