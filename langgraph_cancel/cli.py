@@ -64,7 +64,7 @@ from langgraph_cancel.types import (
 )
 
 PROG = "langgraph-cancel"
-DEFAULT_GRAPH = "examples.refund_agent.graph:graph"
+DEFAULT_GRAPH = "langgraph_cancel.demo.graph:graph"
 DEBUG_ENV = "LANGGRAPH_CANCEL_DEBUG"
 LEASE_NOTE = "30 s"
 
@@ -1189,7 +1189,7 @@ def _import_example(name: str) -> Any:
     if cwd not in sys.path:
         sys.path.append(cwd)
     try:
-        return importlib.import_module(f"examples.refund_agent.{name}")
+        return importlib.import_module('langgraph_cancel.demo.' + ('scenario' if name == 'demo' else name))
     except ImportError as exc:
         raise CliError(
             "the demo needs the refund-agent example (examples/refund_agent in the "
@@ -1323,7 +1323,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     flag = _db_flag(args)
     out.print(
         f"Inspect it: `{PROG} status {thread}{flag}`, `{PROG} effects {thread} --history{flag}`, "
-        f"`python -m examples.refund_agent.services truth --db {providers_path}`"
+        f"`python -m langgraph_cancel.demo.services truth --db {providers_path}`"
     )
     return 0 if check.agrees else 1
 

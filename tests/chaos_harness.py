@@ -45,7 +45,6 @@ from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.prebuilt import tools_condition
 from langgraph.types import Command
 
-from examples.refund_agent.services import Providers
 from langgraph_cancel import (
     ApprovalGate,
     EffectKind,
@@ -59,6 +58,7 @@ from langgraph_cancel import (
     idempotency_key,
     request_cancel,
 )
+from langgraph_cancel.demo.services import Providers
 from langgraph_cancel.effects import spec_of
 from langgraph_cancel.errors import ThreadBusyError
 from langgraph_cancel.testing import ScriptedChatModel, tool_call

@@ -517,7 +517,7 @@ def kill_graph(
     test holds at a gate while it kills the process (name it per run to hold
     two runs of one worker at different phases).
     """
-    from examples.refund_agent import tools as refund_tools
+    from langgraph_cancel.demo import tools as refund_tools
 
     charge_tool = counting_tool(log, charge, EffectKind.IRREVERSIBLE)
     model = scripted(

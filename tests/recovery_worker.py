@@ -47,8 +47,6 @@ from langgraph.prebuilt import tools_condition
 from langgraph.types import Command
 
 import langgraph_cancel.graph as lgc_graph
-from examples.refund_agent import tools as refund_tools
-from examples.refund_agent.services import Providers
 from langgraph_cancel import (
     ApprovalGate,
     EffectKind,
@@ -62,6 +60,8 @@ from langgraph_cancel import (
 )
 from langgraph_cancel.checkpointers.postgres import PostgresCancelSaver
 from langgraph_cancel.checkpointers.sqlite import SqliteCancelSaver
+from langgraph_cancel.demo import tools as refund_tools
+from langgraph_cancel.demo.services import Providers
 from langgraph_cancel.testing.fake_model import ScriptedChatModel, tool_call
 from langgraph_cancel.types import MAYBE_APPLIED_STATUSES, UNDISPATCHED_STATUSES, effect_status
 

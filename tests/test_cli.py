@@ -24,8 +24,8 @@ from typing import Any
 import pytest
 
 from cli_util import cli_env, ok, ok_json, one_line_error, run_cli, run_main, sqlite_url
-from examples.refund_agent.services import Providers
 from langgraph_cancel import Ledger
+from langgraph_cancel.demo.services import Providers
 from langgraph_cancel.types import EffectKind, EffectStatus
 
 THREAD = "refund-demo"
@@ -303,9 +303,9 @@ def test_compensate_then_report_now(tmp_path: Path) -> None:
 _WORKER = textwrap.dedent(
     """
     import sys
-    from examples.refund_agent import tools
-    from examples.refund_agent.graph import build_builder, scripted_model, seed_input
-    from examples.refund_agent.services import Providers
+    from langgraph_cancel.demo import tools
+    from langgraph_cancel.demo.graph import build_builder, scripted_model, seed_input
+    from langgraph_cancel.demo.services import Providers
     from langgraph_cancel.checkpointers.sqlite import SqliteCancelSaver
 
     db, providers, thread = sys.argv[1:4]

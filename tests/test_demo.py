@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from cli_util import ok, ok_json, run_cli
-from examples.refund_agent.services import Providers
+from langgraph_cancel.demo.services import Providers
 from langgraph_cancel.report import CancellationReport
 
 QUEUED = {"create_ticket", "send_email", "update_order", "issue_refund"}

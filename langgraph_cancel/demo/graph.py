@@ -12,7 +12,7 @@ names::
 * ``approval``: :class:`~langgraph_cancel.ApprovalGate`, which interrupts before
   calls that need a human (refunds over 100, chat posts).
 * ``tools``: :class:`~langgraph_cancel.EffectToolNode` over the classified tools
-  of :mod:`examples.refund_agent.tools`.
+  of :mod:`langgraph_cancel.demo.tools`.
 * ``add_cancellation(builder, ledger=...)`` adds the step-boundary checks, the
   ``reconcile`` entry node and the ``cancel`` node.
 
@@ -48,8 +48,8 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.prebuilt import tools_condition
 
-from examples.refund_agent.tools import TOOLS
 from langgraph_cancel import ApprovalGate, EffectToolNode, Ledger, add_cancellation
+from langgraph_cancel.demo.tools import TOOLS
 from langgraph_cancel.nodes.model import CancellableModelNode
 from langgraph_cancel.testing import ScriptedChatModel, tool_call, tool_calls_turn
 
