@@ -28,6 +28,10 @@ Fixtures (use them by name in a test's arguments):
 
 Every test that (directly or through other fixtures) uses ``pg_dsn`` gets the
 ``postgres`` marker automatically, so ``-m "not postgres"`` deselects them.
+
+Every test runs in an empty working directory of its own (and the session's
+module-scoped fixtures in one of the session's), so a default file a test
+creates lands in a temporary directory, never in the repository.
 """
 
 from __future__ import annotations
@@ -90,6 +94,28 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "pg_dsn" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.postgres)
+
+
+# --------------------------------------------------------------------------- working directory
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _session_working_directory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The session's fixtures run in a temporary directory, not where pytest started."""
+    before = Path.cwd()
+    os.chdir(tmp_path_factory.mktemp("session-cwd"))
+    try:
+        yield
+    finally:
+        os.chdir(before)
+
+
+@pytest.fixture(autouse=True)
+def _test_working_directory(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each test runs in an empty directory of its own (apart from its ``tmp_path``)."""
+    monkeypatch.chdir(tmp_path_factory.mktemp("cwd"))
 
 
 # --------------------------------------------------------------------------- PostgreSQL
