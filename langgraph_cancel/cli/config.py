@@ -61,13 +61,7 @@ def resolve_database(given: DatabaseURL | None) -> Database:
 
 
 def version() -> str:
-    """The installed distribution's version (the package's own when not installed)."""
-    from importlib.metadata import PackageNotFoundError
-    from importlib.metadata import version as dist_version
+    """The package's version (the one its distribution is built with)."""
+    from langgraph_cancel import __version__
 
-    try:
-        return dist_version("langgraph-cancel")
-    except PackageNotFoundError:  # pragma: no cover - run from a bare source tree
-        from langgraph_cancel import __version__
-
-        return __version__
+    return __version__
