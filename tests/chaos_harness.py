@@ -13,7 +13,7 @@ invocation's asyncio task being cancelled (what a LangGraph server does on
 ``ApprovalGate``, ``EffectToolNode``) on a memory, SQLite or PostgreSQL saver,
 resumes it after every crash, answers every interrupt, then sends a new message
 (the thread resumed after the stop) and finally checks the invariants I1-I8 of
-DESIGN.md against the providers' own truth (a separate SQLite file that counts
+``docs/design.md`` against the providers' own truth (a separate SQLite file that counts
 every request and every application per idempotency key).
 
 Also here: :func:`kill_worker`, the body of a real process that runs a plan
