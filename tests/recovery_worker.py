@@ -247,9 +247,9 @@ def open_saver(db_url: str) -> Iterator[Any]:
         finally:
             conn.close()
     else:
-        with PostgresCancelSaver.from_conn_string(db_url) as saver:
-            saver.setup()
-            yield saver
+        with PostgresCancelSaver.from_conn_string(db_url) as pg_saver:
+            pg_saver.setup()
+            yield pg_saver
 
 
 def slow_down_checkpoints(saver: Any, seconds: float) -> None:
@@ -370,7 +370,7 @@ def install_points(points: Points) -> None:
     Ledger.transition = traced_transition  # type: ignore[method-assign]
     Ledger.transition_many = traced_transition_many  # type: ignore[method-assign]
     Ledger.finish_run = traced_finish_run  # type: ignore[method-assign]
-    Providers._mutate = traced_mutate  # type: ignore[method-assign]
+    Providers._mutate = traced_mutate  # type: ignore[method-assign,assignment]
 
 
 # ------------------------------------------------------------ the three questions
