@@ -54,6 +54,13 @@ import pytest
 from langgraph_cancel.ledger import Ledger
 
 PG_DSN_ENV = "LANGGRAPH_CANCEL_TEST_PG_DSN"
+
+# Hypothesis keeps its caches (the Unicode tables, ...) in ./.hypothesis of the directory
+# it was imported in, here the repository; keep them in the temporary directory instead.
+os.environ.setdefault(
+    "HYPOTHESIS_STORAGE_DIRECTORY",
+    str(Path(tempfile.gettempdir()) / "langgraph-cancel-hypothesis-home"),
+)
 BACKENDS_ENV = "LGC_BACKENDS"
 ALL_BACKENDS: tuple[str, ...] = ("memory", "sqlite", "postgres")
 
