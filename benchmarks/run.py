@@ -42,7 +42,7 @@ from benchmarks.common import (
 )
 
 ROOT = Path(__file__).resolve().parent.parent
-SECTIONS = ("overhead", "profile", "latency", "scale", "recovery")
+SECTIONS = ("overhead", "profile", "latency", "scale", "recovery", "cli_startup")
 
 # Targets of issue 8.
 PG_SE_MAX_US = 1000.0
@@ -413,6 +413,9 @@ def evaluate_targets(res: dict[str, Any], settings: Settings) -> list[dict[str, 
                     u["growth_write"] <= SCALE_MAX_GROWTH,
                     " -> ".join(str(s["write_pair_us"]["median"]) for s in u["steps"]) + " us",
                 )
+    from benchmarks.cli_startup import targets as cli_targets
+
+    rows += cli_targets(res)
     return rows
 
 
@@ -800,6 +803,9 @@ def print_tables(res: dict[str, Any]) -> None:
                     str(x.get("run_status")),
                 )
         con.print(t)
+    from benchmarks.cli_startup import print_table as cli_table
+
+    cli_table(con, res)
     t = Table(title="Targets (issue 8)")
     for col in ("target", "measured", "status", "detail"):
         t.add_column(col)
@@ -834,9 +840,10 @@ def main(argv: list[str] | None = None) -> int:
     res["meta"]["backends_run"] = backends
     durations: dict[str, float] = {}
     t_all = time.perf_counter()
-    from benchmarks import latency, overhead, profile, recovery, scale
+    from benchmarks import cli_startup, latency, overhead, profile, recovery, scale
 
     modules = {
+        "cli_startup": cli_startup,
         "overhead": overhead,
         "profile": profile,
         "latency": latency,

@@ -32,6 +32,13 @@ class InvalidURLError(ConfigurationError):
     """A database URL is not one of ``sqlite:///...``, ``postgresql://...`` or ``memory://``."""
 
 
+class CommandLineError(LangGraphCancelError):
+    """A ``langgraph-cancel`` command that cannot be carried out as given.
+
+    The command line prints it as one line (JSON under ``--json``) and exits 1.
+    """
+
+
 class LedgerError(LangGraphCancelError):
     """Base class of ledger failures."""
 
@@ -222,6 +229,7 @@ __all__ = [
     "ApprovalRequiredError",
     "BatchSuperseded",
     "CheckpointNotSavedError",
+    "CommandLineError",
     "ConfigurationError",
     "DispatchRefusedError",
     "DuplicateIdempotencyKeyError",

@@ -28,7 +28,7 @@ EffectKindLiteral = Literal["read_only", "reversible", "irreversible"]
 
 
 class EffectStatus(str, Enum):
-    """The lifecycle of one tool call in the ledger (see DESIGN.md)."""
+    """The lifecycle of one tool call in the ledger (see docs/design.md)."""
 
     PLANNED = "planned"
     PENDING_APPROVAL = "pending_approval"

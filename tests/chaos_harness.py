@@ -13,7 +13,7 @@ invocation's asyncio task being cancelled (what a LangGraph server does on
 ``ApprovalGate``, ``EffectToolNode``) on a memory, SQLite or PostgreSQL saver,
 resumes it after every crash, answers every interrupt, then sends a new message
 (the thread resumed after the stop) and finally checks the invariants I1-I8 of
-DESIGN.md against the providers' own truth (a separate SQLite file that counts
+``docs/design.md`` against the providers' own truth (a separate SQLite file that counts
 every request and every application per idempotency key).
 
 Also here: :func:`kill_worker`, the body of a real process that runs a plan
@@ -45,7 +45,6 @@ from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.prebuilt import tools_condition
 from langgraph.types import Command
 
-from examples.refund_agent.services import Providers
 from langgraph_cancel import (
     ApprovalGate,
     EffectKind,
@@ -59,6 +58,7 @@ from langgraph_cancel import (
     idempotency_key,
     request_cancel,
 )
+from langgraph_cancel.demo.services import Providers
 from langgraph_cancel.effects import spec_of
 from langgraph_cancel.errors import ThreadBusyError
 from langgraph_cancel.testing import ScriptedChatModel, tool_call
@@ -474,11 +474,11 @@ def dangling_calls(messages: list[BaseMessage]) -> list[str]:
     """Ids of tool calls that no ToolMessage answers."""
     answered = {m.tool_call_id for m in messages if isinstance(m, ToolMessage)}
     return [
-        c["id"]
+        call_id
         for m in messages
         if isinstance(m, AIMessage)
-        for c in m.tool_calls
-        if c.get("id") and c["id"] not in answered
+        for call_id in (c.get("id") for c in m.tool_calls)
+        if call_id and call_id not in answered
     ]
 
 
@@ -651,8 +651,8 @@ class Runner:
                     self.dispatches.append((tick, req.effect_id))
             return out
 
-        self.ledger.transition = logged_transition  # type: ignore[method-assign]
-        self.ledger.transition_many = logged_transition_many  # type: ignore[method-assign]
+        self.ledger.transition = logged_transition
+        self.ledger.transition_many = logged_transition_many
         self.cancelled_events: list[dict[str, Any]] = []
         self.approvals = 0
         self.decision_index = 0
@@ -781,7 +781,7 @@ class Runner:
         return d
 
     def approval_answer(self, value: dict[str, Any]) -> dict[str, Any]:
-        out = []
+        out: list[dict[str, Any]] = []
         for action in value["action_requests"]:
             kind = self._next_decision()
             if kind == "reject":
@@ -972,7 +972,7 @@ def check_cancelled_run_starts_nothing(runner: Runner) -> None:
     assert not step.crashed and not step.interrupts, step
     after = _world_snapshot(runner)
     assert after == before, f"I8: continuing a cancelled run did work: {before} -> {after}"
-    assert runner.ledger.latest_run(runner.thread_id).run_id == run.run_id
+    assert runner.ledger.require_latest_run(runner.thread_id).run_id == run.run_id
 
 
 def check_resume_reconciles_first(

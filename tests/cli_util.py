@@ -14,19 +14,35 @@ from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
-#: Variables a user's shell might have that would point the CLI elsewhere.
-_SCRUB = ("LANGGRAPH_CANCEL_DB", "REFUND_AGENT_PROVIDERS_DB", "OPENAI_API_KEY", "LANGSMITH_API_KEY")
+#: Variables a user's shell might have that would point the CLI elsewhere (or change
+#: the width and colour of its output).
+_SCRUB = (
+    "LANGGRAPH_CANCEL_DB",
+    "REFUND_AGENT_PROVIDERS_DB",
+    "OPENAI_API_KEY",
+    "LANGSMITH_API_KEY",
+    "COLUMNS",
+    "FORCE_COLOR",
+)
 
 
 def cli_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The environment of a CLI subprocess: the repository importable, nothing remote."""
+    """The environment of a CLI subprocess: the repository importable, nothing remote.
+
+    Output is piped, so it is 80 columns wide unless ``extra`` sets ``COLUMNS``.
+    """
     env = {k: v for k, v in os.environ.items() if k not in _SCRUB}
     env["PYTHONPATH"] = os.pathsep.join(
         [str(REPO_ROOT), *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])]
     )
-    env.update({"LANGSMITH_TRACING": "false", "NO_COLOR": "1", "COLUMNS": "200"})
+    env.update({"LANGSMITH_TRACING": "false", "NO_COLOR": "1"})
     env.update(extra or {})
     return env
+
+
+def flat(text: str) -> str:
+    """``text`` with every run of whitespace one space: wrapped output read as one line."""
+    return " ".join(text.split())
 
 
 def run_cli(
@@ -103,7 +119,7 @@ def ok_json(proc: subprocess.CompletedProcess[str]) -> Any:
 
 
 def one_line_error(proc: subprocess.CompletedProcess[str]) -> str:
-    """The error of a failed process: exit 1, one line on stderr, no traceback."""
+    """The error of a failed process: exit 1, one line on stderr, nothing on stdout."""
     assert proc.returncode == 1, (
         f"exit {proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}"
     )
@@ -111,7 +127,22 @@ def one_line_error(proc: subprocess.CompletedProcess[str]) -> str:
     assert len(lines) == 1, proc.stderr
     assert "Traceback" not in proc.stderr
     assert lines[0].startswith("langgraph-cancel: error: "), lines[0]
+    assert proc.stdout == "", proc.stdout
     return lines[0]
+
+
+def json_error(proc: subprocess.CompletedProcess[str]) -> dict[str, str]:
+    """The error of a failed ``--json`` command: exit 1, a JSON object on stdout only."""
+    assert proc.returncode == 1, (
+        f"exit {proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}"
+    )
+    assert proc.stderr == "", proc.stderr
+    data = json.loads(proc.stdout)
+    assert set(data) == {"error"}, data
+    error: dict[str, str] = data["error"]
+    assert set(error) == {"type", "message"}, error
+    assert "\n" not in error["message"]
+    return error
 
 
 def sqlite_url(path: Path) -> str:

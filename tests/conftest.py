@@ -28,6 +28,10 @@ Fixtures (use them by name in a test's arguments):
 
 Every test that (directly or through other fixtures) uses ``pg_dsn`` gets the
 ``postgres`` marker automatically, so ``-m "not postgres"`` deselects them.
+
+Every test runs in an empty working directory of its own (and the session's
+module-scoped fixtures in one of the session's), so a default file a test
+creates lands in a temporary directory, never in the repository.
 """
 
 from __future__ import annotations
@@ -50,6 +54,13 @@ import pytest
 from langgraph_cancel.ledger import Ledger
 
 PG_DSN_ENV = "LANGGRAPH_CANCEL_TEST_PG_DSN"
+
+# Hypothesis keeps its caches (the Unicode tables, ...) in ./.hypothesis of the directory
+# it was imported in, here the repository; keep them in the temporary directory instead.
+os.environ.setdefault(
+    "HYPOTHESIS_STORAGE_DIRECTORY",
+    str(Path(tempfile.gettempdir()) / "langgraph-cancel-hypothesis-home"),
+)
 BACKENDS_ENV = "LGC_BACKENDS"
 ALL_BACKENDS: tuple[str, ...] = ("memory", "sqlite", "postgres")
 
@@ -90,6 +101,28 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "pg_dsn" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.postgres)
+
+
+# --------------------------------------------------------------------------- working directory
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _session_working_directory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The session's fixtures run in a temporary directory, not where pytest started."""
+    before = Path.cwd()
+    os.chdir(tmp_path_factory.mktemp("session-cwd"))
+    try:
+        yield
+    finally:
+        os.chdir(before)
+
+
+@pytest.fixture(autouse=True)
+def _test_working_directory(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each test runs in an empty directory of its own (apart from its ``tmp_path``)."""
+    monkeypatch.chdir(tmp_path_factory.mktemp("cwd"))
 
 
 # --------------------------------------------------------------------------- PostgreSQL

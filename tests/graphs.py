@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from langchain_core.messages import AIMessage, AnyMessage, BaseMessage, HumanMessage, ToolMessage
+from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import BaseTool, StructuredTool
 from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.prebuilt import tools_condition
@@ -90,7 +91,7 @@ def new_thread() -> str:
     return f"t-{uuid.uuid4().hex[:12]}"
 
 
-def config_for(thread_id: str, *, worker: str | None = None) -> dict[str, Any]:
+def config_for(thread_id: str, *, worker: str | None = None) -> RunnableConfig:
     """The invocation config of a thread (optionally with a fixed worker identity)."""
     conf: dict[str, Any] = {"thread_id": thread_id}
     if worker is not None:
@@ -116,11 +117,11 @@ def dangling_calls(messages: Sequence[BaseMessage]) -> list[str]:
     """Ids of tool calls in ``messages`` that no ToolMessage answers."""
     answered = {m.tool_call_id for m in messages if isinstance(m, ToolMessage)}
     return [
-        c["id"]
+        call_id
         for m in messages
         if isinstance(m, AIMessage)
-        for c in m.tool_calls
-        if c.get("id") and c["id"] not in answered
+        for call_id in (c.get("id") for c in m.tool_calls)
+        if call_id and call_id not in answered
     ]
 
 
@@ -460,7 +461,7 @@ def _model_node(model: Any, *, use_async: bool) -> Callable[..., Any]:
 
 def agent_builder(
     model: Any, tool_node: Any, *, use_async: bool = False, **node_kwargs: Any
-) -> StateGraph:
+) -> StateGraph[Any, Any, Any, Any]:
     """The standard agent: model -> ``tools_condition`` -> tools -> model."""
     builder = StateGraph(MessagesState)
     builder.add_node("agent", _model_node(model, use_async=use_async))
@@ -488,7 +489,7 @@ def send_agent_builder(
     *,
     use_async: bool = False,
     agent: Callable[..., Any] | None = None,
-) -> StateGraph:
+) -> StateGraph[Any, Any, Any, Any]:
     """The agent with one ``Send`` task per tool call instead of one batch."""
     builder = StateGraph(MessagesState)
     builder.add_node("agent", agent or _model_node(model, use_async=use_async))
@@ -499,7 +500,7 @@ def send_agent_builder(
     return builder
 
 
-def cancellable(builder: StateGraph, saver: Any, **kwargs: Any) -> Any:
+def cancellable(builder: StateGraph[Any, Any, Any, Any], saver: Any, **kwargs: Any) -> Any:
     """``add_cancellation(builder, **kwargs).compile(checkpointer=saver)``."""
     return add_cancellation(builder, **kwargs).compile(checkpointer=saver)
 
@@ -517,7 +518,7 @@ def kill_graph(
     test holds at a gate while it kills the process (name it per run to hold
     two runs of one worker at different phases).
     """
-    from examples.refund_agent import tools as refund_tools
+    from langgraph_cancel.demo import tools as refund_tools
 
     charge_tool = counting_tool(log, charge, EffectKind.IRREVERSIBLE)
     model = scripted(

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from examples.refund_agent import tools as refund_tools
-from examples.refund_agent.services import Providers
 from graphs import ExecutionLog, backend_params, module_database, open_saver
+from langgraph_cancel.demo import tools as refund_tools
+from langgraph_cancel.demo.services import Providers
 
 
 @pytest.fixture(name="providers_path")

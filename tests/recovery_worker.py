@@ -47,8 +47,6 @@ from langgraph.prebuilt import tools_condition
 from langgraph.types import Command
 
 import langgraph_cancel.graph as lgc_graph
-from examples.refund_agent import tools as refund_tools
-from examples.refund_agent.services import Providers
 from langgraph_cancel import (
     ApprovalGate,
     EffectKind,
@@ -62,6 +60,8 @@ from langgraph_cancel import (
 )
 from langgraph_cancel.checkpointers.postgres import PostgresCancelSaver
 from langgraph_cancel.checkpointers.sqlite import SqliteCancelSaver
+from langgraph_cancel.demo import tools as refund_tools
+from langgraph_cancel.demo.services import Providers
 from langgraph_cancel.testing.fake_model import ScriptedChatModel, tool_call
 from langgraph_cancel.types import MAYBE_APPLIED_STATUSES, UNDISPATCHED_STATUSES, effect_status
 
@@ -247,9 +247,9 @@ def open_saver(db_url: str) -> Iterator[Any]:
         finally:
             conn.close()
     else:
-        with PostgresCancelSaver.from_conn_string(db_url) as saver:
-            saver.setup()
-            yield saver
+        with PostgresCancelSaver.from_conn_string(db_url) as pg_saver:
+            pg_saver.setup()
+            yield pg_saver
 
 
 def slow_down_checkpoints(saver: Any, seconds: float) -> None:
@@ -370,7 +370,7 @@ def install_points(points: Points) -> None:
     Ledger.transition = traced_transition  # type: ignore[method-assign]
     Ledger.transition_many = traced_transition_many  # type: ignore[method-assign]
     Ledger.finish_run = traced_finish_run  # type: ignore[method-assign]
-    Providers._mutate = traced_mutate  # type: ignore[method-assign]
+    Providers._mutate = traced_mutate  # type: ignore[method-assign,assignment]
 
 
 # ------------------------------------------------------------ the three questions

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-SECTIONS = ("overhead", "profile", "latency", "scale", "recovery")
+SECTIONS = ("overhead", "profile", "latency", "scale", "recovery", "cli_startup")
 
 
 @pytest.mark.slow

@@ -25,8 +25,6 @@ from langgraph.graph.message import add_messages
 from langgraph.prebuilt import tools_condition
 
 import langgraph_cancel
-from examples.refund_agent import tools as refund_tools
-from examples.refund_agent.services import Providers
 from graphs import (
     ExecutionLog,
     agent_builder,
@@ -56,6 +54,8 @@ from langgraph_cancel import (
     get_report,
     request_cancel,
 )
+from langgraph_cancel.demo import tools as refund_tools
+from langgraph_cancel.demo.services import Providers
 from langgraph_cancel.ledger import Ledger
 from langgraph_cancel.nodes.tool_node import ABANDONED_READ
 from langgraph_cancel.runtime import ledger_for_url

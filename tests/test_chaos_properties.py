@@ -258,7 +258,9 @@ def test_a_dispatch_committed_before_the_request_is_not_counted_late(
             ledger.transition(planned("d2"), EffectStatus.DISPATCHED, actor="w", owner="w")
         ledger.mark_observed(run.run_id)
         current = ledger.get_run(run.run_id)
-        assert ledger.get_effect(first).dispatched_at > current.requested_at
+        dispatched_at = ledger.get_effect(first).dispatched_at
+        assert dispatched_at is not None and current.requested_at is not None
+        assert dispatched_at > current.requested_at
         assert build_report(ledger, current).dispatched_after_cancel == 0
         # A dispatch after the observation (one that bypassed the guard) still counts.
         late = planned("d3")
@@ -448,7 +450,7 @@ def test_sigkill_at_a_random_tool_call_then_resume(
                 assert time.monotonic() < deadline, "the worker never reached its kill point"
                 time.sleep(0.01)
         finally:
-            if proc.is_alive():
+            if proc.is_alive() and proc.pid is not None:
                 os.kill(proc.pid, signal.SIGKILL)
             proc.join(10)
         assert proc.exitcode == -signal.SIGKILL

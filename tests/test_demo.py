@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from cli_util import ok, ok_json, run_cli
-from examples.refund_agent.services import Providers
+from cli_util import flat, ok, ok_json, one_line_error, run_cli
+from langgraph_cancel.demo.services import Providers
 from langgraph_cancel.report import CancellationReport
 
 QUEUED = {"create_ticket", "send_email", "update_order", "issue_refund"}
@@ -123,6 +123,32 @@ def test_demo_is_repeatable(tmp_path: Path) -> None:
     assert_seed_truth(second.report, second.truth)
 
 
+def test_any_thread_on_the_default_database(tmp_path: Path) -> None:
+    # The refund key is the ledger's, whatever the thread; on the command line's own
+    # default database an earlier demo's thread holding it gives way.
+    first = _demo(tmp_path)
+    proc = run_cli(["demo", "--thread", "my-demo"], tmp_path)
+    out = flat(ok(proc))
+    assert "Providers' truth agrees" in out
+    assert "replaced the earlier demo on thread 'refund-demo'" in flat(proc.stderr)
+    status = ok_json(run_cli(["status", "my-demo", "--json"], tmp_path))
+    assert status["run"]["status"] == "cancelled"
+    assert status["run"]["run_id"] != first.report["run_id"]
+    gone = one_line_error(run_cli(["status", "refund-demo"], tmp_path))
+    assert "unknown thread 'refund-demo'" in gone
+
+
+def test_another_thread_on_a_named_database_is_refused(tmp_path: Path) -> None:
+    # On a database the user named, the demo touches no thread it did not make.
+    db = str(tmp_path / "agent.db")
+    _demo(tmp_path, "--db", db)
+    line = one_line_error(run_cli(["demo", "--db", db, "--thread", "mine"], tmp_path))
+    assert "already holds the demo's refund key 'refund:o-88:40.00' on thread 'refund-demo'" in line
+    assert ok_json(run_cli(["status", "refund-demo", "--json", "--db", db], tmp_path))["run"]
+    # Nothing was reset: the earlier demo's world is still there.
+    assert len(Providers(tmp_path / "refund-providers.db").truth()["refunds"]) == 1
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("step", "permanent", "not_run", "applied"),
@@ -167,7 +193,7 @@ def test_without_stop_the_run_completes(tmp_path: Path) -> None:
 
 def test_human_output(tmp_path: Path) -> None:
     proc = run_cli(["demo"], tmp_path)
-    out = ok(proc)
+    out = flat(ok(proc))
     for text in (
         "Permanent (3)",
         "Reversible, committed (1)",
@@ -180,7 +206,7 @@ def test_human_output(tmp_path: Path) -> None:
     ):
         assert text in out, out
     # Progress goes to stderr: the stop is pressed while the update is in flight.
-    assert "STOP pressed while update_order(o-88) is in flight" in proc.stderr, proc.stderr
+    assert "STOP pressed while update_order(o-88) is in flight" in flat(proc.stderr), proc.stderr
 
 
 @pytest.mark.postgres

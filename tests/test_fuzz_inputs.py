@@ -642,6 +642,7 @@ def test_approval_resume_values_never_crash_nor_lose_a_row(
         # What the message history shows is what ran (edited args included).
         ai = next(m for m in messages if isinstance(m, AIMessage))
         for call in ai.tool_calls:
+            assert call["id"] is not None
             rec = records[call["id"]]
             if rec.approval and rec.approval.get("decision") == "edit":
                 assert _same(call["args"], rec.args), (call["args"], rec.args)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from typing import Any, TypedDict
+from typing import Any, Literal, TypedDict
 
 import pytest
 from langgraph.checkpoint.memory import InMemorySaver
@@ -28,7 +28,9 @@ class _HeldSaver(InMemorySaver):
 
 
 @pytest.mark.parametrize("durability", ["async", "sync"])
-def test_the_next_step_may_start_before_the_last_is_on_disk(durability: str) -> None:
+def test_the_next_step_may_start_before_the_last_is_on_disk(
+    durability: Literal["async", "sync"],
+) -> None:
     # "async" (LangGraph's default): the model step's checkpoint is written while the
     # tool step runs, so a crash then loses the model's tool calls. "sync": never.
     release = threading.Event() if durability == "async" else None

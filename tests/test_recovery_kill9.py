@@ -2,7 +2,7 @@
 
 Each scenario runs the refund agent (``tests/recovery_worker.py``) in a real
 process against a ledger on SQLite or PostgreSQL and fake providers that keep
-their own truth in their own SQLite file (``examples/refund_agent/services.py``).
+their own truth in their own SQLite file (``langgraph_cancel/demo/services.py``).
 The worker blocks at a *kill point*; the test SIGKILLs it there. A NEW process
 then answers the three questions from the database alone (I7) and resumes the
 thread. The test finally checks, against the provider's truth:
@@ -47,9 +47,9 @@ from typing import Any
 import pytest
 
 import recovery_worker as rw
-from examples.refund_agent.services import Providers
-from examples.refund_agent.tools import compensation_key, refund_key
 from langgraph_cancel import EffectStatus, Ledger, get_report, request_cancel
+from langgraph_cancel.demo.services import Providers
+from langgraph_cancel.demo.tools import compensation_key, refund_key
 from langgraph_cancel.recovery import reap_expired_leases
 from langgraph_cancel.types import utcnow
 

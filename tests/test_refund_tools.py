@@ -13,8 +13,8 @@ import pytest
 from langchain_core.messages import ToolMessage
 from langchain_core.tools import BaseTool
 
-from examples.refund_agent import tools as t
-from examples.refund_agent.services import Providers, RestoreConflict
+from langgraph_cancel.demo import tools as t
+from langgraph_cancel.demo.services import Providers, RestoreConflict
 from langgraph_cancel.effects import Outcome, bound_idempotency_key, spec_of
 from langgraph_cancel.types import EffectKind
 

@@ -24,7 +24,7 @@ from langgraph_cancel.subagents import child_config
 from langgraph_cancel.types import RunStatus
 
 
-def _builder() -> StateGraph:
+def _builder() -> StateGraph[Any, Any, Any, Any]:
     def ask(state: MessagesState) -> dict[str, Any]:
         answer = interrupt("proceed?")
         return {"messages": [AIMessage(f"asked: {answer}")]}
@@ -119,7 +119,9 @@ def test_a_child_graph_does_not_take_the_parents_run_id(db_url: str) -> None:
         b.add_edge(START, "delegate")
         b.add_edge("delegate", END)
         parent = add_cancellation(b).compile(checkpointer=saver)
-        cfg = {"configurable": {"thread_id": parent_thread, "run_id": parent_run_id}}
+        cfg: RunnableConfig = {
+            "configurable": {"thread_id": parent_thread, "run_id": parent_run_id}
+        }
         parent.invoke({"messages": [HumanMessage("go")]}, cfg)
         parent_run = saver.ledger.latest_run(parent_thread)
         child_run = saver.ledger.latest_run(child_thread)

@@ -42,16 +42,16 @@ from typing import Any, TypeVar
 import pytest
 
 from conftest import require_or_skip, selected_backends, with_dbname
-from examples.refund_agent.services import Providers
-from examples.refund_agent.tools import refund_key
 from langgraph_cancel import EffectStatus, Ledger, request_cancel
+from langgraph_cancel.demo.services import Providers
+from langgraph_cancel.demo.tools import refund_key
 from langgraph_cancel.types import EffectRecord, RunStatus
 from server_util import REPO_ROOT, LangGraphServer, langgraph_dev
 
 pytestmark = pytest.mark.timeout(110)
 
 REPO_CONFIG = REPO_ROOT / "langgraph.json"
-EXAMPLE_GRAPH_FILE = "examples/refund_agent/graph.py"
+EXAMPLE_GRAPH_FILE = "langgraph_cancel.demo.graph"
 REVIEWER = "alice@example.com"
 #: The library's async nodes do blocking ledger I/O on the event loop (see module doc).
 ALLOW_BLOCKING = False
@@ -385,7 +385,7 @@ async def test_durable_cancel_of_seed_run_reports_in_thread_state(
     served: Served, client: Any, thread_id: str
 ) -> None:
     """The seed scenario, stop pressed (``request_cancel``) while ``update_order`` hangs."""
-    from examples.refund_agent.graph import QUEUED_CALLS, SEED_REQUEST
+    from langgraph_cancel.demo.graph import QUEUED_CALLS, SEED_REQUEST
 
     def update_in_flight() -> EffectRecord | None:
         for rec in served.ledger.effects(thread_id):
@@ -485,7 +485,7 @@ def test_served_graph_without_allow_blocking(
     from langgraph.checkpoint.memory import InMemorySaver
     from langgraph.types import Command
 
-    from examples.refund_agent.graph import build_builder, scripted_model
+    from langgraph_cancel.demo.graph import build_builder, scripted_model
 
     ledger_url = "sqlite:///" + str(tmp_path / "ledger.db")
     monkeypatch.setenv("LANGGRAPH_CANCEL_DB", ledger_url)

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from examples.refund_agent.services import (
+from langgraph_cancel.demo.services import (
     IdempotencyKeyReused,
     OrderNotFound,
     Providers,
@@ -292,7 +292,7 @@ def test_many_threads_one_key(providers: Providers) -> None:
 
 _REFUND_SCRIPT = """
 import json, sys, time
-from examples.refund_agent.services import Providers
+from langgraph_cancel.demo.services import Providers
 path, key, start = sys.argv[1], sys.argv[2], float(sys.argv[3])
 providers = Providers(path)
 while time.time() < start:
@@ -346,7 +346,7 @@ def test_kill_during_hang_loses_the_request(db: Path) -> None:
     providers.set_fault("update_order", "hang:30", times=1)
     code = """
     import sys
-    from examples.refund_agent.services import Providers
+    from langgraph_cancel.demo.services import Providers
     Providers(sys.argv[1], in_flight_grace=0.0).update_order("o-88", {"status": "x"}, "doomed")
     """
     proc = _spawn(code, str(db))
@@ -369,7 +369,7 @@ def test_stale_in_flight_marker_expires(db: Path) -> None:
     providers.set_fault("update_order", "hang:0.3", times=1)
     code = """
     import sys
-    from examples.refund_agent.services import Providers
+    from langgraph_cancel.demo.services import Providers
     Providers(sys.argv[1], in_flight_grace=0.0).update_order("o-91", {"status": "x"}, "doomed")
     """
     proc = _spawn(code, str(db))
@@ -389,7 +389,7 @@ def test_stale_in_flight_marker_expires(db: Path) -> None:
 
 def test_cli_truth_and_fault(db: Path) -> None:
     Providers(db).refund("o-88", 5, "cli-key")
-    module = "examples.refund_agent.services"
+    module = "langgraph_cancel.demo.services"
     out = subprocess.run(
         [sys.executable, "-m", module, "truth", "--db", str(db)],
         cwd=ROOT,

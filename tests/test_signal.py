@@ -11,6 +11,7 @@ import threading
 from typing import Any
 
 import pytest
+from langchain_core.runnables import RunnableConfig
 
 from langgraph_cancel.ledger import Ledger
 from langgraph_cancel.runtime import CancelSignal
@@ -103,13 +104,15 @@ def test_invocation_scope_is_the_one_scope_for_returns_found_without_io(
     ledger = Ledger.from_url(f"sqlite:///{tmp_path}/a.db")
     other = Ledger.from_url(f"sqlite:///{tmp_path}/b.db")
     try:
-        cfg = {"configurable": {"thread_id": "t1", CONFIG_KEY_LEDGER: ledger}}
+        cfg: RunnableConfig = {"configurable": {"thread_id": "t1", CONFIG_KEY_LEDGER: ledger}}
         assert invocation_scope(cfg) is None  # outside an invocation
         scope = scope_for(cfg)
         token = current_scope.set(scope)
         try:
             assert invocation_scope(cfg) is scope is scope_for(cfg, new_run=False)
-            by_url = {"configurable": {"thread_id": "t1", CONFIG_KEY_LEDGER: ledger.url}}
+            by_url: RunnableConfig = {
+                "configurable": {"thread_id": "t1", CONFIG_KEY_LEDGER: ledger.url}
+            }
             assert invocation_scope(by_url) is scope
             # Another thread, or a node bound to another ledger: not this scope.
             assert (

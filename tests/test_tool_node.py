@@ -25,8 +25,6 @@ from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode
 from langgraph.types import Command, RetryPolicy, Send, interrupt
 
-from examples.refund_agent import tools as refund_tools
-from examples.refund_agent.services import Providers
 from graphs import (
     ExecutionLog,
     agent_builder,
@@ -55,6 +53,8 @@ from langgraph_cancel import (
     get_report,
     idempotency_key,
 )
+from langgraph_cancel.demo import tools as refund_tools
+from langgraph_cancel.demo.services import Providers
 from langgraph_cancel.ledger import derive_idempotency_key
 from langgraph_cancel.testing import tool_call
 from module_fixtures import (  # noqa: F401 (fixtures: pytest finds them by name)

@@ -12,7 +12,7 @@ names::
 * ``approval``: :class:`~langgraph_cancel.ApprovalGate`, which interrupts before
   calls that need a human (refunds over 100, chat posts).
 * ``tools``: :class:`~langgraph_cancel.EffectToolNode` over the classified tools
-  of :mod:`examples.refund_agent.tools`.
+  of :mod:`langgraph_cancel.demo.tools`.
 * ``add_cancellation(builder, ledger=...)`` adds the step-boundary checks, the
   ``reconcile`` entry node and the ``cancel`` node.
 
@@ -32,8 +32,8 @@ Two ways to use it:
   (``langgraph-cancel demo`` does exactly that);
 * ``langgraph dev`` / Studio: the module-level :data:`graph`, compiled without a
   checkpointer (the server supplies its own and refuses graphs that bring
-  one). Its ledger is ``$LANGGRAPH_CANCEL_DB`` or the embedded SQLite file
-  ``.langgraph-cancel.db``.
+  one). Its ledger is ``$LANGGRAPH_CANCEL_DB``, else the command line's
+  default file ``.langgraph-cancel.db`` (:func:`served_ledger_url`).
 """
 
 from __future__ import annotations
@@ -48,8 +48,8 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.prebuilt import tools_condition
 
-from examples.refund_agent.tools import TOOLS
 from langgraph_cancel import ApprovalGate, EffectToolNode, Ledger, add_cancellation
+from langgraph_cancel.demo.tools import TOOLS
 from langgraph_cancel.nodes.model import CancellableModelNode
 from langgraph_cancel.testing import ScriptedChatModel, tool_call, tool_calls_turn
 
@@ -246,9 +246,21 @@ def seed_input() -> dict[str, Any]:
     return {"messages": [HumanMessage(SEED_REQUEST)]}
 
 
+def served_ledger_url() -> str:
+    """The served graph's ledger: ``$LANGGRAPH_CANCEL_DB``, else the command line's default.
+
+    The command line's default file (``.langgraph-cancel.db`` in the server's
+    working directory) is where ``langgraph-cancel status`` looks without ``--db``.
+    """
+    from langgraph_cancel.cli.config import DEFAULT_DB_URL
+    from langgraph_cancel.urls import ENV_DB
+
+    return os.environ.get(ENV_DB, "").strip() or DEFAULT_DB_URL
+
+
 #: The graph ``langgraph dev`` serves (see ``langgraph.json``): no checkpointer of
-#: its own; the ledger is ``$LANGGRAPH_CANCEL_DB`` or the embedded SQLite file.
-graph = build_builder().compile(name="refund_agent")
+#: its own (the server brings one), its ledger named by :func:`served_ledger_url`.
+graph = build_builder(ledger=served_ledger_url()).compile(name="refund_agent")
 
 __all__ = [
     "QUEUED_CALLS",
@@ -261,4 +273,5 @@ __all__ = [
     "scripted_model",
     "seed_input",
     "seed_script",
+    "served_ledger_url",
 ]

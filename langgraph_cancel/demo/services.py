@@ -26,8 +26,8 @@ They behave like real providers where it matters:
 
 Command line::
 
-    python -m examples.refund_agent.services truth --db PATH
-    python -m examples.refund_agent.services set-fault update_order hang:5 --db PATH
+    python -m langgraph_cancel.demo.services truth --db PATH
+    python -m langgraph_cancel.demo.services set-fault update_order hang:5 --db PATH
 """
 
 from __future__ import annotations
@@ -1044,7 +1044,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         The process exit code.
     """
     parser = argparse.ArgumentParser(
-        prog="python -m examples.refund_agent.services",
+        prog="python -m langgraph_cancel.demo.services",
         description="The refund agent's fake external systems.",
     )
     common = argparse.ArgumentParser(add_help=False)

@@ -1,4 +1,4 @@
-"""``python -m examples.refund_agent [--cancel-at STEP] [--json] ...``: the demo.
+"""``python -m langgraph_cancel.demo [--cancel-at STEP] [--json] ...``: the demo.
 
 The same as ``langgraph-cancel demo``: the seed scenario, stop pressed mid-run,
 and the cancellation report compared with the fake providers' truth.

@@ -1,6 +1,6 @@
 """The moving parts of ``langgraph-cancel demo``: where stop is pressed, and the world's truth.
 
-The demo runs the seed scenario (:func:`examples.refund_agent.graph.seed_script`)
+The demo runs the seed scenario (:func:`langgraph_cancel.demo.graph.seed_script`)
 against fake providers kept in their own SQLite file, presses stop from another
 thread at one of the :data:`STEPS`, and compares the cancellation report with
 what the providers actually did (invariant I6: the report's permanent effects
@@ -38,8 +38,8 @@ from typing import Any
 
 from langchain_core.messages import AIMessage, BaseMessage
 
-from examples.refund_agent.graph import CUSTOMER_EMAIL, seed_script
-from examples.refund_agent.services import Providers
+from langgraph_cancel.demo.graph import CUSTOMER_EMAIL, seed_script
+from langgraph_cancel.demo.services import Providers
 from langgraph_cancel.report import CancellationReport, ReportEffect
 from langgraph_cancel.testing import ScriptedChatModel
 from langgraph_cancel.types import EffectRecord, EffectStatus
@@ -152,7 +152,7 @@ def trigger(step: Step, effects: Iterable[EffectRecord]) -> EffectRecord | None:
 
 def refund_keys(step: Step) -> list[str]:
     """The ledger-wide idempotency keys of the script's refunds (one per order and amount)."""
-    from examples.refund_agent.tools import refund_key
+    from langgraph_cancel.demo.tools import refund_key
 
     return [
         refund_key(call["args"])

@@ -28,7 +28,7 @@ from typing import Any
 
 from langchain_core.tools import BaseTool, tool
 
-from examples.refund_agent.services import Providers, default_path
+from langgraph_cancel.demo.services import Providers, default_path
 from langgraph_cancel.effects import Outcome, effect, idempotency_key
 from langgraph_cancel.types import EffectKind
 

@@ -1,0 +1,279 @@
+"""``reconcile``, ``compensate`` and ``resume``: settling and continuing a thread.
+
+Each loads the agent named by ``--graph`` for its tools' hooks (so each
+imports LangGraph and the agent's own code).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from langgraph_cancel.cli import render
+from langgraph_cancel.cli.config import resolve_database
+from langgraph_cancel.cli.database import open_ledger, open_saver
+from langgraph_cancel.cli.inspection import effect_json, lease_live, run_json
+from langgraph_cancel.errors import CommandLineError
+
+#: How long ``compensate`` holds the thread's lease while it undoes effects, in seconds.
+COMPENSATE_LEASE_TTL = 120.0
+
+
+# ------------------------------------------------------------------ the graph
+def load_object(spec: str) -> Any:
+    """What ``module:attr`` or ``path/to/file.py:attr`` names (``attr`` may be dotted).
+
+    The working directory is importable, as it is for ``python -m``.
+
+    Raises:
+        CommandLineError: The module or file cannot be imported, or has no such attribute.
+    """
+    module_name, _, attr = spec.rpartition(":")
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
+    try:
+        if module_name.endswith(".py") or os.sep in module_name:
+            path = Path(module_name).resolve()
+            if not path.is_file():
+                raise CommandLineError(f"--graph: no file {path}")
+            found = importlib.util.spec_from_file_location(path.stem, path)
+            if found is None or found.loader is None:
+                raise CommandLineError(f"--graph: cannot import {path}")
+            module = importlib.util.module_from_spec(found)
+            sys.modules.setdefault(path.stem, module)
+            found.loader.exec_module(module)
+        else:
+            module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise CommandLineError(f"--graph: cannot import {module_name!r}: {exc}") from exc
+    value: Any = module
+    for part in attr.split("."):
+        if not hasattr(value, part):
+            raise CommandLineError(f"--graph: {module_name!r} has no attribute {attr!r}")
+        value = getattr(value, part)
+    return value
+
+
+def builder_of(value: Any) -> Any:
+    """The ``StateGraph`` behind a compiled graph, a builder, or a factory of either.
+
+    Raises:
+        CommandLineError: ``value`` is none of these.
+    """
+    from langgraph.graph import StateGraph
+    from langgraph.graph.state import CompiledStateGraph
+
+    if isinstance(value, CompiledStateGraph):
+        return value.builder
+    if isinstance(value, StateGraph):
+        return value
+    if callable(value):
+        return builder_of(value())
+    raise CommandLineError(
+        "--graph must name a StateGraph, a compiled graph or a function returning one, "
+        f"not {type(value).__name__}"
+    )
+
+
+def tools_of(value: Any) -> dict[str, Any]:
+    """The tools (with their hooks) of a graph, a builder or a list of tools, by name."""
+    from langchain_core.tools import BaseTool
+    from langgraph.prebuilt import ToolNode
+
+    if isinstance(value, BaseTool):
+        return {value.name: value}
+    if isinstance(value, list | tuple) and all(isinstance(t, BaseTool) for t in value):
+        return {t.name: t for t in value}
+    builder = builder_of(value)
+    tools: dict[str, Any] = {}
+    for node in builder.nodes.values():
+        if isinstance(node.runnable, ToolNode):
+            tools.update(node.runnable.tools_by_name)
+    settings = getattr(builder, "cancellation", None)
+    if settings is not None:
+        tools.update(settings.tools)
+    return tools
+
+
+# ------------------------------------------------------------------ commands
+def _reconciled_json(results: Sequence[Any]) -> list[dict[str, Any]]:
+    return [
+        {
+            "thread_id": r.thread_id,
+            "busy": r.busy,
+            "busy_until": r.busy_until,
+            "reaped_lease_of": r.reaped,
+            "effects": [{**effect_json(s.effect), "before": s.before.value} for s in r.effects],
+            "still_unknown": [e.effect_id for e in r.still_unknown],
+        }
+        for r in results
+    ]
+
+
+def reconcile(args: argparse.Namespace) -> int:
+    """``langgraph-cancel reconcile [THREAD | --all]``."""
+    from langgraph_cancel.recovery import reconcile as settle
+
+    if (args.thread is None) == (not args.all):
+        raise CommandLineError("reconcile wants a THREAD or --all (not both)")
+    db = resolve_database(args.db)
+    tools = tools_of(load_object(args.graph))
+    with open_ledger(db) as ledger:
+        if args.thread is not None:
+            ledger.require_latest_run(args.thread)
+        results = settle(ledger, args.thread, tools=tools)
+    if args.json:
+        render.print_json(_reconciled_json(results))
+    else:
+        render.render_reconciled(render.console(), results)
+    return 0
+
+
+def compensate(args: argparse.Namespace) -> int:
+    """``langgraph-cancel compensate THREAD``: exit 1 when an undo failed."""
+    from langgraph_cancel.api import compensate as undo
+    from langgraph_cancel.errors import ThreadBusyError
+    from langgraph_cancel.runtime import worker_id
+    from langgraph_cancel.types import EffectStatus
+
+    db = resolve_database(args.db)
+    tools = tools_of(load_object(args.graph))
+    with open_ledger(db) as ledger:
+        ledger.require_latest_run(args.thread)
+        me = worker_id()
+        try:
+            ledger.acquire_lease(args.thread, me, ttl=COMPENSATE_LEASE_TTL)
+        except ThreadBusyError as exc:
+            raise CommandLineError(f"{exc}; compensate once it has stopped") from exc
+        try:
+            done = undo(ledger, args.thread, tools=tools)
+        finally:
+            ledger.release_lease(args.thread, me)
+    if args.json:
+        render.print_json([effect_json(e) for e in done])
+    else:
+        render.render_compensated(render.console(), args.thread, done)
+    failed = [e for e in done if e.status is not EffectStatus.COMPENSATED]
+    return 1 if failed else 0
+
+
+def resume(args: argparse.Namespace) -> int:
+    """``langgraph-cancel resume THREAD``: reconcile, then continue from the last checkpoint."""
+    from langgraph.types import Command
+
+    from langgraph_cancel.api import get_report
+    from langgraph_cancel.recovery import reconcile as settle
+
+    db = resolve_database(args.db)
+    if db.url.is_memory:
+        raise CommandLineError(
+            "memory:// keeps nothing between processes: there is nothing to resume"
+        )
+    builder = builder_of(load_object(args.graph))
+    settings = getattr(builder, "cancellation", None)
+    if settings is None:
+        raise CommandLineError("--graph was not prepared with add_cancellation(builder)")
+    settings.ledger = None  # the saver on --db owns the ledger here
+    tools = tools_of(builder)
+    out = render.console(stderr=args.json)
+    with open_saver(db) as saver:
+        ledger = saver.ledger
+        ledger.require_latest_run(args.thread)
+        if args.force:
+            held = ledger.lease(args.thread)
+            if held is not None and lease_live(held):
+                # The operator knows its worker is gone (kill -9, lost host): break the
+                # lease now instead of waiting out its TTL.
+                ledger.release_lease(args.thread, held.owner)
+                render.line(
+                    out, f"Broke the live lease of {held.owner} on thread {args.thread} (--force)."
+                )
+        settled = settle(ledger, args.thread, tools=tools)
+        busy = next((r for r in settled if r.busy), None)
+        if busy is not None:
+            raise CommandLineError(
+                f"thread {args.thread!r} is being run by {busy.busy} (lease until "
+                f"{busy.busy_until}): it cannot be resumed twice (if that worker is dead, "
+                "--force takes the thread over now)"
+            )
+        if not args.json and any(r.effects for r in settled):
+            render.render_reconciled(out, settled)
+        graph = builder.compile(checkpointer=saver)
+        config: Any = {"configurable": {"thread_id": args.thread}}
+        snapshot = graph.get_state(config)
+        before = ledger.require_latest_run(args.thread)
+        saved = snapshot.created_at is not None
+        if not saved or (not snapshot.next and not snapshot.interrupts and before.terminal):
+            message = (
+                f"nothing to resume: run {before.run_id} is {before.status.value}"
+                if saved
+                else f"nothing to resume: thread {args.thread!r} has no saved checkpoint (its "
+                "worker stopped before writing the first one); the ledger's effects were "
+                "reconciled, and new input on the thread starts it again"
+            )
+            if args.json:
+                render.print_json(
+                    {
+                        "thread_id": args.thread,
+                        "resumed": False,
+                        "message": message,
+                        "run": run_json(before),
+                    }
+                )
+            else:
+                render.line(out, message)
+            return 0
+        value: Command[Any] | None = (
+            None if args.resume_value is None else Command(resume=args.resume_value)
+        )
+        if args.json or not out.is_terminal:
+            graph.invoke(value, config)
+        else:
+            with out.status(f"resuming thread {args.thread}…"):
+                graph.invoke(value, config)
+        after = graph.get_state(config)
+        run = ledger.require_latest_run(args.thread)
+        interrupts = [i.value for i in after.interrupts]
+        report = get_report(ledger, args.thread) if run.cancel_requested else None
+        messages = after.values.get("messages", []) if isinstance(after.values, dict) else []
+    last = messages[-1].content if messages else None
+    if args.json:
+        render.print_json(
+            {
+                "thread_id": args.thread,
+                "resumed": True,
+                "run": run_json(run),
+                "interrupts": interrupts,
+                "last_message": last,
+                "report": None if report is None else report.model_dump(mode="json"),
+            }
+        )
+        return 0
+    render.render_resumed(
+        out,
+        run,
+        interrupts=interrupts,
+        report=report,
+        last_message=last,
+        thread_id=args.thread,
+        db_flag=db.flag,
+    )
+    return 0
+
+
+__all__ = [
+    "COMPENSATE_LEASE_TTL",
+    "builder_of",
+    "compensate",
+    "load_object",
+    "reconcile",
+    "resume",
+    "tools_of",
+]
