@@ -510,7 +510,11 @@ def build_graph(world: World, model: ScriptedChatModel, saver: Any) -> Any:
     plan = world.plan
     tools = world.tools()
     node = EffectToolNode(
-        tools, effect_concurrency=plan.effect_concurrency, cancel_timeout=CANCEL_TIMEOUT
+        tools,
+        effect_concurrency=plan.effect_concurrency,
+        cancel_timeout=CANCEL_TIMEOUT,
+        # Provider faults reach the model as error messages, and the run goes on.
+        handle_tool_errors=True,
     )
     builder = StateGraph(MessagesState)
     if plan.use_async:

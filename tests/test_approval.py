@@ -809,15 +809,101 @@ def test_reviewer_from_the_server_identity() -> None:
 
 
 # ------------------------------------------------- the tool node's own refusal
-def test_tool_node_refuses_unapproved_calls_without_a_gate() -> None:
+def test_a_call_without_a_gate_is_asked_about_where_it_stands(db_url: str) -> None:
+    # No ApprovalGate: the call that needs approval interrupts in the tool node, in
+    # HumanInTheLoopMiddleware's per-call shape, where it stands in plan order (so the
+    # small refund behind it waits too); nothing is dispatched before the answer.
     world = World()
     model = ScriptedChatModel([tool_calls_turn(BIG_REFUND, SMALL_REFUND), "done"])
+    with open_saver(db_url) as saver:
+        graph = build_graph(world, model, saver, with_gate=False)
+        out = graph.invoke({"messages": [HumanMessage("go")]}, cfg("t-nogate"))
+        value = interrupt_value(out)
+        assert value["type"] == "tool_approval"
+        assert value["tool_call_id"] == "c-refund" and value["name"] == "issue_refund"
+        assert value["args"] == {"order_id": "o-1", "amount": 150.0}
+        assert value["effect_kind"] == "irreversible"
+        assert value["why_permanent"] == REFUND_PERMANENCE
+        assert value["idempotency_key"] == "refund:o-1"
+        assert world.executions == []
+        assert statuses(saver.ledger, "t-nogate")["c-refund"] == "pending_approval"
+        out = graph.invoke(Command(resume={"type": "approve"}), cfg("t-nogate"))
+        assert world.executions == [
+            ("issue_refund", {"order_id": "o-1", "amount": 150.0}, "refund:o-1"),
+            ("issue_refund", {"order_id": "o-2", "amount": 20.0}, "refund:o-2"),
+        ]
+        assert statuses(saver.ledger, "t-nogate") == {
+            "c-refund": "committed",
+            "c-small": "committed",
+        }
+        assert_every_call_answered_once(out["messages"])
+        assert out["messages"][-1].content == "done"
+
+
+@pytest.mark.parametrize("decision", ["edit", "reject", "respond"])
+def test_per_call_decisions(decision: str) -> None:
+    world = World()
+    model = ScriptedChatModel([tool_calls_turn(BIG_REFUND), "done"])
     saver = MemoryCancelSaver()
     graph = build_graph(world, model, saver, with_gate=False)
-    out = graph.invoke({"messages": [HumanMessage("go")]}, cfg("t-nogate"))
-    assert world.executions == [("issue_refund", {"order_id": "o-2", "amount": 20.0}, "refund:o-2")]
-    assert statuses(saver.ledger, "t-nogate") == {"c-refund": "dropped", "c-small": "committed"}
-    assert "needs approval" in tool_messages(out["messages"])["c-refund"].content
+    graph.invoke({"messages": [HumanMessage("go")]}, cfg("t-decide"))
+    answer: dict[str, Any] = {
+        "edit": {
+            "type": "edit",
+            "edited_action": {"name": "issue_refund", "args": {"order_id": "o-1", "amount": 120.0}},
+        },
+        "reject": {"type": "reject", "message": "too much"},
+        "respond": {"type": "respond", "message": "The customer was refunded by phone."},
+    }[decision]
+    out = graph.invoke(Command(resume={**answer, "reviewer": "dana"}), cfg("t-decide"))
+    rec = saver.ledger.find_effect("t-decide", "c-refund")
+    assert rec is not None and rec.approval is not None
+    assert rec.approval["reviewer"] == "dana" and rec.approval["decision"] == decision
+    answered = tool_messages(out["messages"])["c-refund"]
+    if decision == "edit":
+        assert world.executions == [
+            ("issue_refund", {"order_id": "o-1", "amount": 120.0}, "refund:o-1")
+        ]
+        assert rec.status is EffectStatus.COMMITTED and rec.args["amount"] == 120.0
+    else:
+        assert world.executions == []
+        assert rec.status is EffectStatus.REJECTED
+        if decision == "reject":
+            assert answered.status == "error" and "too much" in str(answered.content)
+        else:
+            assert answered.status == "success"
+            assert answered.content == "The customer was refunded by phone."
+
+
+def test_an_invalid_per_call_answer_is_refused_and_asked_again() -> None:
+    # LangGraph checks the answer against the interrupt's schema before saving it: an
+    # invalid one (another tool, a changed key, an unknown type) raises, nothing is
+    # dispatched, the question stays open and a valid answer goes through.
+    from pydantic import ValidationError
+
+    world = World()
+    model = ScriptedChatModel([tool_calls_turn(BIG_REFUND), "done"])
+    saver = MemoryCancelSaver()
+    graph = build_graph(world, model, saver, with_gate=False)
+    graph.invoke({"messages": [HumanMessage("go")]}, cfg("t-invalid"))
+    for bad in (
+        {"type": "maybe"},
+        {"type": "edit", "edited_action": {"name": "send_email", "args": {}}},
+        {
+            "type": "edit",
+            "edited_action": {"name": "issue_refund", "args": {"order_id": "o-9", "amount": 1}},
+        },
+        {"type": "edit", "edited_action": {"name": "issue_refund", "args": {"amount": "lots"}}},
+        "yes",
+    ):
+        with pytest.raises(ValidationError):
+            graph.invoke(Command(resume=bad), cfg("t-invalid"))
+        state = graph.get_state(cfg("t-invalid"))
+        assert state.interrupts, "the question must stay open"
+        assert world.executions == []
+    out = graph.invoke(Command(resume={"decisions": [{"type": "approve"}]}), cfg("t-invalid"))
+    assert world.count("issue_refund") == 1
+    assert out["messages"][-1].content == "done"
 
 
 def test_gate_accepts_the_tool_node_and_callables() -> None:

@@ -56,8 +56,8 @@ from langgraph_cancel import (
     get_report,
     request_cancel,
 )
+from langgraph_cancel.execution.answers import ABANDONED_READ
 from langgraph_cancel.ledger import Ledger
-from langgraph_cancel.nodes.tool_node import ABANDONED_READ
 from langgraph_cancel.runtime import ledger_for_url
 from langgraph_cancel.testing import tool_call
 from langgraph_cancel.types import RunStatus
@@ -76,12 +76,10 @@ def url_ledgers() -> Iterator[list[str]]:
     """URLs given to the API in this test; their process-wide ledgers are closed after it."""
     urls: list[str] = []
     yield urls
-    from langgraph_cancel import runtime
+    from langgraph_cancel.ledgers import forget_url
 
     for url in urls:
-        opened = runtime._ledgers_by_url.pop(url, None)
-        if opened is not None:
-            opened.close()
+        forget_url(url)
 
 
 class Background:

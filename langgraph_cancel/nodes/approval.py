@@ -67,21 +67,23 @@ from langgraph_cancel.errors import (
     IllegalTransitionError,
     InvalidDecisionError,
 )
+from langgraph_cancel.execution.identity import find_own_record, is_same_call
+from langgraph_cancel.execution.review import (
+    DEFAULT_DESCRIPTION_PREFIX,
+    key_change,
+    reviewer_of,
+    schema_problem,
+)
 from langgraph_cancel.ledger import Ledger, derive_idempotency_key
-from langgraph_cancel.nodes.tool_node import _validate_args, find_own_record, is_same_call
 from langgraph_cancel.runtime import RunScope, scope_for
 from langgraph_cancel.types import EffectRecord, EffectStatus, utcnow
 
 logger = logging.getLogger("langgraph_cancel.approval")
 
-DEFAULT_DESCRIPTION_PREFIX = "Tool execution requires approval"
 #: The decisions the gate accepts (HITL's ``respond`` would fake a permanent effect's result).
 ALLOWED_DECISIONS: tuple[Literal["approve", "edit", "reject"], ...] = ("approve", "edit", "reject")
 #: Marks approval records written by the gate (``approval["source"]``).
 APPROVAL_SOURCE = "approval_gate"
-DEFAULT_REVIEWER = "human"
-_CONFIG_KEY_AUTH_USER_ID = "langgraph_auth_user_id"
-_CONFIG_KEY_AUTH_USER = "langgraph_auth_user"
 _DECIDED = frozenset({EffectStatus.APPROVED, EffectStatus.REJECTED})
 
 
@@ -283,7 +285,7 @@ class ApprovalGate(RunnableCallable):
         scope = scope_for(config, ledger=self.ledger, new_run=False)
         batch = self._prepare(input, scope)
         answer = self._ask(batch)
-        return self._finish(input, batch, answer, _reviewer_of(config, runtime))
+        return self._finish(input, batch, answer, reviewer_of(config, runtime))
 
     async def _afunc(self, input: Any, config: RunnableConfig, runtime: Runtime[Any]) -> Any:
         scope = await asyncio.to_thread(scope_for, config, ledger=self.ledger, new_run=False)
@@ -291,7 +293,7 @@ class ApprovalGate(RunnableCallable):
         # interrupt() reads the node's config from a context variable: call it here,
         # in the node's own context, not in a worker thread.
         answer = self._ask(batch)
-        reviewer = _reviewer_of(config, runtime)
+        reviewer = reviewer_of(config, runtime)
         return await asyncio.to_thread(self._finish, input, batch, answer, reviewer)
 
     # ------------------------------------------------------------- planning
@@ -333,7 +335,7 @@ class ApprovalGate(RunnableCallable):
         if tool is None:
             return None  # unknown tool: the tool node answers it with an error
         args = call.get("args")
-        if _validate_args(tool, args) is not None or not isinstance(args, dict):
+        if schema_problem(tool, args) is not None or not isinstance(args, dict):
             return None  # malformed: the tool node records it failed, never dispatched
         spec = self.specs[name]
         # Under an id of its own when its tool-call id names another call's record:
@@ -514,7 +516,7 @@ class ApprovalGate(RunnableCallable):
                         f"{where}: edited_action.args must be an object, got {type(args).__name__}"
                     )
                 new_args = dict(args)
-                problem = _validate_args(g.tool, new_args) or _key_change(g, new_args)
+                problem = schema_problem(g.tool, new_args) or _key_change(g, new_args)
                 if problem is not None:
                     errors[position] = problem
                 decisions.append(_Decision("edit", args=new_args))
@@ -618,26 +620,8 @@ def _needs_approval(spec: EffectSpec, args: dict[str, Any], name: str) -> bool:
 
 
 def _key_change(g: _Gated, args: dict[str, Any]) -> str | None:
-    """Why an edit may not be approved as this call: it would need another idempotency key.
-
-    The record keeps the key it was planned with, and the external system
-    deduplicates by key, so an edit that moves the call to another key (say,
-    another order) would be sent under the old one.
-    """
-    key_of = g.spec.idempotency_key
-    if key_of is None:
-        return None  # derived from thread and tool-call id: no argument changes it
-    try:
-        key = str(key_of(args))
-    except Exception as exc:
-        return f"cannot derive the idempotency key of the edited call: {exc!r}"
-    if key != g.record.idempotency_key:
-        return (
-            f"the edit changes the call's idempotency key ({g.record.idempotency_key!r} -> "
-            f"{key!r}), so it would be a different effect; reject this call and ask for a "
-            "new one instead"
-        )
-    return None
+    """Why an edit may not be approved as this call (see ``review.key_change``)."""
+    return key_change(g.spec, g.record, args)
 
 
 def _decided_by_gate(rec: EffectRecord) -> bool:
@@ -683,32 +667,6 @@ def _named_reviewer(answer: Any) -> str | None:
     if not isinstance(reviewer, str) or not reviewer.strip():
         raise InvalidDecisionError("reviewer must be a non-empty string")
     return reviewer
-
-
-def _reviewer_of(config: RunnableConfig, runtime: Runtime[Any] | None) -> str:
-    """The authenticated user a LangGraph server passes, else ``"human"``."""
-    conf = config.get("configurable") or {}
-    user_id = conf.get(_CONFIG_KEY_AUTH_USER_ID)
-    if user_id:
-        return str(user_id)
-    candidates: list[Any] = [conf.get(_CONFIG_KEY_AUTH_USER)]
-    server_info = getattr(runtime, "server_info", None) if runtime is not None else None
-    if server_info is not None:
-        candidates.append(getattr(server_info, "user", None))
-    for user in candidates:
-        identity = _identity(user)
-        if identity:
-            return identity
-    return DEFAULT_REVIEWER
-
-
-def _identity(user: Any) -> str | None:
-    if user is None:
-        return None
-    identity = getattr(user, "identity", None)
-    if identity is None and isinstance(user, Mapping):
-        identity = user.get("identity")
-    return str(identity) if identity else None
 
 
 __all__ = [
