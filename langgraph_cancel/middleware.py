@@ -38,6 +38,7 @@ from langgraph.types import Command
 from langgraph_cancel.checkpointers.durable import PLAN_SAVE_TIMEOUT
 from langgraph_cancel.execution.identity import dangling_tool_calls
 from langgraph_cancel.execution.interceptor import DEFAULT_CANCEL_TIMEOUT, EffectInterceptor
+from langgraph_cancel.execution.offloop import off_the_loop
 from langgraph_cancel.execution.protocol import ReviewMode
 from langgraph_cancel.graph import (
     REPORT_KEY,
@@ -121,6 +122,12 @@ class EffectMiddleware(AgentMiddleware[CancelAgentState, Any, Any]):
         return scope_for(config, ledger=self.ledger, new_run=new_run)
 
     def before_agent(self, state: CancelAgentState, runtime: Runtime[Any]) -> dict[str, Any] | None:
+        """Start the thread's run; first close an earlier one new input cut short."""
+        return off_the_loop(self._before_agent, state, runtime)
+
+    def _before_agent(
+        self, state: CancelAgentState, runtime: Runtime[Any]
+    ) -> dict[str, Any] | None:
         """Start the thread's run; first close an earlier one new input cut short.
 
         Tool calls an earlier turn left unanswered (a stopped task, a failure, an
@@ -152,10 +159,16 @@ class EffectMiddleware(AgentMiddleware[CancelAgentState, Any, Any]):
         self, state: CancelAgentState, runtime: Runtime[Any]
     ) -> dict[str, Any] | None:
         """Async ``before_agent``."""
-        return await _off_loop(self.before_agent, state, runtime)
+        return await _off_loop(self._before_agent, state, runtime)
 
     @hook_config(can_jump_to=["end"])
     def before_model(self, state: CancelAgentState, runtime: Runtime[Any]) -> dict[str, Any] | None:
+        """The step-boundary check: once cancel is requested, finish the cancel and end."""
+        return off_the_loop(self._before_model, state, runtime)
+
+    def _before_model(
+        self, state: CancelAgentState, runtime: Runtime[Any]
+    ) -> dict[str, Any] | None:
         """The step-boundary check: once cancel is requested, finish the cancel and end."""
         scope = self._scope(new_run=False)
         if not (scope.run.terminal or scope.cancel_called()):
@@ -174,9 +187,13 @@ class EffectMiddleware(AgentMiddleware[CancelAgentState, Any, Any]):
         self, state: CancelAgentState, runtime: Runtime[Any]
     ) -> dict[str, Any] | None:
         """Async ``before_model``."""
-        return await _off_loop(self.before_model, state, runtime)
+        return await _off_loop(self._before_model, state, runtime)
 
     def after_agent(self, state: CancelAgentState, runtime: Runtime[Any]) -> dict[str, Any] | None:
+        """Close the run when the agent finished without a cancel."""
+        return off_the_loop(self._after_agent, state, runtime)
+
+    def _after_agent(self, state: CancelAgentState, runtime: Runtime[Any]) -> dict[str, Any] | None:
         """Close the run when the agent finished without a cancel."""
         scope = self._scope(new_run=False)
         run = scope.refresh()
@@ -190,7 +207,7 @@ class EffectMiddleware(AgentMiddleware[CancelAgentState, Any, Any]):
         self, state: CancelAgentState, runtime: Runtime[Any]
     ) -> dict[str, Any] | None:
         """Async ``after_agent``."""
-        return await _off_loop(self.after_agent, state, runtime)
+        return await _off_loop(self._after_agent, state, runtime)
 
     # --------------------------------------------------------- tool calls
     def _as_run(self, request: ToolCallRequest) -> ToolCallRequest:

@@ -37,6 +37,7 @@ from langgraph_cancel.errors import BatchSuperseded, LedgerError
 from langgraph_cancel.execution.batch import Batch
 from langgraph_cancel.execution.drive import acall_ledger, adrive, call_ledger, drive
 from langgraph_cancel.execution.group import AsyncGroupCommit, ThreadGroupCommit
+from langgraph_cancel.execution.offloop import off_the_loop
 from langgraph_cancel.execution.protocol import DispatchCancelled
 from langgraph_cancel.execution.settlement import (
     mark_unknown,
@@ -91,8 +92,8 @@ class SyncDriver:
         self.watch = watch
 
     def run(self, protocol: Protocol[T]) -> T:
-        """The protocol's answer."""
-        return drive(protocol, self.answer)
+        """The protocol's answer (its I/O off an event loop that runs in this thread)."""
+        return off_the_loop(drive, protocol, self.answer)
 
     def answer(self, step: Step[Any]) -> Any:
         """One step's answer."""

@@ -35,12 +35,14 @@ from typing import TYPE_CHECKING, Any, Literal
 from langchain_core.messages import ToolCall, ToolMessage
 from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import BaseTool
+from langgraph.config import get_config
 from langgraph.errors import GraphBubbleUp, GraphInterrupt, is_invalid_resume
 from langgraph.prebuilt.tool_node import ToolCallRequest
 from langgraph.types import interrupt
 
 from langgraph_cancel.effects import EffectSpec, spec_of
 from langgraph_cancel.errors import (
+    ApprovalRequiredError,
     BatchSuperseded,
     DispatchRefusedError,
     DuplicateIdempotencyKeyError,
@@ -379,7 +381,21 @@ def _fresh_dispatch(plan: CallPlan, rec: EffectRecord | None) -> bool:
 
 
 def _review(ctx: CallContext, plan: CallPlan, rec: EffectRecord) -> Protocol[EffectRecord]:
-    """Ask a person about the call where it stands; the record with their decision."""
+    """Ask a person about the call where it stands; the record with their decision.
+
+    Raises:
+        ApprovalRequiredError: The call runs outside a graph step, where nobody can
+            be asked (the node invoked on its own).
+    """
+    try:
+        get_config()
+    except RuntimeError:
+        raise ApprovalRequiredError(
+            f"{plan.tool.name!r} needs approval ({plan.spec.why_permanent()}) and has none, "
+            "and outside a graph step nobody can be asked: run the node in a graph, or "
+            "classify the tool with effect(..., requires_approval=False) if it may run "
+            "unasked"
+        ) from None
     if rec.status is EffectStatus.PLANNED:
         try:
             rec = yield from ledger_call(
