@@ -312,7 +312,8 @@ def test_cancel_before_a_call(saver: Any, log: ExecutionLog) -> None:
     report = state_report(graph, thread_id)
     assert report.status == "cancelled"
     assert report.permanent == [] and report.unknown == []
-    assert sorted(e.tool_call_id for e in report.not_run) == ["b1", "b2"]  # reads cost nothing
+    # Every call is accounted for: the dropped read is "not run" too.
+    assert sorted(e.tool_call_id for e in report.not_run) == ["b1", "b2", "b3"]
     assert report.dispatched_after_cancel == 0
     assert dangling_calls(graph.get_state(cfg).values["messages"]) == []
     assert graph.get_state(cfg).next == ()

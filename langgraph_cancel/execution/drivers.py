@@ -93,7 +93,8 @@ class SyncDriver:
 
     def run(self, protocol: Protocol[T]) -> T:
         """The protocol's answer (its I/O off an event loop that runs in this thread)."""
-        return off_the_loop(drive, protocol, self.answer)
+        answer: T = off_the_loop(drive, protocol, self.answer)
+        return answer
 
     def answer(self, step: Step[Any]) -> Any:
         """One step's answer."""
