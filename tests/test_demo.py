@@ -128,8 +128,8 @@ def test_demo_is_repeatable(tmp_path: Path) -> None:
     ("step", "permanent", "not_run", "applied"),
     [
         ("refund", ["issue_refund"], 2, {"refunds": 1, "emails": 0, "updates": 0}),
-        # Stopped at the approval gate: every call of the batch is not run, the read too.
         ("email", ["issue_refund", "send_email"], 1, {"refunds": 1, "emails": 1, "updates": 0}),
+        # Stopped at the approval gate: every call of the batch is not run, the read too.
         ("approval", [], 4, {"refunds": 0, "emails": 0, "updates": 0}),
     ],
 )
