@@ -21,6 +21,8 @@ ABANDONED_READ = (
     "Not completed: the run was cancelled while this read-only call was in flight; "
     "it was abandoned (no side effect)."
 )
+#: The ``lc_source`` of an answer given in a reviewer's name (as LangChain's HITL sets it).
+REVIEW_NOTICE_SOURCE = "hitl_interrupt_decision"
 #: How a replayed output that is not a plain ``ToolMessage`` is kept in a record.
 _OUTPUT_KEY = "output"
 _SERDE = JsonPlusSerializer()
@@ -129,9 +131,18 @@ def replay_message(rec: EffectRecord, call: ToolCall | None = None) -> ToolMessa
         content, status = "Not applied: the external system has no record of this call.", "error"
     else:
         content, status = f"Call is {rec.status.value}.", "error"
-    return ToolMessage(
+    message = ToolMessage(
         content=content, name=rec.tool, tool_call_id=tool_call_id, status=status, artifact=artifact
     )
+    if rec.status is EffectStatus.REJECTED:
+        # The mark LangChain's HumanInTheLoopMiddleware puts on the answer it gives in
+        # a reviewer's name (a client tells such answers from the tool's own by it).
+        # (``add_notification_metadata`` sets these keys, but is typed for HumanMessage.)
+        decision = str((rec.approval or {}).get("decision") or "reject")
+        kwargs = {**message.additional_kwargs, "lc_source": REVIEW_NOTICE_SOURCE}
+        kwargs["lc_data"] = {"decision": decision}
+        message = message.model_copy(update={"additional_kwargs": kwargs})
+    return message
 
 
 def rejection_text(rec: EffectRecord) -> str:
@@ -159,6 +170,7 @@ def not_run(call: ToolCall, text: str = NOT_RUN_CANCELLED) -> ToolMessage:
 __all__ = [
     "ABANDONED_READ",
     "NOT_RUN_CANCELLED",
+    "REVIEW_NOTICE_SOURCE",
     "message_payload",
     "not_run",
     "outcome_payload",

@@ -29,7 +29,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from langchain_core.messages import ToolCall, ToolMessage
@@ -70,6 +70,9 @@ from langgraph_cancel.execution.observed import ArgumentsAccepted, Capture, with
 from langgraph_cancel.execution.plan import CallPlan, Malformed, classify
 from langgraph_cancel.execution.review import (
     decision_request,
+    edited_key,
+    parse_review,
+    replacement_steps,
     review_request,
     review_schema,
     reviewer_of,
@@ -204,6 +207,11 @@ def intercept(request: ToolCallRequest, ctx: CallContext) -> Protocol[Any]:
     if isinstance(classified, Malformed):
         return (yield from _malformed(request, ctx, call, tool, spec, classified))
     plan, rec = yield from ctx.batch.lookup(classified)
+    replaced_by = (rec.approval or {}).get("replaced_by") if rec is not None else None
+    if rec is not None and rec.status is EffectStatus.REJECTED and replaced_by:
+        # A reviewer's edit moved the call to a new key: the new effect is its own.
+        rec = yield from ledger_call(Ledger.get_effect, str(replaced_by))
+        plan = replace(plan, own_id=rec.tool_call_id, key=rec.idempotency_key)
     if rec is not None and (conflict := _conflict(plan, rec)) is not None:
         return conflict
     if plan.fast_read and (rec is None or rec.settled):
@@ -361,7 +369,10 @@ def _effect(
     if rec.status in (EffectStatus.PLANNED, EffectStatus.PENDING_APPROVAL):
         unreviewed = rec.status is EffectStatus.PENDING_APPROVAL or plan.needs_review
         if unreviewed and ctx.review(request) == "ask":
-            rec = yield from _review(ctx, plan, rec)
+            decided = yield from _review(ctx, plan, rec)
+            if decided.effect_id != rec.effect_id:
+                plan = replace(plan, own_id=decided.tool_call_id, key=decided.idempotency_key)
+            rec = decided
             if rec.status is not EffectStatus.APPROVED:
                 return replay(rec, plan.call)
         elif rec.status is EffectStatus.PENDING_APPROVAL:
@@ -410,18 +421,36 @@ def _review(ctx: CallContext, plan: CallPlan, rec: EffectRecord) -> Protocol[Eff
             rec = yield from ledger_call(Ledger.get_effect, rec.effect_id)
             if rec.status is not EffectStatus.PENDING_APPROVAL:
                 return rec
-    # On resume LangGraph re-runs the node and hands the saved answer back here;
-    # the answer was checked against the schema before it was saved.
-    review = interrupt(
-        review_request(plan.tool, plan.spec, rec, plan.call_id),
-        response_schema=review_schema(plan.tool, plan.spec, rec),
-    )
-    reviewer = review.reviewer or reviewer_of(ctx.config, ctx.runtime)
-    try:
-        return (yield from _transition(ctx, decision_request(rec, review, reviewer)))
-    except IllegalTransitionError:
-        # Moved meanwhile (a cancel dropped it): what it is now is the answer.
-        return (yield from ledger_call(Ledger.get_effect, rec.effect_id))
+    error: str | None = None
+    while True:
+        # On resume LangGraph re-runs the node and hands the saved answers back in
+        # order, so this loop replays the invalid ones up to the new answer.
+        question = review_request(plan.tool, plan.spec, rec, plan.call_id)
+        if error is not None:
+            question["error"] = error
+            question["description"] = (
+                f"The answer was invalid: {error}. Decide again.\n\n{question['description']}"
+            )
+        answer = interrupt(question, response_schema=review_schema(plan.tool))
+        try:
+            review = parse_review(answer, plan.tool, plan.spec, rec)
+        except ValueError as exc:
+            error = str(exc)
+            continue
+        reviewer = review.reviewer or reviewer_of(ctx.config, ctx.runtime)
+        new_key = edited_key(plan.spec, rec, review.args) if review.args is not None else None
+        if new_key is None:
+            try:
+                return (yield from _transition(ctx, decision_request(rec, review, reviewer)))
+            except IllegalTransitionError:
+                # Moved meanwhile (a cancel dropped it): what it is now is the answer.
+                return (yield from ledger_call(Ledger.get_effect, rec.effect_id))
+        replaced = yield from replacement_steps(
+            rec, plan.call, review, reviewer, new_key, ledger_id=plan.ledger_id, seq=plan.index
+        )
+        if isinstance(replaced, EffectRecord):
+            return replaced
+        error = replaced
 
 
 def _trust(ctx: CallContext, rec: EffectRecord) -> Protocol[EffectRecord]:

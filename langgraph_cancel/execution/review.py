@@ -9,29 +9,36 @@ key, effect id). The answer is one decision:
 
 - ``{"type": "approve"}``: the call runs as it is;
 - ``{"type": "edit", "edited_action": {"name": ..., "args": {...}}}``: it runs
-  with the new arguments (same tool, valid for its schema, same idempotency key);
+  with the new arguments (same tool, valid for its schema); when they change the
+  call's idempotency key the edited call is a new effect under the new key, and the
+  original is recorded as replaced by it;
 - ``{"type": "reject", "message": "..."}``: it does not run; the model is told;
 - ``{"type": "respond", "message": "..."}``: it does not run; the reviewer's text
   is the tool's answer.
 
-A bare decision or a ``HITLResponse`` with one decision both work. The answer is
-checked before LangGraph saves it (``response_schema``): an invalid one raises
-``pydantic.ValidationError``, nothing is saved, and the same question can be
-answered again. A top-level ``"reviewer"`` names who decided; otherwise the user
-a LangGraph server authenticated, otherwise ``"human"``.
+A bare decision or a ``HITLResponse`` with one decision both work. An invalid
+answer is not an error of the run: the question is asked again, its payload
+saying what was wrong (``error``), and nothing runs meanwhile. A top-level
+``"reviewer"`` names who decided; otherwise the user a LangGraph server
+authenticated, otherwise ``"human"``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Annotated, Any, Literal, NotRequired, TypedDict, cast
 
+from langchain_core.messages import ToolCall
 from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import BaseTool
 from pydantic import BaseModel, PlainValidator, ValidationError, WithJsonSchema
 
 from langgraph_cancel.effects import EffectSpec
+from langgraph_cancel.errors import DuplicateIdempotencyKeyError, IllegalTransitionError
+from langgraph_cancel.execution.identity import reused_call_id
+from langgraph_cancel.execution.steps import Protocol, ledger_call
+from langgraph_cancel.ledger import Ledger
 from langgraph_cancel.types import EffectRecord, EffectStatus, TransitionRequest, utcnow
 
 DecisionType = Literal["approve", "edit", "reject", "respond"]
@@ -111,15 +118,17 @@ def review_request(
     }
 
 
-def review_schema(tool: BaseTool, spec: EffectSpec, rec: EffectRecord) -> type[Review]:
-    """What LangGraph checks the answer with before it saves it."""
+def review_schema(tool: BaseTool) -> type[Any]:
+    """The answer's published shape (LangChain's four decisions).
 
-    def check(value: Any) -> Review:
-        return parse_review(value, tool, spec, rec)
-
+    Any answer is saved: an invalid one is answered with the same question again
+    (``parse_review``), so the run never fails on it.
+    """
     return cast(
-        "type[Review]",
-        Annotated[Any, PlainValidator(check), WithJsonSchema(_decision_json_schema(tool))],
+        "type[Any]",
+        Annotated[
+            Any, PlainValidator(lambda value: value), WithJsonSchema(_decision_json_schema(tool))
+        ],
     )
 
 
@@ -178,9 +187,16 @@ def _edited_args(
     if not isinstance(args, Mapping):
         raise ValueError(f"edited_action.args must be an object, got {type(args).__name__}")
     new_args = dict(args)
-    problem = schema_problem(tool, new_args) or key_change(spec, rec, new_args)
+    problem = schema_problem(tool, new_args)
     if problem is not None:
         raise ValueError(problem)
+    if spec.idempotency_key is not None:
+        try:
+            str(spec.idempotency_key(new_args))
+        except Exception as exc:
+            raise ValueError(
+                f"cannot derive the idempotency key of the edited call: {exc!r}"
+            ) from None
     return new_args
 
 
@@ -208,6 +224,14 @@ def schema_problem(tool: BaseTool, args: Any) -> str | None:
     return None
 
 
+def edited_key(spec: EffectSpec, rec: EffectRecord, args: dict[str, Any]) -> str | None:
+    """The idempotency key of an edited call, when the edit changes it (else None)."""
+    if spec.idempotency_key is None:
+        return None  # derived from thread and tool-call id: no argument changes it
+    key = str(spec.idempotency_key(args))
+    return None if key == rec.idempotency_key else key
+
+
 def key_change(spec: EffectSpec, rec: EffectRecord, args: dict[str, Any]) -> str | None:
     """Why an edit may not be approved as this call: it would need another idempotency key.
 
@@ -232,9 +256,26 @@ def key_change(spec: EffectSpec, rec: EffectRecord, args: dict[str, Any]) -> str
 
 
 def decision_request(
-    rec: EffectRecord, review: Review, reviewer: str, *, source: str = REVIEW_SOURCE
+    rec: EffectRecord,
+    review: Review,
+    reviewer: str,
+    *,
+    source: str = REVIEW_SOURCE,
+    original_args: dict[str, Any] | None = None,
+    replaced_by: str | None = None,
 ) -> TransitionRequest:
-    """The ledger write that records ``review`` (from ``pending_approval``)."""
+    """The ledger write that records ``review`` (from ``pending_approval``).
+
+    Args:
+        rec: The call's record.
+        review: The decision.
+        reviewer: Who decided.
+        source: Which review decided (kept in ``approval["source"]``).
+        original_args: For the new effect of an edit that changed the key: the
+            arguments of the call it replaces.
+        replaced_by: For that call: the effect that replaces it (it is recorded
+            rejected, and never runs).
+    """
     approval: dict[str, Any] = {
         "decision": review.decision,
         "reviewer": reviewer,
@@ -244,16 +285,93 @@ def decision_request(
     if review.message is not None:
         approval["message"] = review.message
     if review.decision == "edit":
-        approval["original_args"] = dict(rec.args)
+        approval["original_args"] = dict(original_args if original_args is not None else rec.args)
+    if replaced_by is not None:
+        approval["replaced_by"] = replaced_by
+    runs = review.runs and replaced_by is None
     return TransitionRequest(
         effect_id=rec.effect_id,
-        to=EffectStatus.APPROVED if review.runs else EffectStatus.REJECTED,
+        to=EffectStatus.APPROVED if runs else EffectStatus.REJECTED,
         expected=frozenset({EffectStatus.PENDING_APPROVAL}),
         actor=reviewer,
         approval=approval,
-        args=review.args if review.decision == "edit" else None,
+        args=review.args if review.decision == "edit" and replaced_by is None else None,
         detail={"decision": review.decision},
     )
+
+
+def replacement_steps(
+    rec: EffectRecord,
+    call: ToolCall,
+    review: Review,
+    reviewer: str,
+    key: str,
+    *,
+    ledger_id: str,
+    seq: int,
+) -> Protocol[EffectRecord | str]:
+    """An edit that changes the call's idempotency key: a new effect under the new key.
+
+    The edited call is recorded under an id of its own (the call's id and a digest of
+    the new arguments), approved; the original is recorded rejected, replaced by it.
+
+    Returns:
+        The new effect's record, or why the edit cannot be taken (its key is another
+        effect's), for the question asked again.
+    """
+    args = dict(review.args or {})
+    edited: ToolCall = {**call, "args": args}
+    own = f"{ledger_id}~edit-{reused_call_id(edited).rsplit('~', 1)[1]}"
+    try:
+        new, _created = yield from ledger_call(
+            Ledger.plan,
+            thread_id=rec.thread_id,
+            run_id=rec.run_id,
+            tool_call_id=own,
+            tool=rec.tool,
+            kind=rec.kind,
+            args=args,
+            idempotency_key=key,
+            seq=seq,
+            status=EffectStatus.PENDING_APPROVAL,
+            owner=rec.owner,
+            actor=reviewer,
+            detail={"replaces": rec.effect_id},
+        )
+    except DuplicateIdempotencyKeyError:
+        holder = yield from ledger_call(Ledger.effect_by_key, key)
+        where = f"effect {holder.effect_id}" if holder is not None else "another effect"
+        return (
+            f"the edited call's idempotency key {key!r} already belongs to {where}; edit it "
+            "otherwise, or reject it"
+        )
+    if new.status is EffectStatus.PENDING_APPROVAL:
+        approve = decision_request(
+            new, replace(review, decision="edit"), reviewer, original_args=rec.args
+        )
+        new = yield from _moved_or_now(approve)
+    gone = decision_request(rec, replace(review, args=None), reviewer, replaced_by=new.effect_id)
+    yield from _moved_or_now(gone)
+    return new
+
+
+def _moved_or_now(req: TransitionRequest) -> Protocol[EffectRecord]:
+    """``req``'s compare-and-set; the record as it is when someone moved it first."""
+    try:
+        return (
+            yield from ledger_call(
+                Ledger.transition,
+                req.effect_id,
+                req.to,
+                expected=req.expected,
+                actor=req.actor,
+                approval=req.approval,
+                args=req.args,
+                detail=req.detail,
+            )
+        )
+    except IllegalTransitionError:
+        return (yield from ledger_call(Ledger.get_effect, req.effect_id))
 
 
 def reviewer_of(config: RunnableConfig | None, runtime: Any = None) -> str:
@@ -339,8 +457,10 @@ __all__ = [
     "Review",
     "ToolReviewRequest",
     "decision_request",
+    "edited_key",
     "key_change",
     "parse_review",
+    "replacement_steps",
     "review_request",
     "review_schema",
     "reviewer_of",
