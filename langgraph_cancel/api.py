@@ -14,11 +14,11 @@ from typing import Any
 from langchain_core.tools import BaseTool
 
 from langgraph_cancel.compensation import compensate_run
+from langgraph_cancel.effects import CLASSIFIED_TOOLS
 from langgraph_cancel.errors import UnknownThreadError
 from langgraph_cancel.ledger import Ledger
-from langgraph_cancel.nodes.tool_node import TOOL_REGISTRY
+from langgraph_cancel.ledgers import coerce_ledger
 from langgraph_cancel.report import CancellationReport, build_report
-from langgraph_cancel.runtime import coerce_ledger
 from langgraph_cancel.types import CancelRequestResult, EffectRecord
 
 Target = Any  # a *CancelSaver, a Ledger, or a database URL
@@ -100,7 +100,7 @@ async def acompensate(
     ledger: Ledger = coerce_ledger(target)
     if ledger.latest_run(thread_id) is None:
         raise UnknownThreadError(thread_id)
-    known = dict(tools) if tools is not None else dict(TOOL_REGISTRY)
+    known = dict(tools) if tools is not None else dict(CLASSIFIED_TOOLS)
     return await asyncio.to_thread(compensate_run, ledger, ledger.effects(thread_id), known)
 
 

@@ -42,28 +42,24 @@ from langgraph.runtime import RunControl, Runtime
 from langgraph.types import Command
 
 from langgraph_cancel.compensation import compensate_run
-from langgraph_cancel.effects import EffectSpec, Outcome, spec_of
+from langgraph_cancel.effects import CLASSIFIED_TOOLS, EffectSpec, Outcome, spec_of
 from langgraph_cancel.errors import (
     ConfigurationError,
     DuplicateIdempotencyKeyError,
     IllegalTransitionError,
 )
-from langgraph_cancel.hooks import call_reconcile
-from langgraph_cancel.hooks import run_sync as _run_sync
-from langgraph_cancel.ledger import Ledger
-from langgraph_cancel.nodes.tool_node import (
-    INTERRUPTED_REASON,
-    NOT_RUN_CANCELLED,
-    TOOL_REGISTRY,
-    EffectToolNode,
-    apply_outcome,
+from langgraph_cancel.execution.answers import NOT_RUN_CANCELLED, replay_message
+from langgraph_cancel.execution.identity import (
     dangling_tool_calls,
     find_own_record,
     is_same_call,
-    mark_unknown,
     recorded_call,
-    replay_message,
 )
+from langgraph_cancel.execution.settlement import apply_outcome, mark_unknown
+from langgraph_cancel.hooks import call_reconcile
+from langgraph_cancel.hooks import run_sync as _run_sync
+from langgraph_cancel.ledger import Ledger
+from langgraph_cancel.nodes.tool_node import EffectToolNode
 from langgraph_cancel.report import CancellationReport, build_report
 from langgraph_cancel.runtime import (
     CONFIG_KEY_LEDGER,
@@ -96,6 +92,8 @@ REPORT_KEY = "cancellation_report"
 DRAIN_REASON = "langgraph-cancel: run cancelled"
 CONFIG_KEY_WORKER = "langgraph_cancel_worker"
 LEASE_TTL = 30.0
+#: The stop a cancelled run task stands for (a server's runs.cancel, a disconnect).
+INTERRUPTED_REASON = "run task cancelled (server cancel, disconnect or Ctrl-C)"
 
 
 @dataclass
@@ -112,7 +110,7 @@ class CancellationSettings:
 
     def tool(self, name: str) -> BaseTool | None:
         """A tool by name: from this graph's tool nodes, else from any in the process."""
-        return self.tools.get(name) or TOOL_REGISTRY.get(name)
+        return self.tools.get(name) or CLASSIFIED_TOOLS.get(name)
 
     def spec(self, name: str) -> EffectSpec | None:
         """The effect declaration of a tool, if the tool is known."""
@@ -121,7 +119,7 @@ class CancellationSettings:
 
     def all_tools(self) -> Mapping[str, BaseTool]:
         """Every tool this graph knows by name."""
-        return {**TOOL_REGISTRY, **self.tools}
+        return {**CLASSIFIED_TOOLS, **self.tools}
 
 
 # ------------------------------------------------------------------ helpers
@@ -334,7 +332,7 @@ def finalize_cancel(
     return build_report(ledger, stored)
 
 
-def _answer_dangling(scope: RunScope, dangling: list[ToolCall]) -> list[ToolMessage]:
+def answer_dangling(scope: RunScope, dangling: list[ToolCall]) -> list[ToolMessage]:
     out: list[ToolMessage] = []
     for call in dangling:
         recorded = recorded_call(call)
@@ -359,7 +357,7 @@ def _make_cancel_node(settings: CancellationSettings) -> RunnableCallable:
         scope.signal.set()
         dangling = dangling_tool_calls(_messages(state, settings.messages_key))
         report = finalize_cancel(scope, settings, dangling)
-        return report, _answer_dangling(scope, dangling)
+        return report, answer_dangling(scope, dangling)
 
     async def acancel(state: Any, config: RunnableConfig, runtime: Runtime[Any]) -> Any:
         # The ledger work (and waiting for in-flight calls) runs off the event loop.
@@ -455,7 +453,7 @@ def _make_reconcile_subgraph(settings: CancellationSettings, state_schema: Any) 
             ask_human_about(scope, left)
         return None
 
-    def answer_dangling(state: Any, config: RunnableConfig) -> Any:
+    def answer_unanswered(state: Any, config: RunnableConfig) -> Any:
         scope = scope_for(config, ledger=settings.ledger, new_run=False)
         update: dict[str, Any] = {}
         dangling = dangling_tool_calls(_messages(state, settings.messages_key))
@@ -469,7 +467,7 @@ def _make_reconcile_subgraph(settings: CancellationSettings, state_schema: Any) 
                     rec.status in UNDISPATCHED_STATUSES or rec.status is EffectStatus.NOT_APPLIED
                 ):
                     _drop(scope, rec)
-            update[settings.messages_key] = _answer_dangling(scope, dangling)
+            update[settings.messages_key] = answer_dangling(scope, dangling)
         if scope.run.terminal or scope.cancel_called():
             return Command(graph=Command.PARENT, goto=CANCEL_NODE, update=update or None)
         return update or None
@@ -481,7 +479,7 @@ def _make_reconcile_subgraph(settings: CancellationSettings, state_schema: Any) 
         destinations=("ask_human", "answer_dangling", END),
     )
     sub.add_node("ask_human", ask_human)
-    sub.add_node("answer_dangling", answer_dangling)
+    sub.add_node("answer_dangling", answer_unanswered)
     sub.add_edge(START, "settle")
     sub.add_edge("ask_human", "answer_dangling")
     sub.add_edge("answer_dangling", END)
@@ -807,7 +805,7 @@ class _Invocation:
                 return
             update: dict[str, Any] = {self.settings.report_key: report.model_dump(mode="json")}
             if dangling:
-                update[self.settings.messages_key] = _answer_dangling(self.scope, dangling)
+                update[self.settings.messages_key] = answer_dangling(self.scope, dangling)
             self._keep_finished_writes(config)
             self.graph.update_state(config, update, as_node=CANCEL_NODE)
         except Exception:
@@ -996,6 +994,7 @@ __all__ = [
     "CancellableStateGraph",
     "CancellationSettings",
     "add_cancellation",
+    "answer_dangling",
     "finalize_cancel",
     "reconcile_thread",
     "resolve_ledger",

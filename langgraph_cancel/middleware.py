@@ -5,96 +5,59 @@
     agent = create_agent(model, tools, middleware=[EffectMiddleware()],
                          checkpointer=SqliteCancelSaver(...))
 
-It gives every tool call effect classification, a durable intent record,
-replay instead of re-execution, the cancel check before each dispatch and
-before each model call, approval before irreversible calls (the same
-HITL-shaped interrupt as ``ApprovalGate``) and, on cancel, the cancellation
-report in the agent's state. ``create_agent`` runs a turn's tool calls
-concurrently, so the plan-order guarantee of ``EffectToolNode`` (reversible
-before irreversible, one at a time) does not apply here; use
-``EffectToolNode`` in your own graph when it matters.
+Its ``wrap_tool_call`` / ``awrap_tool_call`` are the effect interceptor that
+``EffectToolNode`` puts on its own tool-call seam (``execution/interceptor.py``):
+effect classification, a durable intent before each dispatch, replay instead of
+re-execution, the cancel check before each dispatch, and a review (in LangChain's
+per-call shape) for a call that needs approval and has none. Its other hooks
+start and close the run, settle on new input what an earlier run left unknown,
+and finish a cancel before the next model call. ``create_agent`` runs a turn's
+tool calls concurrently, so the plan order of ``EffectToolNode`` (reversible
+before irreversible, one at a time) does not apply here.
+
+With LangChain's ``HumanInTheLoopMiddleware``, pass it as ``approval=`` (in any
+order in ``middleware=``): the tools it gates are its to review, and a call it
+approved runs without being asked again; the others that need approval are asked
+here. A reviewer's edit runs, and is recorded, as edited.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextvars
-from collections.abc import Awaitable, Callable
-from typing import Annotated, Any, NotRequired
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Annotated, Any, NotRequired
 
-from langchain.agents.middleware.types import (
-    AgentMiddleware,
-    AgentState,
-    hook_config,
-)
-from langchain_core.messages import ToolMessage
-from langchain_core.tools import BaseTool
+from langchain.agents.middleware.types import AgentMiddleware, AgentState, hook_config
+from langchain_core.messages import AIMessage, AnyMessage, RemoveMessage, ToolCall, ToolMessage
 from langgraph.config import get_config
+from langgraph.graph.message import REMOVE_ALL_MESSAGES
 from langgraph.prebuilt.tool_node import ToolCallRequest
 from langgraph.runtime import Runtime
 from langgraph.types import Command
 
 from langgraph_cancel.checkpointers.durable import PLAN_SAVE_TIMEOUT
+from langgraph_cancel.execution.identity import dangling_tool_calls
+from langgraph_cancel.execution.interceptor import DEFAULT_CANCEL_TIMEOUT, EffectInterceptor
+from langgraph_cancel.execution.offloop import off_the_loop
+from langgraph_cancel.execution.protocol import ReviewMode
 from langgraph_cancel.graph import (
     REPORT_KEY,
     CancellationSettings,
-    _answer_dangling,
-    _messages,
+    answer_dangling,
     finalize_cancel,
     reconcile_thread,
 )
-from langgraph_cancel.hooks import run_sync as _run_sync
 from langgraph_cancel.ledger import Ledger
-from langgraph_cancel.nodes.tool_node import (
-    EffectToolNode,
-    _Planned,
-    dangling_tool_calls,
-)
-from langgraph_cancel.runtime import RunScope, check_durability, scope_for
-from langgraph_cancel.types import EffectKind, RunStatus
+from langgraph_cancel.runtime import RunScope, check_durability, drop_scope, scope_for
+from langgraph_cancel.types import RunStatus
 
-Handler = Callable[[ToolCallRequest], Any]
+if TYPE_CHECKING:
+    from langchain.agents.middleware import HumanInTheLoopMiddleware
 
-_handler: contextvars.ContextVar[tuple[Handler, bool] | None] = contextvars.ContextVar(
-    "langgraph_cancel_mw_handler", default=None
-)
-_request: contextvars.ContextVar[ToolCallRequest | None] = contextvars.ContextVar(
-    "langgraph_cancel_mw_request", default=None
-)
-
-
-class ToolReportedError(Exception):
-    """The agent's tool node answered a side-effecting call with an error message."""
-
-    def __init__(self, message: ToolMessage) -> None:
-        self.message = message
-        super().__init__(str(message.content))
-
-
-class _HandlerExecutor(EffectToolNode):
-    """EffectToolNode's ledger logic around ``create_agent``'s own tool execution."""
-
-    async def _invoke(self, p: _Planned, input_type: Any, *, retry: bool) -> Any:
-        found = _handler.get()
-        request = _request.get()
-        assert found is not None and request is not None
-        handler, is_async = found
-        req = request.override(tool_call=p.call)
-        from langgraph_cancel.effects import bound_idempotency_key
-
-        with bound_idempotency_key(p.key):
-            if is_async:
-                response = await handler(req)
-            else:
-                response = await asyncio.to_thread(handler, req)
-        if isinstance(response, ToolMessage) and response.status == "error":
-            raise ToolReportedError(response)
-        return response
-
-    def _failure_content(self, exc: Exception) -> str:
-        if isinstance(exc, ToolReportedError):
-            return str(exc.message.content)
-        return super()._failure_content(exc)
+#: ``HumanInTheLoopMiddleware``'s state key for a reviewer's edits (by tool-call id).
+HITL_EDITS_KEY = "hitl_edited_tool_calls"
+#: Why an earlier run is closed when a new turn starts while it had not finished.
+SUPERSEDED_REASON = "a new turn began before this run had finished"
 
 
 class CancelAgentState(AgentState[Any]):
@@ -107,14 +70,15 @@ class EffectMiddleware(AgentMiddleware[CancelAgentState, Any, Any]):
     """Effect classification, ledger, approval and cancel checks for ``create_agent``.
 
     Args:
-        ledger: The ledger or its URL; default: the checkpointer's, else
-            ``$LANGGRAPH_CANCEL_DB``, else the embedded SQLite file.
-        approval: Ask a person before calls that need approval (default on).
+        ledger: The ledger or its URL; default: it follows the checkpointer.
+        approval: Who reviews a call that needs approval: ``True`` (default) asks
+            here, where the call stands; a ``HumanInTheLoopMiddleware`` reviews the
+            tools it gates (they are not asked about twice) and the others are asked
+            here; ``False`` lets every call run without review.
         compensate_on_cancel: Undo committed reversible effects on cancel.
         cancel_timeout: Seconds to wait for in-flight calls on cancel.
         checkpoint_timeout: Seconds a side-effecting call waits for the checkpoint
-            of the model step that asked for it before it is refused (see
-            ``EffectToolNode``).
+            of the model step that asked for it before it is refused.
     """
 
     state_schema = CancelAgentState
@@ -123,54 +87,97 @@ class EffectMiddleware(AgentMiddleware[CancelAgentState, Any, Any]):
         self,
         *,
         ledger: Ledger | str | None = None,
-        approval: bool = True,
+        approval: bool | HumanInTheLoopMiddleware[Any, Any, Any] = True,
         compensate_on_cancel: bool = False,
-        cancel_timeout: float = 30.0,
+        cancel_timeout: float = DEFAULT_CANCEL_TIMEOUT,
         checkpoint_timeout: float = PLAN_SAVE_TIMEOUT,
     ) -> None:
         super().__init__()
-        if not checkpoint_timeout > 0:
-            raise ValueError("checkpoint_timeout must be a positive number of seconds")
-        self.checkpoint_timeout = checkpoint_timeout
-        self.tools: list[BaseTool] = []
         self.ledger = ledger
         self.approval = approval
-        self.settings = CancellationSettings(
+        self.interceptor = EffectInterceptor(
             ledger=ledger,
-            compensate_on_cancel=compensate_on_cancel,
             cancel_timeout=cancel_timeout,
+            checkpoint_timeout=checkpoint_timeout,
+            review=self._review_mode,
         )
-        self._executors: dict[str, _HandlerExecutor] = {}
+        self.settings = CancellationSettings(
+            ledger=ledger, compensate_on_cancel=compensate_on_cancel, cancel_timeout=cancel_timeout
+        )
 
-    # ----------------------------------------------------------- lifecycle
+    # ------------------------------------------------------------ review
+    def _review_mode(self, request: ToolCallRequest) -> ReviewMode:
+        approval = self.approval
+        if approval is True:
+            return "ask"
+        if approval is False:
+            return "trust"
+        gated: Mapping[str, Any] = getattr(approval, "interrupt_on", {})
+        return "trust" if request.tool_call.get("name") in gated else "ask"
+
+    # ---------------------------------------------------------- lifecycle
     def _scope(self, *, new_run: bool) -> RunScope:
         config = get_config()
         check_durability(config)
         return scope_for(config, ledger=self.ledger, new_run=new_run)
 
     def before_agent(self, state: CancelAgentState, runtime: Runtime[Any]) -> dict[str, Any] | None:
-        """Start (or continue) the thread's run and settle what an earlier run left unknown."""
+        """Start the thread's run; first close an earlier one new input cut short."""
+        return off_the_loop(self._before_agent, state, runtime)
+
+    def _before_agent(
+        self, state: CancelAgentState, runtime: Runtime[Any]
+    ) -> dict[str, Any] | None:
+        """Start the thread's run; first close an earlier one new input cut short.
+
+        Tool calls an earlier turn left unanswered (a stopped task, a failure, an
+        interrupt nobody answered) will never run now: they are recorded so,
+        answered, and the answers placed right after the calls, before the new
+        input, as providers require. What an earlier run left unknown is settled
+        through the tools' reconcile hooks.
+        """
+        messages = list(state.get("messages") or [])
+        dangling = dangling_tool_calls(messages)
+        update: dict[str, Any] | None = None
+        if dangling:
+            earlier = self._scope(new_run=False)
+            if not earlier.run.terminal:
+                if not earlier.cancel_called():
+                    earlier.ledger.request_cancel(
+                        earlier.thread_id,
+                        reason=SUPERSEDED_REASON,
+                        requested_by="langgraph-cancel",
+                    )
+                finalize_cancel(earlier, self.settings, dangling)
+                drop_scope(earlier)
+            update = {"messages": _answered_in_place(messages, answer_dangling(earlier, dangling))}
         scope = self._scope(new_run=True)
         reconcile_thread(scope, self.settings, interactive=False)
-        return None
+        return update
 
     async def abefore_agent(
         self, state: CancelAgentState, runtime: Runtime[Any]
     ) -> dict[str, Any] | None:
         """Async ``before_agent``."""
-        return await asyncio.to_thread(self.before_agent, state, runtime)
+        return await _off_loop(self._before_agent, state, runtime)
 
     @hook_config(can_jump_to=["end"])
     def before_model(self, state: CancelAgentState, runtime: Runtime[Any]) -> dict[str, Any] | None:
+        """The step-boundary check: once cancel is requested, finish the cancel and end."""
+        return off_the_loop(self._before_model, state, runtime)
+
+    def _before_model(
+        self, state: CancelAgentState, runtime: Runtime[Any]
+    ) -> dict[str, Any] | None:
         """The step-boundary check: once cancel is requested, finish the cancel and end."""
         scope = self._scope(new_run=False)
         if not (scope.run.terminal or scope.cancel_called()):
             return None
         scope.signal.observe()
-        dangling = dangling_tool_calls(_messages(state, "messages"))
+        dangling = dangling_tool_calls(list(state.get("messages") or []))
         report = finalize_cancel(scope, self.settings, dangling)
         return {
-            "messages": _answer_dangling(scope, dangling),
+            "messages": answer_dangling(scope, dangling),
             REPORT_KEY: report.model_dump(mode="json"),
             "jump_to": "end",
         }
@@ -180,19 +187,13 @@ class EffectMiddleware(AgentMiddleware[CancelAgentState, Any, Any]):
         self, state: CancelAgentState, runtime: Runtime[Any]
     ) -> dict[str, Any] | None:
         """Async ``before_model``."""
-        return await asyncio.to_thread(self.before_model, state, runtime)
-
-    def after_model(self, state: CancelAgentState, runtime: Runtime[Any]) -> dict[str, Any] | None:
-        """Approval before irreversible calls: one HITL-shaped interrupt per turn."""
-        if not self.approval:
-            return None
-        from langgraph_cancel.nodes.approval import ApprovalGate
-
-        gate = ApprovalGate(list(_known_tools(self).values()), ledger=self.ledger)
-        update: dict[str, Any] | None = gate._func(state, get_config(), runtime)
-        return update
+        return await _off_loop(self._before_model, state, runtime)
 
     def after_agent(self, state: CancelAgentState, runtime: Runtime[Any]) -> dict[str, Any] | None:
+        """Close the run when the agent finished without a cancel."""
+        return off_the_loop(self._after_agent, state, runtime)
+
+    def _after_agent(self, state: CancelAgentState, runtime: Runtime[Any]) -> dict[str, Any] | None:
         """Close the run when the agent finished without a cancel."""
         scope = self._scope(new_run=False)
         run = scope.refresh()
@@ -206,50 +207,29 @@ class EffectMiddleware(AgentMiddleware[CancelAgentState, Any, Any]):
         self, state: CancelAgentState, runtime: Runtime[Any]
     ) -> dict[str, Any] | None:
         """Async ``after_agent``."""
-        return await asyncio.to_thread(self.after_agent, state, runtime)
+        return await _off_loop(self._after_agent, state, runtime)
 
-    # ---------------------------------------------------------- tool calls
-    def _executor(self, tool: BaseTool) -> _HandlerExecutor:
-        found = self._executors.get(tool.name)
-        if found is None or found.tools_by_name.get(tool.name) is not tool:
-            found = self._executors[tool.name] = _HandlerExecutor(
-                [tool],
-                ledger=self.ledger,
-                cancel_timeout=self.settings.cancel_timeout,
-                checkpoint_timeout=self.checkpoint_timeout,
-            )
-            self.settings.tools[tool.name] = tool
-        return found
-
-    async def _guarded(self, request: ToolCallRequest, handler: Handler, is_async: bool) -> Any:
-        tool = request.tool
-        if tool is None:  # unknown tool: let the agent's tool node answer it
-            result = handler(request)
-            return await result if is_async else result
-        executor = self._executor(tool)
-        scope = await asyncio.to_thread(
-            scope_for, request.runtime.config, ledger=self.ledger, new_run=False
+    # --------------------------------------------------------- tool calls
+    def _as_run(self, request: ToolCallRequest) -> ToolCallRequest:
+        """The request as it will run: with a reviewer's edit, whatever the order of
+        this middleware and ``HumanInTheLoopMiddleware`` (which applies the same edit
+        again when it is inside this one)."""
+        if request.tool is not None:
+            self.settings.tools[request.tool.name] = request.tool
+        state = request.state
+        edits = state.get(HITL_EDITS_KEY) if isinstance(state, Mapping) else None
+        edited = (
+            (edits or {}).get(request.tool_call.get("id")) if isinstance(edits, Mapping) else None
         )
-        planned, error = await asyncio.to_thread(
-            executor._classify, 0, request.tool_call, request.runtime, scope
-        )
-        if error is not None:
-            return error
-        assert planned is not None
-        from langgraph_cancel.nodes.tool_node import _offload
-
-        _offload.set(is_async)  # async agents: ledger I/O off the event loop
-        tokens = (_handler.set((handler, is_async)), _request.set(request))
-        try:
-            runner = (
-                executor._run_read
-                if planned.spec.kind is EffectKind.READ_ONLY
-                else executor._run_effect
-            )
-            return await runner(planned, request, "tool_calls", scope)
-        finally:
-            _handler.reset(tokens[0])
-            _request.reset(tokens[1])
+        if not isinstance(edited, Mapping) or not isinstance(edited.get("args"), Mapping):
+            return request
+        name = edited.get("name", request.tool_call["name"])
+        call: ToolCall = {**request.tool_call, "name": name, "args": dict(edited["args"])}
+        if name == request.tool_call["name"]:
+            return request.override(tool_call=call)
+        tools = getattr(request.runtime, "tools", None) or []
+        tool = next((t for t in tools if t.name == name), None)
+        return request.override(tool_call=call, tool=tool) if tool is not None else request
 
     def wrap_tool_call(
         self,
@@ -257,7 +237,7 @@ class EffectMiddleware(AgentMiddleware[CancelAgentState, Any, Any]):
         handler: Callable[[ToolCallRequest], ToolMessage | Command[Any]],
     ) -> ToolMessage | Command[Any]:
         """Ledger-guarded execution of one tool call (sync agents)."""
-        result: ToolMessage | Command[Any] = _run_sync(self._guarded(request, handler, False))
+        result: ToolMessage | Command[Any] = self.interceptor.wrap(self._as_run(request), handler)
         return result
 
     async def awrap_tool_call(
@@ -266,14 +246,49 @@ class EffectMiddleware(AgentMiddleware[CancelAgentState, Any, Any]):
         handler: Callable[[ToolCallRequest], Awaitable[ToolMessage | Command[Any]]],
     ) -> ToolMessage | Command[Any]:
         """Ledger-guarded execution of one tool call (async agents)."""
-        result: ToolMessage | Command[Any] = await self._guarded(request, handler, True)
+        result: ToolMessage | Command[Any] = await self.interceptor.awrap(
+            self._as_run(request), handler
+        )
         return result
 
 
-def _known_tools(mw: EffectMiddleware) -> dict[str, BaseTool]:
-    from langgraph_cancel.nodes.tool_node import TOOL_REGISTRY
+def _answered_in_place(messages: list[AnyMessage], answers: list[ToolMessage]) -> list[Any]:
+    """The history with ``answers`` right after the calls they answer.
 
-    return {**TOOL_REGISTRY, **mw.settings.tools}
+    When the unanswered calls' message is the last one, the answers are appended;
+    otherwise (new input came after them) the history is rewritten in order.
+    """
+    answered = {answer.tool_call_id for answer in answers}
+    at = max(
+        (
+            index
+            for index, message in enumerate(messages)
+            if isinstance(message, AIMessage)
+            and any(call.get("id") in answered for call in message.tool_calls)
+        ),
+        default=len(messages) - 1,
+    )
+    # Past the message with the calls, and past the answers it already has.
+    end = at + 1
+    while end < len(messages) and isinstance(messages[end], ToolMessage):
+        end += 1
+    if end >= len(messages):
+        return list(answers)
+    return [
+        RemoveMessage(id=REMOVE_ALL_MESSAGES),
+        *messages[:end],
+        *answers,
+        *messages[end:],
+    ]
 
 
-__all__ = ["CancelAgentState", "EffectMiddleware", "ToolReportedError"]
+async def _off_loop(
+    hook: Callable[[CancelAgentState, Runtime[Any]], dict[str, Any] | None],
+    state: CancelAgentState,
+    runtime: Runtime[Any],
+) -> dict[str, Any] | None:
+    """Run a hook's blocking ledger work in a thread (it copies the node's context)."""
+    return await asyncio.to_thread(hook, state, runtime)
+
+
+__all__ = ["HITL_EDITS_KEY", "CancelAgentState", "EffectMiddleware"]

@@ -39,6 +39,25 @@ class ReportEffect(BaseModel):
     owner: str | None = None
     next_action: str | None = None
     error: str | None = None
+    #: The run that made the call, when it is a child run (a sub-agent) of the report's.
+    child_run_id: str | None = None
+    #: That child run's thread.
+    child_thread_id: str | None = None
+
+
+#: The report's buckets, in the order it shows them. Every call of the run (and of
+#: its children, recursively) is in exactly one.
+BUCKETS: tuple[str, ...] = (
+    "permanent",
+    "reversible_committed",
+    "compensated",
+    "compensation_failed",
+    "unknown",
+    "failed",
+    "not_run",
+    "rejected",
+    "reads",
+)
 
 
 class CancellationReport(BaseModel):
@@ -50,8 +69,11 @@ class CancellationReport(BaseModel):
         compensated: Reversible effects undone by their compensating action.
         compensation_failed: Compensations that failed: a person must look.
         unknown: Outcomes nobody can tell yet, each with an owner and next action.
-        not_run: Calls dropped before dispatch: they never happened.
-        rejected: Calls refused at approval.
+        failed: Calls that failed for sure (no effect), each with its error: a
+            provider's refusal, a malformed call, a tool's exception.
+        not_run: Calls dropped before dispatch, reads included: they never happened.
+        rejected: Calls refused at approval (or answered by the reviewer instead).
+        reads: Read-only calls that ran.
         dispatched_after_cancel: Dispatches after the run observed its cancel signal
             (must be 0).
         orphans: Child runs that never observed the signal (must be 0).
@@ -74,12 +96,18 @@ class CancellationReport(BaseModel):
     compensated: list[ReportEffect] = Field(default_factory=list)
     compensation_failed: list[ReportEffect] = Field(default_factory=list)
     unknown: list[ReportEffect] = Field(default_factory=list)
+    failed: list[ReportEffect] = Field(default_factory=list)
     not_run: list[ReportEffect] = Field(default_factory=list)
     rejected: list[ReportEffect] = Field(default_factory=list)
+    reads: list[ReportEffect] = Field(default_factory=list)
     dispatched_after_cancel: int = 0
     orphans: int = 0
     tokens_after_cancel: int | None = None
     summary: str = ""
+
+    def entries(self) -> list[ReportEffect]:
+        """Every call the report accounts for, bucket by bucket."""
+        return [entry for bucket in BUCKETS for entry in getattr(self, bucket)]
 
 
 def _iso(value: datetime | None) -> str | None:
@@ -92,7 +120,7 @@ def _ms(start: datetime | None, end: datetime | None) -> float | None:
     return round(max((end - start).total_seconds(), 0.0) * 1000.0, 3)
 
 
-def _entry(e: EffectRecord) -> ReportEffect:
+def _entry(e: EffectRecord, child: RunRecord | None = None) -> ReportEffect:
     return ReportEffect(
         effect_id=e.effect_id,
         tool=e.tool,
@@ -106,7 +134,37 @@ def _entry(e: EffectRecord) -> ReportEffect:
         owner=e.owner if e.status in (EffectStatus.UNKNOWN, EffectStatus.DISPATCHED) else None,
         next_action=e.next_action,
         error=e.error if e.status is not EffectStatus.COMMITTED else None,
+        child_run_id=child.run_id if child is not None else None,
+        child_thread_id=child.thread_id if child is not None else None,
     )
+
+
+def bucket_of(e: EffectRecord) -> str:
+    """The report bucket a call is in (see ``BUCKETS``)."""
+    status = e.status
+    if e.kind is EffectKind.READ_ONLY:
+        if status is EffectStatus.COMMITTED:
+            return "reads"
+        if status is EffectStatus.FAILED:
+            return "failed"
+        if status is EffectStatus.REJECTED:
+            return "rejected"
+        if status in (EffectStatus.UNKNOWN, EffectStatus.DISPATCHED):
+            return "unknown"
+        return "not_run"
+    if status is EffectStatus.COMMITTED:
+        return "permanent" if e.kind is EffectKind.IRREVERSIBLE else "reversible_committed"
+    if status is EffectStatus.COMPENSATED:
+        return "compensated"
+    if status in (EffectStatus.COMPENSATION_FAILED, EffectStatus.COMPENSATING):
+        return "compensation_failed"
+    if status in (EffectStatus.UNKNOWN, EffectStatus.DISPATCHED):
+        return "unknown"
+    if status is EffectStatus.REJECTED:
+        return "rejected"
+    if status is EffectStatus.FAILED:
+        return "failed"
+    return "not_run"  # dropped, or never dispatched: planned, pending, approved, not applied
 
 
 def _counted(items: list[ReportEffect]) -> str:
@@ -134,11 +192,30 @@ def summarize(report: CancellationReport) -> str:
     if report.unknown:
         owners = sorted({e.owner or "?" for e in report.unknown})
         parts.append(f"{len(report.unknown)} unknown (owner: {', '.join(owners)})")
+    if report.failed:
+        parts.append(f"{len(report.failed)} failed (no effect)")
     if report.rejected:
         parts.append(f"{len(report.rejected)} rejected at approval")
     n = len(report.not_run)
     parts.append(f"{n} step{'s' if n != 1 else ''} not run")
     return "; ".join(parts)
+
+
+def _tree_effects(ledger: Ledger, run: RunRecord) -> list[tuple[EffectRecord, RunRecord | None]]:
+    """The run's calls, then its children's (recursively), each with its child run."""
+    out: list[tuple[EffectRecord, RunRecord | None]] = [
+        (e, None) for e in ledger.run_effects(run.run_id)
+    ]
+    seen = {run.run_id}
+    pending = list(ledger.child_runs(run.run_id))
+    while pending:
+        child = pending.pop(0)
+        if child.run_id in seen:
+            continue
+        seen.add(child.run_id)
+        out.extend((e, child) for e in ledger.run_effects(child.run_id))
+        pending.extend(ledger.child_runs(child.run_id))
+    return out
 
 
 def build_report(
@@ -152,51 +229,21 @@ def build_report(
         status: Report this status instead of the run's (the final transition
             is written together with the report).
     """
-    effects = ledger.run_effects(run.run_id)
-    buckets: dict[str, list[ReportEffect]] = {
-        k: []
-        for k in (
-            "permanent",
-            "reversible_committed",
-            "compensated",
-            "compensation_failed",
-            "unknown",
-            "not_run",
-            "rejected",
-        )
-    }
+    buckets: dict[str, list[ReportEffect]] = {bucket: [] for bucket in BUCKETS}
     after_cancel = 0
     # I1 is "no dispatch after the signal is observed". The request's own stamp is not
     # the reference: it is taken before the request commits, and a dispatch committing
     # in between (the ledger allows it: the run is still running) would look later.
     cutoff = run.observed_at or run.requested_at
-    for e in effects:
-        if cutoff is not None and e.dispatched_at is not None and e.dispatched_at > cutoff:
-            after_cancel += 1
-        if e.kind is EffectKind.READ_ONLY:
-            continue
-        st = e.status
-        if st is EffectStatus.COMMITTED:
-            bucket = "permanent" if e.kind is EffectKind.IRREVERSIBLE else "reversible_committed"
-        elif st is EffectStatus.COMPENSATED:
-            bucket = "compensated"
-        elif st is EffectStatus.COMPENSATION_FAILED or st is EffectStatus.COMPENSATING:
-            bucket = "compensation_failed"
-        elif st in (EffectStatus.UNKNOWN, EffectStatus.DISPATCHED):
-            bucket = "unknown"
-        elif st in (
-            EffectStatus.DROPPED,
-            EffectStatus.PLANNED,
-            EffectStatus.PENDING_APPROVAL,
-            EffectStatus.APPROVED,
-            EffectStatus.NOT_APPLIED,
+    for e, child in _tree_effects(ledger, run):
+        if (
+            child is None
+            and cutoff is not None
+            and e.dispatched_at is not None
+            and e.dispatched_at > cutoff
         ):
-            bucket = "not_run"
-        elif st is EffectStatus.REJECTED:
-            bucket = "rejected"
-        else:  # failed: known, no effect
-            continue
-        buckets[bucket].append(_entry(e))
+            after_cancel += 1
+        buckets[bucket_of(e)].append(_entry(e, child))
     children = ledger.child_runs(run.run_id)
     orphans = sum(
         1 for c in children if c.status not in TERMINAL_RUN_STATUSES and c.observed_at is None
@@ -220,4 +267,11 @@ def build_report(
     return report.model_copy(update={"summary": summarize(report)})
 
 
-__all__ = ["CancellationReport", "ReportEffect", "build_report", "summarize"]
+__all__ = [
+    "BUCKETS",
+    "CancellationReport",
+    "ReportEffect",
+    "bucket_of",
+    "build_report",
+    "summarize",
+]

@@ -15,6 +15,7 @@ import logging
 import os
 import threading
 import time
+import uuid
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,15 +24,23 @@ from typing import Any
 from langchain_core.runnables import RunnableConfig
 
 from langgraph_cancel.errors import ConfigurationError, DurabilityError
-from langgraph_cancel.ledger import Ledger, default_owner
+from langgraph_cancel.ledger import Ledger, SqliteBackend, default_owner
+from langgraph_cancel.ledgers import (
+    CONFIG_KEY_LEDGER,
+    ENV_DB,
+    checkpointer_of,
+    coerce_ledger,
+    explicit_source,
+    known_saver_ledger,
+    ledger_for_url,
+    resolve_ledger,
+)
 from langgraph_cancel.types import EffectRecord, RunRecord, RunStatus
 
 logger = logging.getLogger("langgraph_cancel")
 
-ENV_DB = "LANGGRAPH_CANCEL_DB"
+#: The command line's default database (the library itself never picks a file).
 DEFAULT_DB_URL = "sqlite:///.langgraph-cancel.db"
-CONFIG_KEY_LEDGER = "langgraph_cancel_ledger"
-_CONFIG_KEY_CHECKPOINTER = "__pregel_checkpointer"
 _CONFIG_KEY_DURABILITY = "__pregel_durability"
 
 #: This process's worker identity (lease owner, effect owner). Renewed in a forked
@@ -54,72 +63,10 @@ def _renew_worker_id() -> None:
 
 os.register_at_fork(after_in_child=_renew_worker_id)
 
-_ledgers_by_url: dict[str, Ledger] = {}
-_ledgers_lock = threading.Lock()
-
-
-def ledger_for_url(url: str) -> Ledger:
-    """A process-wide ledger per URL (opened and set up once)."""
-    with _ledgers_lock:
-        ledger = _ledgers_by_url.get(url)
-        if ledger is None:
-            ledger = _ledgers_by_url[url] = Ledger.from_url(url)
-        return ledger
-
 
 def default_db_url() -> str:
-    """``$LANGGRAPH_CANCEL_DB`` or the embedded SQLite file in the working directory."""
+    """The command line's default database: ``$LANGGRAPH_CANCEL_DB`` or a file here."""
     return os.environ.get(ENV_DB) or DEFAULT_DB_URL
-
-
-def coerce_ledger(target: Any) -> Ledger:
-    """A ``Ledger`` from a ledger, a cancel-aware saver, or a database URL.
-
-    Raises:
-        ConfigurationError: For anything else.
-    """
-    if isinstance(target, Ledger):
-        return target
-    ledger = getattr(target, "ledger", None)
-    if isinstance(ledger, Ledger):
-        return ledger
-    if isinstance(target, str):
-        return ledger_for_url(target)
-    raise ConfigurationError(
-        f"cannot find a ledger in {type(target).__name__}: pass a Ledger, a *CancelSaver "
-        "or a database URL"
-    )
-
-
-def resolve_ledger(config: RunnableConfig | None, bound: Ledger | str | None = None) -> Ledger:
-    """The ledger a node should use.
-
-    Order: the one bound with ``add_cancellation(..., ledger=...)`` or the node's
-    ``ledger=``; the one in ``config["configurable"]["langgraph_cancel_ledger"]``;
-    the graph's checkpointer if it owns one (our savers); ``$LANGGRAPH_CANCEL_DB``;
-    the embedded SQLite file.
-    """
-    source = _ledger_source(config, bound)
-    if isinstance(source, Ledger) and source is not bound and source is not _explicit(config):
-        source.setup()  # the checkpointer's: it may not have been set up yet
-    return coerce_ledger(source)
-
-
-def _explicit(config: RunnableConfig | None) -> Any:
-    return (config or {}).get("configurable", {}).get(CONFIG_KEY_LEDGER)
-
-
-def _ledger_source(config: RunnableConfig | None, bound: Any) -> Any:
-    """What ``resolve_ledger`` takes the ledger from: a ledger, a saver or a URL."""
-    if bound is not None:
-        return bound
-    explicit = _explicit(config)
-    if explicit is not None:
-        return explicit
-    saver = (config or {}).get("configurable", {}).get(_CONFIG_KEY_CHECKPOINTER)
-    if saver is not None and isinstance(getattr(saver, "ledger", None), Ledger):
-        return saver.ledger
-    return default_db_url()
 
 
 def invocation_scope(config: RunnableConfig | None, ledger: Any = None) -> RunScope | None:
@@ -127,10 +74,15 @@ def invocation_scope(config: RunnableConfig | None, ledger: Any = None) -> RunSc
     would return it; found without database I/O (for event loops), else None."""
     active = current_scope.get()
     if active is None or (config or {}).get("configurable", {}).get("thread_id") != (
-        active.thread_id
+        active.requested_thread
     ):
         return None
-    source = _ledger_source(config, ledger)
+    source = explicit_source(config, ledger)
+    if source is None:
+        saver = checkpointer_of(config)
+        if saver is None:
+            return active if active.ephemeral else None
+        return active if known_saver_ledger(saver) is active.ledger else None
     if isinstance(source, str):
         same = source == active.ledger.url
     else:
@@ -428,6 +380,16 @@ class RunScope:
     extra: dict[str, Any] = field(default_factory=dict)
     #: The thread's unsettled effects as read with the run's start, until taken.
     unsettled_at_start: list[EffectRecord] | None = None
+    #: True for a run with a ledger of its own, in memory (no checkpointer, no thread):
+    #: nothing of it outlives the run, and no other process can reach it.
+    ephemeral: bool = False
+    #: The thread id the run's config named (None: it named none).
+    named_thread: str | None = None
+
+    @property
+    def requested_thread(self) -> str | None:
+        """The thread id a config must name for this scope to be its invocation's."""
+        return self.named_thread if self.ephemeral else self.thread_id
 
     @property
     def run_id(self) -> str:
@@ -487,9 +449,12 @@ def scope_for(
     Raises:
         ThreadBusyError: With ``lease_ttl``: another owner holds the thread.
     """
-    resolved = resolve_ledger(config, ledger)
-    thread_id = thread_id_of(config)
     worker = owner or WORKER_ID
+    named = ((config or {}).get("configurable") or {}).get("thread_id")
+    resolved = resolve_ledger(config, ledger) if named else None
+    if resolved is None:
+        return ephemeral_scope(config, owner=worker, run_id=run_id)
+    thread_id = str(named)
 
     def leased(found: RunScope) -> RunScope:
         if lease_ttl is not None:
@@ -541,6 +506,39 @@ def scope_for(
     return scope
 
 
+def ephemeral_scope(
+    config: RunnableConfig | None, *, owner: str | None = None, run_id: str | None = None
+) -> RunScope:
+    """A run with an in-memory ledger of its own: no checkpointer, or no thread.
+
+    As ``ToolNode`` works without either, so does every node here: calls are
+    recorded and checked as usual, for this run alone. The invocation's scope is
+    reused when there is one (``add_cancellation``'s graph starts it).
+    """
+    named = ((config or {}).get("configurable") or {}).get("thread_id")
+    active = current_scope.get()
+    if (
+        active is not None
+        and active.ephemeral
+        and active.named_thread == (str(named) if named else None)
+    ):
+        return active
+    ledger = Ledger(SqliteBackend(":memory:"))
+    ledger.setup()
+    thread_id = str(named) if named else f"no-thread-{uuid.uuid4().hex[:12]}"
+    worker = owner or WORKER_ID
+    run = ledger.start_run(thread_id, run_id=run_id, owner=worker)
+    return RunScope(
+        ledger=ledger,
+        thread_id=thread_id,
+        run=run,
+        owner=worker,
+        signal=CancelSignal(ledger, run.run_id, poll_interval=0.05),
+        ephemeral=True,
+        named_thread=str(named) if named else None,
+    )
+
+
 def peek_scope(ledger: Ledger, thread_id: str) -> RunScope | None:
     """The cached scope of a thread in this process, if any."""
     with _scopes_lock:
@@ -580,6 +578,7 @@ __all__ = [
     "current_scope",
     "default_db_url",
     "drop_scope",
+    "ephemeral_scope",
     "invocation_scope",
     "is_cancelled",
     "ledger_for_url",

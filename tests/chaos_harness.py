@@ -510,7 +510,11 @@ def build_graph(world: World, model: ScriptedChatModel, saver: Any) -> Any:
     plan = world.plan
     tools = world.tools()
     node = EffectToolNode(
-        tools, effect_concurrency=plan.effect_concurrency, cancel_timeout=CANCEL_TIMEOUT
+        tools,
+        effect_concurrency=plan.effect_concurrency,
+        cancel_timeout=CANCEL_TIMEOUT,
+        # Provider faults reach the model as error messages, and the run goes on.
+        handle_tool_errors=True,
     )
     builder = StateGraph(MessagesState)
     if plan.use_async:
@@ -1058,6 +1062,12 @@ def check_invariants(runner: Runner) -> None:
     for run in runs:
         report = get_report(runner.saver, thread, run_id=run.run_id)
         assert report.dispatched_after_cancel == 0, f"I1: {report}{context}"
+        # The report accounts for every call of the run, each in exactly one bucket.
+        accounted = [entry.effect_id for entry in report.entries()]
+        asked = sorted(e.effect_id for e in effects if e.run_id == run.run_id)
+        assert sorted(accounted) == asked, (
+            f"report buckets {sorted(accounted)} != the run's calls {asked}{context}"
+        )
         cutoff = run.observed_at or run.requested_at
         if cutoff is not None:
             late = [

@@ -28,6 +28,7 @@ and only then resumes the thread.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import json
 import os
@@ -194,7 +195,7 @@ def build_builder(spec: dict[str, Any]) -> Any:
     builder = StateGraph(MessagesState)
     builder.add_node("agent", agent)
     builder.add_node("approval", ApprovalGate(tools))
-    builder.add_node("tools", EffectToolNode(tools))
+    builder.add_node("tools", EffectToolNode(tools, handle_tool_errors=True))
     builder.add_edge(START, "agent")
     builder.add_conditional_edges("agent", tools_condition, {"tools": "approval", END: END})
     builder.add_edge("approval", "tools")
@@ -338,6 +339,7 @@ def install_points(points: Points) -> None:
     finish_run = Ledger.finish_run
     mutate = Providers._mutate
 
+    @functools.wraps(transition)
     def traced_transition(self: Ledger, effect_id: str, to: Any, **kwargs: Any) -> Any:
         name = effect_status(to).value
         tool_name = self.get_effect(effect_id).tool
@@ -346,6 +348,7 @@ def install_points(points: Points) -> None:
         points.hit(f"after:{name}:{tool_name}")
         return result
 
+    @functools.wraps(transition_many)
     def traced_transition_many(self: Ledger, requests: Any) -> Any:
         # One write for several moves (an outcome with the next intent): every "before"
         # point is the moment before the write, every "after" point the moment after.
@@ -357,10 +360,12 @@ def install_points(points: Points) -> None:
             points.hit(f"after:{name}:{tool_name}")
         return result
 
+    @functools.wraps(finish_run)
     def traced_finish_run(self: Ledger, run_id: str, status: Any, **kwargs: Any) -> Any:
         points.hit(f"before:finish_run:{getattr(status, 'value', status)}")
         return finish_run(self, run_id, status, **kwargs)
 
+    @functools.wraps(mutate)
     def traced_mutate(self: Providers, operation: str, key: str, *args: Any) -> Any:
         points.hit(f"before_call:{operation}")
         result = mutate(self, operation, key, *args)

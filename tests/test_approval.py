@@ -33,7 +33,6 @@ from langgraph_cancel import (
     EffectKind,
     EffectStatus,
     EffectToolNode,
-    InvalidDecisionError,
     add_cancellation,
     effect,
     get_report,
@@ -194,7 +193,7 @@ def test_interrupt_payload_is_a_hitl_request(db_url: str) -> None:
         assert actions[0]["args"] == {"order_id": "o-1", "amount": 150.0}
         assert [c["action_name"] for c in configs] == ["issue_refund", "send_email"]
         for c in configs:
-            assert c["allowed_decisions"] == ["approve", "edit", "reject"]
+            assert c["allowed_decisions"] == ["approve", "edit", "reject", "respond"]
             assert set(c["args_schema"]["required"]) <= {"order_id", "amount", "to", "body"}
         refund, email = actions
         assert refund["effect_kind"] == email["effect_kind"] == "irreversible"
@@ -343,17 +342,6 @@ def test_invalid_edit_is_asked_again(db_url: str) -> None:
         assert "order_id" in interrupt_value(out)["action_requests"][0]["error"]
         assert world.executions == []
 
-        # An edit that moves the call to another idempotency key is another effect.
-        moved = {
-            "type": "edit",
-            "edited_action": {"name": "issue_refund", "args": {"order_id": "o-5", "amount": 9.0}},
-        }
-        out = graph.invoke(
-            Command(resume={"decisions": [moved, {"type": "approve"}]}), cfg("t-invalid")
-        )
-        assert "idempotency key" in interrupt_value(out)["action_requests"][0]["error"]
-        assert world.executions == []
-
         good = {
             "type": "edit",
             "edited_action": {"name": "issue_refund", "args": {"order_id": "o-1", "amount": 99.5}},
@@ -375,6 +363,49 @@ def test_invalid_edit_is_asked_again(db_url: str) -> None:
             "c-email": "committed",
         }
         assert_every_call_answered_once(out["messages"])
+
+
+def test_the_gates_edit_to_another_key_is_a_new_effect(db_url: str) -> None:
+    world = World()
+    model = ScriptedChatModel([tool_calls_turn(BIG_REFUND), "done"])
+    with open_saver(db_url) as saver:
+        graph = build_graph(world, model, saver)
+        graph.invoke({"messages": [HumanMessage("refund")]}, cfg("t-gate-rekey"))
+        moved = {
+            "type": "edit",
+            "edited_action": {"name": "issue_refund", "args": {"order_id": "o-5", "amount": 109.0}},
+        }
+        out = graph.invoke(Command(resume={"decisions": [moved]}), cfg("t-gate-rekey"))
+        assert "__interrupt__" not in out
+        assert world.executions == [
+            ("issue_refund", {"order_id": "o-5", "amount": 109.0}, "refund:o-5")
+        ]
+        report = get_report(saver, "t-gate-rekey")
+        assert [e.idempotency_key for e in report.permanent] == ["refund:o-5"]
+        assert [e.idempotency_key for e in report.rejected] == ["refund:o-1"]
+        assert_every_call_answered_once(out["messages"])
+        graph.invoke(None, cfg("t-gate-rekey"))
+        assert world.count("issue_refund") == 1
+
+
+def test_the_gate_takes_respond(db_url: str) -> None:
+    world = World()
+    model = ScriptedChatModel([tool_calls_turn(BIG_REFUND, EMAIL), "done"])
+    with open_saver(db_url) as saver:
+        graph = build_graph(world, model, saver)
+        graph.invoke({"messages": [HumanMessage("refund")]}, cfg("t-respond"))
+        answer = {
+            "decisions": [
+                {"type": "respond", "message": "Refunded by phone already."},
+                {"type": "approve"},
+            ]
+        }
+        out = graph.invoke(Command(resume=answer), cfg("t-respond"))
+        assert world.count("issue_refund") == 0 and world.count("send_email") == 1
+        refund = tool_messages(out["messages"])["c-refund"]
+        assert refund.status == "success" and refund.content == "Refunded by phone already."
+        assert refund.additional_kwargs["lc_data"] == {"decision": "respond"}
+        assert statuses(saver.ledger, "t-respond")["c-refund"] == "rejected"
 
 
 def test_reject(db_url: str) -> None:
@@ -496,8 +527,8 @@ async def test_mixed_decisions_async(db_url: str) -> None:
             Command(resume={"decisions": [{"type": "approve"}, bad]}), cfg("t-async")
         )
         assert "to" in interrupt_value(out)["action_requests"][1]["error"]
-        with pytest.raises(InvalidDecisionError):
-            await graph.ainvoke(Command(resume={"decisions": [{"type": "ok"}]}), cfg("t-async"))
+        out = await graph.ainvoke(Command(resume={"decisions": [{"type": "ok"}]}), cfg("t-async"))
+        assert "decision" in interrupt_value(out)["error"]  # asked again, with the reason
         out = await graph.ainvoke(
             Command(
                 resume={"decisions": [{"type": "approve"}, {"type": "reject"}], "reviewer": "eve"}
@@ -614,7 +645,7 @@ MALFORMED: list[tuple[str, Any]] = [
     ("wrong count", {"decisions": [{"type": "approve"}]}),
     ("too many", {"decisions": [{"type": "approve"}] * 3}),
     ("unknown type", {"decisions": [{"type": "approve"}, {"type": "maybe"}]}),
-    ("respond", {"decisions": [{"type": "approve"}, {"type": "respond", "message": "x"}]}),
+    ("respond without its text", {"decisions": [{"type": "approve"}, {"type": "respond"}]}),
     (
         "edit of another tool",
         {
@@ -642,15 +673,18 @@ MALFORMED: list[tuple[str, Any]] = [
 ]
 
 
-def test_malformed_resume_values_raise_and_dispatch_nothing(db_url: str) -> None:
+def test_malformed_resume_values_are_asked_again_and_dispatch_nothing(db_url: str) -> None:
+    # A malformed answer is not an error of the run: the same question comes back, its
+    # payload saying what was wrong, and nothing is decided or dispatched meanwhile.
     world = World()
     model = ScriptedChatModel([tool_calls_turn(BIG_REFUND, EMAIL), "done"])
     with open_saver(db_url) as saver:
         graph = build_graph(world, model, saver)
         graph.invoke({"messages": [HumanMessage("go")]}, cfg("t-bad"))
         for label, value in MALFORMED:
-            with pytest.raises(InvalidDecisionError):
-                graph.invoke(Command(resume=value), cfg("t-bad"))
+            again = interrupt_value(graph.invoke(Command(resume=value), cfg("t-bad")))
+            assert again["error"], label
+            assert [a["tool_call_id"] for a in again["action_requests"]] == ["c-refund", "c-email"]
             assert world.executions == [], label
             assert statuses(saver.ledger, "t-bad") == {
                 "c-refund": "pending_approval",
@@ -659,7 +693,7 @@ def test_malformed_resume_values_raise_and_dispatch_nothing(db_url: str) -> None
             for rec in saver.ledger.effects("t-bad"):
                 assert rec.approval is None, label
 
-        # A malformed answer is not kept: the same question is still open ...
+        # The question is still open ...
         snapshot = graph.get_state(cfg("t-bad"))
         assert snapshot.next == ("approval",)
         assert len(snapshot.interrupts) == 1
@@ -689,8 +723,7 @@ def test_no_double_execution_across_interrupts_and_resumes(db_url: str) -> None:
             interrupt_value(
                 graph.invoke(Command(resume={"decisions": [bad, {"type": "approve"}]}), config)
             )
-        with pytest.raises(InvalidDecisionError):
-            graph.invoke(Command(resume=[{"type": "approve"}]), config)
+        interrupt_value(graph.invoke(Command(resume=[{"type": "approve"}]), config))  # malformed
         assert world.executions == []
         out = graph.invoke(
             Command(resume={"decisions": [{"type": "approve"}, {"type": "approve"}]}), config
@@ -809,15 +842,145 @@ def test_reviewer_from_the_server_identity() -> None:
 
 
 # ------------------------------------------------- the tool node's own refusal
-def test_tool_node_refuses_unapproved_calls_without_a_gate() -> None:
+def test_a_call_without_a_gate_is_asked_about_where_it_stands(db_url: str) -> None:
+    # No ApprovalGate: the call that needs approval interrupts in the tool node, in
+    # HumanInTheLoopMiddleware's per-call shape, where it stands in plan order (so the
+    # small refund behind it waits too); nothing is dispatched before the answer.
     world = World()
     model = ScriptedChatModel([tool_calls_turn(BIG_REFUND, SMALL_REFUND), "done"])
+    with open_saver(db_url) as saver:
+        graph = build_graph(world, model, saver, with_gate=False)
+        out = graph.invoke({"messages": [HumanMessage("go")]}, cfg("t-nogate"))
+        value = interrupt_value(out)
+        assert value["type"] == "tool_approval"
+        assert value["tool_call_id"] == "c-refund" and value["name"] == "issue_refund"
+        assert value["args"] == {"order_id": "o-1", "amount": 150.0}
+        assert value["effect_kind"] == "irreversible"
+        assert value["why_permanent"] == REFUND_PERMANENCE
+        assert value["idempotency_key"] == "refund:o-1"
+        assert world.executions == []
+        assert statuses(saver.ledger, "t-nogate")["c-refund"] == "pending_approval"
+        out = graph.invoke(Command(resume={"type": "approve"}), cfg("t-nogate"))
+        assert world.executions == [
+            ("issue_refund", {"order_id": "o-1", "amount": 150.0}, "refund:o-1"),
+            ("issue_refund", {"order_id": "o-2", "amount": 20.0}, "refund:o-2"),
+        ]
+        assert statuses(saver.ledger, "t-nogate") == {
+            "c-refund": "committed",
+            "c-small": "committed",
+        }
+        assert_every_call_answered_once(out["messages"])
+        assert out["messages"][-1].content == "done"
+
+
+@pytest.mark.parametrize("decision", ["edit", "reject", "respond"])
+def test_per_call_decisions(decision: str) -> None:
+    world = World()
+    model = ScriptedChatModel([tool_calls_turn(BIG_REFUND), "done"])
     saver = MemoryCancelSaver()
     graph = build_graph(world, model, saver, with_gate=False)
-    out = graph.invoke({"messages": [HumanMessage("go")]}, cfg("t-nogate"))
-    assert world.executions == [("issue_refund", {"order_id": "o-2", "amount": 20.0}, "refund:o-2")]
-    assert statuses(saver.ledger, "t-nogate") == {"c-refund": "dropped", "c-small": "committed"}
-    assert "needs approval" in tool_messages(out["messages"])["c-refund"].content
+    graph.invoke({"messages": [HumanMessage("go")]}, cfg("t-decide"))
+    answer: dict[str, Any] = {
+        "edit": {
+            "type": "edit",
+            "edited_action": {"name": "issue_refund", "args": {"order_id": "o-1", "amount": 120.0}},
+        },
+        "reject": {"type": "reject", "message": "too much"},
+        "respond": {"type": "respond", "message": "The customer was refunded by phone."},
+    }[decision]
+    out = graph.invoke(Command(resume={**answer, "reviewer": "dana"}), cfg("t-decide"))
+    rec = saver.ledger.find_effect("t-decide", "c-refund")
+    assert rec is not None and rec.approval is not None
+    assert rec.approval["reviewer"] == "dana" and rec.approval["decision"] == decision
+    answered = tool_messages(out["messages"])["c-refund"]
+    if decision == "edit":
+        assert world.executions == [
+            ("issue_refund", {"order_id": "o-1", "amount": 120.0}, "refund:o-1")
+        ]
+        assert rec.status is EffectStatus.COMMITTED and rec.args["amount"] == 120.0
+    else:
+        assert world.executions == []
+        assert rec.status is EffectStatus.REJECTED
+        if decision == "reject":
+            assert answered.status == "error" and "too much" in str(answered.content)
+        else:
+            assert answered.status == "success"
+            assert answered.content == "The customer was refunded by phone."
+
+
+def test_an_invalid_per_call_answer_is_asked_again_with_its_reason() -> None:
+    # An invalid answer is not an error of the run: the same question comes back, saying
+    # what was wrong, nothing is dispatched, and a valid answer goes through.
+    world = World()
+    model = ScriptedChatModel([tool_calls_turn(BIG_REFUND), "done"])
+    saver = MemoryCancelSaver()
+    graph = build_graph(world, model, saver, with_gate=False)
+    graph.invoke({"messages": [HumanMessage("go")]}, cfg("t-invalid"))
+    for bad, says in (
+        ({"type": "maybe"}, "unknown decision type"),
+        ({"type": "edit", "edited_action": {"name": "send_email", "args": {}}}, "cannot change"),
+        (
+            {"type": "edit", "edited_action": {"name": "issue_refund", "args": {"amount": "x"}}},
+            "order_id",
+        ),
+        ({"type": "respond"}, "needs the message"),
+        ("yes", "must be an object"),
+    ):
+        out = graph.invoke(Command(resume=bad), cfg("t-invalid"))
+        (asked,) = out["__interrupt__"]
+        assert says in asked.value["error"], (bad, asked.value)
+        assert asked.value["tool_call_id"] == "c-refund"
+        assert world.executions == []
+        assert statuses(saver.ledger, "t-invalid") == {"c-refund": "pending_approval"}
+    out = graph.invoke(Command(resume={"decisions": [{"type": "approve"}]}), cfg("t-invalid"))
+    assert world.count("issue_refund") == 1
+    assert out["messages"][-1].content == "done"
+
+
+def test_an_edit_that_changes_the_key_is_a_new_effect_under_the_new_key() -> None:
+    # The natural edit (another order, so another key): the edited call runs as a new
+    # effect; the original is recorded rejected, replaced by it; the report shows what ran.
+    world = World()
+    model = ScriptedChatModel([tool_calls_turn(BIG_REFUND), "done"])
+    saver = MemoryCancelSaver()
+    graph = build_graph(world, model, saver, with_gate=False)
+    graph.invoke({"messages": [HumanMessage("go")]}, cfg("t-rekey"))
+    edit = {
+        "type": "edit",
+        "edited_action": {"name": "issue_refund", "args": {"order_id": "o-7", "amount": 120.0}},
+    }
+    out = graph.invoke(Command(resume=edit), cfg("t-rekey"))
+    assert world.executions == [
+        ("issue_refund", {"order_id": "o-7", "amount": 120.0}, "refund:o-7")
+    ]
+    assert out["messages"][-1].content == "done"
+    records = {e.tool_call_id: e for e in saver.ledger.effects("t-rekey")}
+    original = records["c-refund"]
+    (edited_id,) = [i for i in records if i != "c-refund"]
+    new = records[edited_id]
+    assert original.status is EffectStatus.REJECTED and original.idempotency_key == "refund:o-1"
+    assert (original.approval or {})["replaced_by"] == new.effect_id
+    assert new.status is EffectStatus.COMMITTED and new.idempotency_key == "refund:o-7"
+    assert (new.approval or {})["original_args"] == {"order_id": "o-1", "amount": 150.0}
+    report = get_report(saver, "t-rekey")
+    assert [e.idempotency_key for e in report.permanent] == ["refund:o-7"]
+    assert [e.idempotency_key for e in report.rejected] == ["refund:o-1"]
+    # The call's answer is the new effect's, on a re-run too.
+    assert tool_messages(out["messages"])["c-refund"].content == "refunded 120.00 on o-7"
+    graph.invoke(None, cfg("t-rekey"))
+    assert world.count("issue_refund") == 1
+
+
+def test_a_rejected_call_carries_the_mark_langchain_sets() -> None:
+    world = World()
+    model = ScriptedChatModel([tool_calls_turn(BIG_REFUND), "done"])
+    saver = MemoryCancelSaver()
+    graph = build_graph(world, model, saver, with_gate=False)
+    graph.invoke({"messages": [HumanMessage("go")]}, cfg("t-mark"))
+    out = graph.invoke(Command(resume={"type": "reject", "message": "no"}), cfg("t-mark"))
+    answer = tool_messages(out["messages"])["c-refund"]
+    assert answer.additional_kwargs["lc_source"] == "hitl_interrupt_decision"
+    assert answer.additional_kwargs["lc_data"] == {"decision": "reject"}
 
 
 def test_gate_accepts_the_tool_node_and_callables() -> None:

@@ -56,8 +56,8 @@ from langgraph_cancel import (
 )
 from langgraph_cancel.demo import tools as refund_tools
 from langgraph_cancel.demo.services import Providers
+from langgraph_cancel.execution.answers import ABANDONED_READ
 from langgraph_cancel.ledger import Ledger
-from langgraph_cancel.nodes.tool_node import ABANDONED_READ
 from langgraph_cancel.runtime import ledger_for_url
 from langgraph_cancel.testing import tool_call
 from langgraph_cancel.types import RunStatus
@@ -76,12 +76,10 @@ def url_ledgers() -> Iterator[list[str]]:
     """URLs given to the API in this test; their process-wide ledgers are closed after it."""
     urls: list[str] = []
     yield urls
-    from langgraph_cancel import runtime
+    from langgraph_cancel.ledgers import forget_url
 
     for url in urls:
-        opened = runtime._ledgers_by_url.pop(url, None)
-        if opened is not None:
-            opened.close()
+        forget_url(url)
 
 
 class Background:
@@ -314,7 +312,8 @@ def test_cancel_before_a_call(saver: Any, log: ExecutionLog) -> None:
     report = state_report(graph, thread_id)
     assert report.status == "cancelled"
     assert report.permanent == [] and report.unknown == []
-    assert sorted(e.tool_call_id for e in report.not_run) == ["b1", "b2"]  # reads cost nothing
+    # Every call is accounted for: the dropped read is "not run" too.
+    assert sorted(e.tool_call_id for e in report.not_run) == ["b1", "b2", "b3"]
     assert report.dispatched_after_cancel == 0
     assert dangling_calls(graph.get_state(cfg).values["messages"]) == []
     assert graph.get_state(cfg).next == ()

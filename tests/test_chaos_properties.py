@@ -104,6 +104,17 @@ C = CallSpec
 @settings(max_examples=examples(ci=75, dev=20))
 @given(plan=plans())
 # Kept counterexamples and hand-picked corners (see the module docstring):
+# A task killed while a reversible call failed at its provider (ToolNode answered the
+# error): the call was once recorded committed.
+@example(
+    plan=Plan(
+        turns=(
+            (C("cx_lookup"), C("cx_lookup"), C("cx_lookup"), C("cx_lookup"), C("cx_ticket", 2)),
+        ),
+        injections=(Inject("kill_task", "tool", 4, "before"),),
+        use_async=True,
+    )
+)
 @example(
     plan=Plan(
         turns=((C("cx_email"), C("cx_ticket"), C("cx_email")),),

@@ -189,7 +189,8 @@ def test_approval_interrupt_then_one_dispatch(saver: Any) -> None:
     config = {"configurable": {"thread_id": "mw-approve"}}
     out = agent.invoke({"messages": [HumanMessage("wire 500")]}, config)
     request = out["__interrupt__"][0].value
-    assert [a["name"] for a in request["action_requests"]] == ["wire"]
+    # LangChain's per-call review shape (HumanInTheLoopMiddleware, interrupt_mode="per_call").
+    assert request["type"] == "tool_approval" and request["name"] == "wire"
     assert counter.count("wire") == 0
     rec = saver.ledger.effects("mw-approve")[0]
     assert rec.status.value == "pending_approval"

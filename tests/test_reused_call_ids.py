@@ -30,12 +30,12 @@ from langgraph_cancel import (
     get_report,
 )
 from langgraph_cancel.errors import EffectConflictError
-from langgraph_cancel.ledger import derive_idempotency_key
-from langgraph_cancel.nodes.tool_node import (
+from langgraph_cancel.execution.identity import (
     dangling_tool_calls,
     ensure_same_call,
     reused_call_id,
 )
+from langgraph_cancel.ledger import derive_idempotency_key
 from langgraph_cancel.testing import tool_call
 from module_fixtures import (  # noqa: F401 (fixtures: pytest finds them by name)
     db_url_fixture,

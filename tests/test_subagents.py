@@ -88,6 +88,11 @@ def test_cancelling_the_parent_cancels_the_child_and_leaves_no_orphan() -> None:
     report = get_report(saver, "parent-1")
     assert report.status == "cancelled"
     assert report.orphans == 0
+    # What survived in the child is what survived of the parent's run: the user is told.
+    assert [e.tool for e in report.permanent] == ["post"] * len(executed)
+    assert {e.child_run_id for e in report.permanent} == {child_run.run_id}
+    assert {e.child_thread_id for e in report.permanent} == {"child-1"}
+    assert "permanent" in report.summary and "nothing permanent" not in report.summary
     child_report = get_report(saver, "child-1")
     assert child_report.dispatched_after_cancel == 0
     assert len(child_report.permanent) == len(executed)

@@ -14,6 +14,7 @@ import asyncio
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -42,7 +43,7 @@ from langgraph_cancel import (
     request_cancel,
 )
 from langgraph_cancel.errors import BatchSuperseded
-from langgraph_cancel.nodes import supervision
+from langgraph_cancel.execution import supervision
 from langgraph_cancel.testing import tool_call
 from module_fixtures import (  # noqa: F401 (fixtures: pytest finds them by name)
     db_url_fixture,
@@ -52,6 +53,26 @@ from module_fixtures import (  # noqa: F401 (fixtures: pytest finds them by name
 )
 
 GRACE = 0.3
+
+
+@pytest.fixture(scope="module")
+def server_loop() -> Iterator[asyncio.AbstractEventLoop]:
+    """An event loop that keeps running, as a LangGraph server's does.
+
+    In an async graph a sync tool runs in the loop's default executor, as in
+    ``ToolNode``; ``asyncio.run`` joins that executor when it ends, so a call the run
+    gave up on would hold it. A server's loop does not end.
+    """
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, name="server-loop", daemon=True)
+    thread.start()
+    yield loop
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(10)
+
+
+def _on(loop: asyncio.AbstractEventLoop, coro: Any) -> Any:
+    return asyncio.run_coroutine_threadsafe(coro, loop).result()
 
 
 def _run_in_thread(fn: Any) -> tuple[threading.Thread, list[Any], list[BaseException]]:
@@ -71,7 +92,7 @@ def _run_in_thread(fn: Any) -> tuple[threading.Thread, list[Any], list[BaseExcep
 
 @pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])
 def test_a_hung_call_is_given_up_and_nothing_behind_it_goes_out(
-    saver: Any, log: ExecutionLog, use_async: bool
+    saver: Any, log: ExecutionLog, use_async: bool, server_loop: asyncio.AbstractEventLoop
 ) -> None:
     tools = [
         counting_tool(log, "sb_first", EffectKind.IRREVERSIBLE),
@@ -90,7 +111,7 @@ def test_a_hung_call_is_given_up_and_nothing_behind_it_goes_out(
     inp = {"messages": [HumanMessage("go")]}
     log.arm("sb_hung")
     runner, result, error = _run_in_thread(
-        (lambda: asyncio.run(graph.ainvoke(inp, config_for(thread_id))))
+        (lambda: _on(server_loop, graph.ainvoke(inp, config_for(thread_id))))
         if use_async
         else (lambda: graph.invoke(inp, config_for(thread_id)))
     )
@@ -427,7 +448,7 @@ def test_a_run_interrupted_after_its_tool_node_finished_keeps_its_answers(
 
 @pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])
 def test_a_call_still_running_here_is_never_reconciled_not_applied(
-    saver: Any, log: ExecutionLog, use_async: bool
+    saver: Any, log: ExecutionLog, use_async: bool, server_loop: asyncio.AbstractEventLoop
 ) -> None:
     # The stop gave up waiting for a hung call (unknown); the thread's next input
     # reconciles, and the provider has no record of the key yet: the request is still
@@ -444,7 +465,7 @@ def test_a_call_still_running_here_is_never_reconciled_not_applied(
 
     def invoke(inp: Any) -> Any:
         if use_async:
-            return asyncio.run(graph.ainvoke(inp, config_for(thread_id)))
+            return _on(server_loop, graph.ainvoke(inp, config_for(thread_id)))
         return graph.invoke(inp, config_for(thread_id))
 
     log.arm("sb_slow_refund")

@@ -21,6 +21,7 @@ import pytest
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import StructuredTool, Tool, tool
+from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode
 from langgraph.types import Command, RetryPolicy, Send, interrupt
@@ -208,8 +209,9 @@ def test_malformed_calls_are_answered_and_recorded(saver: Any, log: ExecutionLog
 
 @pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])
 def test_tool_body_is_the_one_toolnode_would_call(saver: Any, use_async: bool) -> None:
-    # A sync graph calls a tool's function (tool.invoke, in a worker thread), an async
-    # graph its coroutine, as ToolNode does; a coroutine-only tool works in both.
+    # A sync graph calls a tool's function (tool.invoke), an async graph its coroutine,
+    # exactly as ToolNode does: the execution is ToolNode's own. So a coroutine-only
+    # tool fails a sync graph as it fails ToolNode's.
     def read_sync(item: str) -> str:
         return f"sync:{item}"
 
@@ -230,39 +232,55 @@ def test_tool_body_is_the_one_toolnode_would_call(saver: Any, use_async: bool) -
     only_async = effect(EffectKind.IRREVERSIBLE, requires_approval=False)(
         StructuredTool.from_function(coroutine=write_async, name="send", description="Send.")
     )
-    # Single-input Tools (no args schema: the tool parses its input), sync and
-    # coroutine-only, run too (they used to be refused as malformed).
+    # Single-input Tools (no args schema: the tool parses its input) run too.
     note = effect(EffectKind.READ_ONLY)(
         Tool(name="note", func=None, coroutine=note_async, description="Take a note.")
     )
     shout = effect(EffectKind.READ_ONLY)(
         Tool(name="shout", func=str.upper, description="Say it loud.")
     )
-    model = scripted(
-        calls(
-            ("look", "a", "l1"),
-            ("send", "b", "s1"),
-            {"name": "note", "args": {"__arg1": "c"}, "id": "n1"},
-            {"name": "shout", "args": {"__arg1": "hey"}, "id": "h1"},
-        ),
-        "fin",
+    script = calls(
+        ("look", "a", "l1"),
+        ("send", "b", "s1"),
+        {"name": "note", "args": {"__arg1": "c"}, "id": "n1"},
+        {"name": "shout", "args": {"__arg1": "hey"}, "id": "h1"},
     )
-    builder = agent_builder(
-        model, EffectToolNode([both, only_async, note, shout]), use_async=use_async
-    )
-    graph = cancellable(builder, saver)
-    thread_id = new_thread()
-    inp = {"messages": [HumanMessage("go")]}
-    cfg = config_for(thread_id)
-    out = asyncio.run(graph.ainvoke(inp, cfg)) if use_async else graph.invoke(inp, cfg)
-    answers = {m.tool_call_id: m.content for m in tool_messages(out["messages"])}
-    assert answers == {
-        "l1": "async:a" if use_async else "sync:a",
-        "s1": "async-only:b",
-        "n1": "noted:c",
-        "h1": "HEY",
-    }
-    assert saver.ledger.find_effect(thread_id, "s1").status is EffectStatus.COMMITTED
+
+    def run(node: Any, checkpointer: Any) -> Any:
+        builder = agent_builder(scripted(script, "fin"), node, use_async=use_async)
+        graph = (
+            cancellable(builder, checkpointer)
+            if isinstance(node, EffectToolNode)
+            else builder.compile(checkpointer=checkpointer)
+        )
+        cfg = config_for(new_thread())
+        inp = {"messages": [HumanMessage("go")]}
+        try:
+            out = asyncio.run(graph.ainvoke(inp, cfg)) if use_async else graph.invoke(inp, cfg)
+        except Exception as exc:
+            return type(exc), str(exc)
+        return {m.tool_call_id: m.content for m in tool_messages(out["messages"])}, cfg
+
+    tools = [both, only_async, note, shout]
+    theirs = run(ToolNode(tools), InMemorySaver())
+    ours = run(EffectToolNode(tools), saver)
+    if use_async:
+        assert (
+            theirs[0]
+            == ours[0]
+            == {
+                "l1": "async:a",
+                "s1": "async-only:b",
+                "n1": "noted:c",
+                "h1": "HEY",
+            }
+        )
+        thread_id = ours[1]["configurable"]["thread_id"]
+        assert saver.ledger.find_effect(thread_id, "s1").status is EffectStatus.COMMITTED
+    else:
+        # Both fail on a coroutine-only tool (which one first follows each node's order).
+        assert theirs[0] is ours[0] is NotImplementedError
+        assert "does not support sync invocation" in ours[1]
 
 
 def test_reads_sharing_a_declared_key_are_all_recorded(saver: Any) -> None:
@@ -423,12 +441,23 @@ def test_concurrent_side_effects_share_their_ledger_writes(
         writes.append(len(requests))
         return transition_many(requests)
 
+    atransition, atransition_many = ledger.atransition, ledger.atransition_many
+
+    async def acounted_one(*a: Any, **k: Any) -> Any:
+        writes.append(1)
+        return await atransition(*a, **k)
+
+    async def acounted_many(requests: Any) -> Any:
+        writes.append(len(requests))
+        return await atransition_many(requests)
+
     ledger.transition, ledger.transition_many = counted_one, counted_many  # type: ignore[method-assign]
+    ledger.atransition, ledger.atransition_many = acounted_one, acounted_many  # type: ignore[method-assign]
     try:
         thread_id = new_thread()
         out = asyncio.run(astart(graph, thread_id)) if use_async else start(graph, thread_id)
     finally:
-        del ledger.transition, ledger.transition_many
+        del ledger.transition, ledger.transition_many, ledger.atransition, ledger.atransition_many
     assert [m.status for m in tool_messages(out["messages"])] == ["success"] * 6
     assert log.applied("refund") == 6 and len({r["key"] for r in log.rows("refund")}) == 6
     recs = saver.ledger.effects(thread_id)
@@ -449,14 +478,27 @@ def _count_outcome_writes(ledger: Any) -> tuple[list[int], Any]:
     writes: list[int] = []
     transition_many = ledger.transition_many
 
-    def counted(requests: Any) -> Any:
+    atransition_many = ledger.atransition_many
+
+    def note(requests: Any) -> None:
         outcomes = [r for r in requests if r.to is not EffectStatus.DISPATCHED]
         if outcomes:
             writes.append(len(outcomes))
+
+    def counted(requests: Any) -> Any:
+        note(requests)
         return transition_many(requests)
 
-    ledger.transition_many = counted
-    return writes, lambda: delattr(ledger, "transition_many")
+    async def acounted(requests: Any) -> Any:
+        note(requests)
+        return await atransition_many(requests)
+
+    ledger.transition_many, ledger.atransition_many = counted, acounted
+
+    def restore() -> None:
+        del ledger.transition_many, ledger.atransition_many
+
+    return writes, restore
 
 
 @pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])
@@ -466,9 +508,9 @@ def test_outcomes_of_calls_finishing_together_share_one_write(
     # Six refunds dispatched together return a few milliseconds apart: the first
     # outcome waits for the others still in flight, and all six go in one write
     # (without the wait, the first was written alone and the rest in a chain).
-    from langgraph_cancel.nodes import tool_node
+    from langgraph_cancel.execution import group
 
-    monkeypatch.setattr(tool_node, "OUTCOME_LINGER", 30.0)
+    monkeypatch.setattr(group, "OUTCOME_LINGER", 30.0)
     barrier = threading.Barrier(6, timeout=20)
 
     def spread(item: str) -> None:
@@ -497,9 +539,9 @@ def test_an_outcome_waits_for_a_slow_sibling_only_so_long(
 ) -> None:
     # The quick refund's outcome is on disk while its slow sibling is still running:
     # the slow call returns only once the quick one reads committed in the ledger.
-    from langgraph_cancel.nodes import tool_node
+    from langgraph_cancel.execution import group
 
-    monkeypatch.setattr(tool_node, "OUTCOME_LINGER", 0.05)
+    monkeypatch.setattr(group, "OUTCOME_LINGER", 0.05)
     release = threading.Event()
 
     def slow(item: str) -> None:
@@ -534,9 +576,9 @@ def test_a_call_waiting_for_a_slot_is_not_held_back_by_a_lingering_outcome(
     # Two at a time, three calls: c1 returns at once while c2 runs on until c3 has
     # run. c3 needs c1's slot, so c1's outcome must not wait for c2's (it would
     # wait for good here: OUTCOME_LINGER is 30 s).
-    from langgraph_cancel.nodes import tool_node
+    from langgraph_cancel.execution import group
 
-    monkeypatch.setattr(tool_node, "OUTCOME_LINGER", 30.0)
+    monkeypatch.setattr(group, "OUTCOME_LINGER", 30.0)
     third_ran = threading.Event()
 
     def before(item: str) -> None:
@@ -690,7 +732,7 @@ def test_tool_exceptions_become_error_messages(saver: Any, log: ExecutionLog) ->
         counting_tool(log, "ok", EffectKind.IRREVERSIBLE),
     ]
     model = scripted(calls(("bad_write", "a", "e1"), ("bad_read", "b", "e2"), ("ok", "c", "e3")))
-    graph = cancellable(agent_builder(model, EffectToolNode(tools)), saver)
+    graph = cancellable(agent_builder(model, EffectToolNode(tools, handle_tool_errors=True)), saver)
     thread_id = new_thread()
     out = start(graph, thread_id)
     answers = {m.tool_call_id: m for m in tool_messages(out["messages"])}
@@ -789,7 +831,7 @@ def test_transient_errors_retried_only_when_safe(saver: Any, log: ExecutionLog) 
             ("broken_read", "e", "f5"),
         )
     )
-    graph = cancellable(agent_builder(model, EffectToolNode(tools)), saver)
+    graph = cancellable(agent_builder(model, EffectToolNode(tools, handle_tool_errors=True)), saver)
     thread_id = new_thread()
     out = start(graph, thread_id)
     answers = {m.tool_call_id: m for m in tool_messages(out["messages"])}
@@ -870,7 +912,9 @@ def test_a_refund_found_not_applied_runs_when_the_model_asks_again(
         AIMessage("", tool_calls=[tool_call("issue_refund", args, id="n2")]),
         "fin",
     )
-    graph = cancellable(agent_builder(model, EffectToolNode([refund])), saver)
+    graph = cancellable(
+        agent_builder(model, EffectToolNode([refund], handle_tool_errors=True)), saver
+    )
     thread_id = new_thread()
     out = start(graph, thread_id)
     key = refund_tools.refund_key(args)

@@ -227,7 +227,7 @@ def build_builder(
     chat = model if model is not None else default_model()
     builder = StateGraph(MessagesState)
     builder.add_node("agent", CancellableModelNode(chat, tools=TOOLS, system_prompt=SYSTEM_PROMPT))
-    builder.add_node("tools", EffectToolNode(TOOLS))
+    builder.add_node("tools", EffectToolNode(TOOLS, handle_tool_errors=True))
     builder.add_node("approval", ApprovalGate(TOOLS))
     builder.add_edge(START, "agent")
     builder.add_conditional_edges("agent", tools_condition, {"tools": "approval", END: END})

@@ -21,19 +21,21 @@ list), one decision per action request, in order:
 
 - ``{"type": "approve"}``: the record becomes ``approved``; the tool node dispatches it.
 - ``{"type": "edit", "edited_action": {"name": ..., "args": {...}}}``: the new
-  arguments are validated against the tool's schema (and must keep the call's
-  idempotency key). Invalid: the whole batch is asked again (a new interrupt
-  whose action carries ``error``); nothing is approved. Valid: the record
-  becomes ``approved`` with the edited arguments, and the ``AIMessage`` in
-  state is rewritten (same id) to show them.
+  arguments are validated against the tool's schema. Invalid: the whole batch is
+  asked again (a new interrupt whose action carries ``error``); nothing is
+  approved. Valid: the record becomes ``approved`` with the edited arguments,
+  and the ``AIMessage`` in state is rewritten (same id) to show them. An edit
+  that changes the call's idempotency key (another order, say) is a new effect
+  under the new key; the original is recorded rejected, replaced by it.
 - ``{"type": "reject", "message": "..."}``: the record becomes ``rejected``;
-  the tool node answers the call with ``Rejected by reviewer: <message>``.
+  the tool node answers the call with ``Rejected by reviewer: <message>``,
+  marked as LangChain's HITL marks the answers it gives.
+- ``{"type": "respond", "message": "..."}``: the tool does not run; the text is
+  its answer (recorded ``rejected``, with the text).
 
-HITL's ``respond`` is not accepted (it would fake the result of a permanent
-effect). A malformed resume value (wrong count, unknown type, an edit naming
-another tool or with non-object args) raises ``InvalidDecisionError``; LangGraph
-validates the answer before saving it, so nothing is kept and the same question
-can be answered again with ``Command(resume=...)``.
+A malformed resume value (wrong count, unknown type, an edit naming another
+tool or with non-object args) is asked about again too: the new interrupt's
+``error`` says what was wrong, and nothing is decided meanwhile.
 
 A top-level ``"reviewer"`` names who decided; otherwise the authenticated user
 a LangGraph server passes, otherwise ``"human"``.
@@ -67,21 +69,29 @@ from langgraph_cancel.errors import (
     IllegalTransitionError,
     InvalidDecisionError,
 )
+from langgraph_cancel.execution.drive import drive_ledger
+from langgraph_cancel.execution.identity import find_own_record, is_same_call
+from langgraph_cancel.execution.review import (
+    DEFAULT_DESCRIPTION_PREFIX,
+    REVIEW_DECISIONS,
+    DecisionType,
+    Review,
+    decision_request,
+    edited_key,
+    replacement_steps,
+    reviewer_of,
+    schema_problem,
+)
 from langgraph_cancel.ledger import Ledger, derive_idempotency_key
-from langgraph_cancel.nodes.tool_node import _validate_args, find_own_record, is_same_call
 from langgraph_cancel.runtime import RunScope, scope_for
-from langgraph_cancel.types import EffectRecord, EffectStatus, utcnow
+from langgraph_cancel.types import EffectRecord, EffectStatus
 
 logger = logging.getLogger("langgraph_cancel.approval")
 
-DEFAULT_DESCRIPTION_PREFIX = "Tool execution requires approval"
-#: The decisions the gate accepts (HITL's ``respond`` would fake a permanent effect's result).
-ALLOWED_DECISIONS: tuple[Literal["approve", "edit", "reject"], ...] = ("approve", "edit", "reject")
+#: The decisions the gate accepts: LangChain's four (``respond`` answers in the tool's place).
+ALLOWED_DECISIONS: tuple[DecisionType, ...] = REVIEW_DECISIONS
 #: Marks approval records written by the gate (``approval["source"]``).
 APPROVAL_SOURCE = "approval_gate"
-DEFAULT_REVIEWER = "human"
-_CONFIG_KEY_AUTH_USER_ID = "langgraph_auth_user_id"
-_CONFIG_KEY_AUTH_USER = "langgraph_auth_user"
 _DECIDED = frozenset({EffectStatus.APPROVED, EffectStatus.REJECTED})
 
 
@@ -105,7 +115,7 @@ class ApprovalReviewConfig(TypedDict):
     """LangChain's ``ReviewConfig``: the decisions allowed for one action."""
 
     action_name: str
-    allowed_decisions: list[Literal["approve", "edit", "reject"]]
+    allowed_decisions: list[DecisionType]
     args_schema: NotRequired[dict[str, Any]]
 
 
@@ -123,6 +133,8 @@ class ApprovalRequest(TypedDict):
     action_requests: list[ApprovalActionRequest]
     review_configs: list[ApprovalReviewConfig]
     errors: NotRequired[list[ApprovalError]]
+    error: NotRequired[str]
+    """Why the last answer as a whole was refused (only when asking again)."""
 
 
 class ApproveDecision(TypedDict):
@@ -152,10 +164,17 @@ class RejectDecision(TypedDict):
     message: NotRequired[str]
 
 
+class RespondDecision(TypedDict):
+    """Answer in the tool's place: the tool does not run; the text is its answer."""
+
+    type: Literal["respond"]
+    message: str
+
+
 class ApprovalResponse(TypedDict):
     """The resume value: LangChain's ``HITLResponse`` plus an optional reviewer."""
 
-    decisions: list[ApproveDecision | EditDecision | RejectDecision]
+    decisions: list[ApproveDecision | EditDecision | RejectDecision | RespondDecision]
     reviewer: NotRequired[str]
 
 
@@ -199,7 +218,7 @@ class _Gated:
 class _Decision:
     """One validated decision, not yet written to the ledger."""
 
-    type: Literal["approve", "edit", "reject"]
+    type: DecisionType
     args: dict[str, Any] | None = None
     message: str | None = None
 
@@ -213,12 +232,15 @@ class _Answer:
     reviewer: str | None
 
 
-class _MalformedAnswerError(Exception):
-    """Carries an ``InvalidDecisionError`` out of pydantic's validation untouched."""
-
-    def __init__(self, error: InvalidDecisionError) -> None:
-        super().__init__(str(error))
-        self.error = error
+def _response_schema() -> type[Any]:
+    """What LangGraph checks a resume value with: anything is saved (the gate itself
+    asks again about an invalid answer); the published shape is ``ApprovalResponse``."""
+    return cast(
+        "type[Any]",
+        Annotated[
+            Any, PlainValidator(lambda value: value), WithJsonSchema(_response_json_schema())
+        ],
+    )
 
 
 @dataclass(slots=True)
@@ -283,7 +305,7 @@ class ApprovalGate(RunnableCallable):
         scope = scope_for(config, ledger=self.ledger, new_run=False)
         batch = self._prepare(input, scope)
         answer = self._ask(batch)
-        return self._finish(input, batch, answer, _reviewer_of(config, runtime))
+        return self._finish(input, batch, answer, reviewer_of(config, runtime))
 
     async def _afunc(self, input: Any, config: RunnableConfig, runtime: Runtime[Any]) -> Any:
         scope = await asyncio.to_thread(scope_for, config, ledger=self.ledger, new_run=False)
@@ -291,7 +313,7 @@ class ApprovalGate(RunnableCallable):
         # interrupt() reads the node's config from a context variable: call it here,
         # in the node's own context, not in a worker thread.
         answer = self._ask(batch)
-        reviewer = _reviewer_of(config, runtime)
+        reviewer = reviewer_of(config, runtime)
         return await asyncio.to_thread(self._finish, input, batch, answer, reviewer)
 
     # ------------------------------------------------------------- planning
@@ -320,10 +342,14 @@ class ApprovalGate(RunnableCallable):
                 rec.status in _DECIDED and _decided_by_gate(rec)
             ):
                 batch.asked.append(gated)
-            if (rec.approval or {}).get("decision") == "edit" and rec.args != call.get("args"):
+            approval = rec.approval or {}
+            runs = rec
+            if approval.get("replaced_by"):
+                runs = scope.ledger.get_effect(str(approval["replaced_by"]))
+            if approval.get("decision") == "edit" and runs.args != call.get("args"):
                 # Edited in an earlier pass whose state update was lost (a crash after
                 # the ledger write): keep the message in step with what will run.
-                batch.decided_args[call_id] = dict(rec.args)
+                batch.decided_args[call_id] = dict(runs.args)
         return batch
 
     def _gate(self, index: int, call: ToolCall, scope: RunScope) -> _Gated | None:
@@ -333,7 +359,7 @@ class ApprovalGate(RunnableCallable):
         if tool is None:
             return None  # unknown tool: the tool node answers it with an error
         args = call.get("args")
-        if _validate_args(tool, args) is not None or not isinstance(args, dict):
+        if schema_problem(tool, args) is not None or not isinstance(args, dict):
             return None  # malformed: the tool node records it failed, never dispatched
         spec = self.specs[name]
         # Under an id of its own when its tool-call id names another call's record:
@@ -389,43 +415,30 @@ class ApprovalGate(RunnableCallable):
     def _ask(self, batch: _Batch) -> _Answer | None:
         """Interrupt until the reviewer's answer is valid; None when nothing is pending.
 
-        Raises:
-            InvalidDecisionError: For a malformed resume value. LangGraph checks the
-                answer (``response_schema``) before saving it, so a malformed answer
-                is not kept: the same question can be answered again.
+        An invalid answer (a malformed value, an edit off the tool's schema) is asked
+        about again: a new interrupt whose payload says what was wrong. On resume
+        LangGraph re-runs the node and hands the earlier answers back in order, so
+        this loop replays to the same point before reaching the new answer.
         """
         if not batch.pending:
             return None
         errors: dict[int, str] = {}
+        refused: str | None = None
+        schema = _response_schema()
         while True:
-            # Each invalid edit asks again with a new interrupt. On resume LangGraph
-            # re-runs the node and hands the earlier answers back in order, so this
-            # loop replays to the same point before reaching the new answer.
-            schema = self._response_schema(batch.asked)
+            answer = interrupt(self._request(batch.asked, errors, refused), response_schema=schema)
             try:
-                answer = interrupt(self._request(batch.asked, errors), response_schema=schema)
-            except _MalformedAnswerError as exc:
-                raise exc.error from None
-            if not answer.errors:
-                return answer
-            errors = answer.errors
-
-    def _response_schema(self, asked: Sequence[_Gated]) -> type[_Answer]:
-        """A type LangGraph validates the resume value with, before it saves it."""
-
-        def check(value: Any) -> _Answer:
-            try:
-                return self._parse(value, asked)
+                parsed = self._parse(answer, batch.asked)
             except InvalidDecisionError as exc:
-                # Not a ValueError, so pydantic lets it through unchanged.
-                raise _MalformedAnswerError(exc) from exc
+                errors, refused = {}, str(exc)
+                continue
+            if not parsed.errors:
+                return parsed
+            errors, refused = parsed.errors, None
 
-        return cast(
-            "type[_Answer]",
-            Annotated[Any, PlainValidator(check), WithJsonSchema(_response_json_schema())],
-        )
-
-    def _request(self, asked: Sequence[_Gated], errors: Mapping[int, str]) -> ApprovalRequest:
+    def _request(
+        self, asked: Sequence[_Gated], errors: Mapping[int, str], refused: str | None = None
+    ) -> ApprovalRequest:
         """The interrupt value: a ``HITLRequest`` plus our fields per action."""
         actions: list[ApprovalActionRequest] = []
         configs: list[ApprovalReviewConfig] = []
@@ -463,6 +476,8 @@ class ApprovalGate(RunnableCallable):
                 config["args_schema"] = schema
             configs.append(config)
         value: ApprovalRequest = {"action_requests": actions, "review_configs": configs}
+        if refused is not None:
+            value["error"] = refused
         if errors:
             value["errors"] = [
                 {"index": i, "tool_call_id": str(asked[i].call.get("id")), "error": e}
@@ -491,11 +506,13 @@ class ApprovalGate(RunnableCallable):
             kind = item.get("type")
             if kind == "approve":
                 decisions.append(_Decision("approve"))
-            elif kind == "reject":
+            elif kind in ("reject", "respond"):
                 message = item.get("message")
                 if message is not None and not isinstance(message, str):
-                    raise InvalidDecisionError(f"{where}: a reject message must be a string")
-                decisions.append(_Decision("reject", message=message))
+                    raise InvalidDecisionError(f"{where}: a {kind} message must be a string")
+                if kind == "respond" and not message:
+                    raise InvalidDecisionError(f"{where}: respond needs the message to answer with")
+                decisions.append(_Decision(kind, message=message))
             elif kind == "edit":
                 edited = item.get("edited_action")
                 if not isinstance(edited, Mapping):
@@ -514,7 +531,7 @@ class ApprovalGate(RunnableCallable):
                         f"{where}: edited_action.args must be an object, got {type(args).__name__}"
                     )
                 new_args = dict(args)
-                problem = _validate_args(g.tool, new_args) or _key_change(g, new_args)
+                problem = schema_problem(g.tool, new_args) or _key_problem(g, new_args)
                 if problem is not None:
                     errors[position] = problem
                 decisions.append(_Decision("edit", args=new_args))
@@ -546,28 +563,36 @@ class ApprovalGate(RunnableCallable):
     def _record(self, scope: RunScope, g: _Gated, d: _Decision, reviewer: str) -> EffectRecord:
         if g.record.status is not EffectStatus.PENDING_APPROVAL:
             return g.record  # decided in an earlier pass: never asked twice
-        approval: dict[str, Any] = {
-            "decision": d.type,
-            "reviewer": reviewer,
-            "at": utcnow().isoformat(),
-            "source": APPROVAL_SOURCE,
-        }
-        if d.type == "reject":
-            approval["message"] = d.message
-            target = EffectStatus.REJECTED
-        else:
-            target = EffectStatus.APPROVED
-            if d.type == "edit":
-                approval["original_args"] = dict(g.record.args)
+        review = Review(d.type, args=d.args, message=d.message, reviewer=reviewer)
+        key = edited_key(g.spec, g.record, d.args) if d.args is not None else None
+        if key is not None:
+            replaced = drive_ledger(
+                scope.ledger,
+                replacement_steps(
+                    g.record,
+                    g.call,
+                    review,
+                    reviewer,
+                    key,
+                    ledger_id=g.record.tool_call_id,
+                    seq=g.index,
+                ),
+            )
+            if isinstance(replaced, EffectRecord):
+                return replaced
+            # The new key is another effect's: the call stays as it was, and the tool
+            # node answers it as refused.
+            review = Review("reject", message=replaced, reviewer=reviewer)
+        req = decision_request(g.record, review, reviewer, source=APPROVAL_SOURCE)
         try:
             return scope.ledger.transition(
-                g.record.effect_id,
-                target,
-                expected=[EffectStatus.PENDING_APPROVAL],
-                actor=reviewer,
-                approval=approval,
-                args=d.args if d.type == "edit" else None,
-                detail={"decision": d.type},
+                req.effect_id,
+                req.to,
+                expected=req.expected,
+                actor=req.actor,
+                approval=req.approval,
+                args=req.args,
+                detail=req.detail,
             )
         except IllegalTransitionError:
             # Moved meanwhile (a cancel dropped it): the tool node replays what it is.
@@ -617,26 +642,14 @@ def _needs_approval(spec: EffectSpec, args: dict[str, Any], name: str) -> bool:
         return True
 
 
-def _key_change(g: _Gated, args: dict[str, Any]) -> str | None:
-    """Why an edit may not be approved as this call: it would need another idempotency key.
-
-    The record keeps the key it was planned with, and the external system
-    deduplicates by key, so an edit that moves the call to another key (say,
-    another order) would be sent under the old one.
-    """
-    key_of = g.spec.idempotency_key
-    if key_of is None:
-        return None  # derived from thread and tool-call id: no argument changes it
+def _key_problem(g: _Gated, args: dict[str, Any]) -> str | None:
+    """Why an edit cannot be taken: its idempotency key cannot be derived."""
+    if g.spec.idempotency_key is None:
+        return None
     try:
-        key = str(key_of(args))
+        str(g.spec.idempotency_key(args))
     except Exception as exc:
         return f"cannot derive the idempotency key of the edited call: {exc!r}"
-    if key != g.record.idempotency_key:
-        return (
-            f"the edit changes the call's idempotency key ({g.record.idempotency_key!r} -> "
-            f"{key!r}), so it would be a different effect; reject this call and ask for a "
-            "new one instead"
-        )
     return None
 
 
@@ -683,32 +696,6 @@ def _named_reviewer(answer: Any) -> str | None:
     if not isinstance(reviewer, str) or not reviewer.strip():
         raise InvalidDecisionError("reviewer must be a non-empty string")
     return reviewer
-
-
-def _reviewer_of(config: RunnableConfig, runtime: Runtime[Any] | None) -> str:
-    """The authenticated user a LangGraph server passes, else ``"human"``."""
-    conf = config.get("configurable") or {}
-    user_id = conf.get(_CONFIG_KEY_AUTH_USER_ID)
-    if user_id:
-        return str(user_id)
-    candidates: list[Any] = [conf.get(_CONFIG_KEY_AUTH_USER)]
-    server_info = getattr(runtime, "server_info", None) if runtime is not None else None
-    if server_info is not None:
-        candidates.append(getattr(server_info, "user", None))
-    for user in candidates:
-        identity = _identity(user)
-        if identity:
-            return identity
-    return DEFAULT_REVIEWER
-
-
-def _identity(user: Any) -> str | None:
-    if user is None:
-        return None
-    identity = getattr(user, "identity", None)
-    if identity is None and isinstance(user, Mapping):
-        identity = user.get("identity")
-    return str(identity) if identity else None
 
 
 __all__ = [

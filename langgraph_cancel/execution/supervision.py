@@ -1,40 +1,33 @@
-"""A sync graph's tool batch, run in a worker thread that the node's thread supervises.
+"""A sync graph's side effects, run in a worker thread that the node's thread supervises.
 
 In a sync graph ``EffectToolNode`` dispatches side effects one at a time. Sending each
 call to a thread pool, so that the node's thread could stop waiting for it when a
 cancelled run's grace ends, costs two thread wake-ups and two hand-overs of the GIL
 per call: measured here, a quarter of everything the node adds to a side-effecting
-call on PostgreSQL. Instead the whole batch runs in one worker thread, each call in
-that thread, and the node's thread supervises it: it waits for the batch and, while
-a call is in flight, watches the cancel signal. When a cancelled run's call outlives
-its grace, the supervisor gives up on it (the call keeps running in the worker, and
-its outcome is kept when it comes back) and finishes the batch itself.
+call on PostgreSQL. Instead the batch's side effects run in one worker thread, each
+call in that thread, and the node's thread supervises it: it waits for the batch
+and, while a call is in flight, watches the cancel signal. When a cancelled run's
+call outlives its grace, the supervisor gives up on it (the call keeps running in
+the worker, and its outcome is kept when it comes back) and finishes the batch
+itself.
 
 The worker learns of a give-up only when its call returns; from then on it stops
 (``BatchSuperseded``) before anything else leaves the process. The supervisor's own
 failure (``KeyboardInterrupt`` while it waits) stops the worker the same way, at
 its next dispatch, after the call in flight has been recorded.
-
-An async graph whose batch calls only tools with a sync body (nothing in it needs
-the graph's event loop) runs it the same way (``supervise_async``): one hop off the
-loop for the batch instead of one per ledger write and per call. Its task may be
-cancelled (a server's ``runs.cancel``, a disconnect): the worker is stopped, the
-call in flight gets its grace to finish and be recorded, and is recorded unknown
-past it, as the async path does for a call of its own.
 """
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import contextvars
 import math
 import os
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from langgraph_cancel.errors import BatchSuperseded
 from langgraph_cancel.runtime import RunScope
@@ -111,18 +104,17 @@ class Supervisor:
             self.stopped = True
 
 
-current_supervisor: contextvars.ContextVar[Supervisor | None] = contextvars.ContextVar(
-    "langgraph_cancel_supervisor", default=None
-)
-
-
 def supervise(
-    work: Callable[[], T], take_over: Callable[[InFlight], T], *, poll: float = POLL_SECONDS
+    work: Callable[[], T],
+    take_over: Callable[[InFlight], T],
+    supervisor: Supervisor,
+    *,
+    poll: float = POLL_SECONDS,
 ) -> T:
-    """Run ``work`` in a worker thread (with a ``Supervisor``) and wait for it.
+    """Run ``work`` in a worker thread under ``supervisor`` and wait for it.
 
     Args:
-        work: The batch; it finds its supervisor in ``current_supervisor``.
+        work: The batch's side effects; they tell ``supervisor`` of each call.
         take_over: Called in this thread once the supervisor has given up on a
             call (after ``InFlight.give_up``); its answer is the batch's.
         poll: Seconds between two looks at the cancel signal.
@@ -130,10 +122,8 @@ def supervise(
     Returns:
         What ``work`` (or ``take_over``) returned.
     """
-    sup = Supervisor()
-    ctx = contextvars.copy_context()
-    ctx.run(current_supervisor.set, sup)
-    future = _node_pool().submit(ctx.run, work)
+    sup = supervisor
+    future = _node_pool().submit(contextvars.copy_context().run, work)
     watched: InFlight | None = None
     deadline: float | None = None
     try:
@@ -156,81 +146,6 @@ def supervise(
     except BaseException:
         sup.stop()
         raise
-
-
-async def supervise_async(
-    work: Callable[[], T],
-    take_over: Callable[[InFlight], Awaitable[T]],
-    on_task_cancel: Callable[[Supervisor], object],
-    *,
-    wait_after_cancel: float,
-    poll: float = POLL_SECONDS,
-) -> T:
-    """``supervise`` for an event loop: the loop waits for the worker without blocking.
-
-    Args:
-        work: The batch (in a worker thread).
-        take_over: Awaited once the supervisor has given up on a call of a cancelled
-            run; its answer is the batch's.
-        on_task_cancel: Called in a thread when this task is cancelled, after the
-            worker was stopped: records the stop in the ledger.
-        wait_after_cancel: Seconds to wait, once this task is cancelled, for a
-            worker with no call in flight to stop.
-        poll: Seconds between two looks at the cancel signal.
-    """
-    sup = Supervisor()
-    ctx = contextvars.copy_context()
-    ctx.run(current_supervisor.set, sup)
-    done = asyncio.wrap_future(_node_pool().submit(ctx.run, work))
-    # Nobody may await it after a cancel: its error is read here, not logged as lost.
-    done.add_done_callback(lambda f: f.cancelled() or f.exception())
-    watched: InFlight | None = None
-    deadline: float | None = None
-    try:
-        while True:
-            finished, _ = await asyncio.wait({done}, timeout=poll)
-            if finished:
-                return done.result()
-            call = sup.in_flight()
-            if call is not watched:
-                watched, deadline = call, None
-            if call is None:
-                continue
-            if deadline is None and await call.scope.signal.acancel_called():
-                await asyncio.to_thread(call.scope.signal.observe)
-                deadline = time.monotonic() + (math.inf if call.grace is None else call.grace)
-            if deadline is not None and time.monotonic() >= deadline and sup.give_up(call):
-                await asyncio.to_thread(call.give_up)
-                return await take_over(call)
-    except asyncio.CancelledError:
-        # The task was cancelled: nothing more goes out, and the call in flight (if
-        # any) is waited for within its grace, then recorded unknown.
-        sup.stop()
-        await asyncio.to_thread(on_task_cancel, sup)
-        call = sup.in_flight()
-        limit = wait_after_cancel if call is None or call.grace is None else call.grace
-        finished, _ = await asyncio.wait({done}, timeout=limit)
-        call = sup.in_flight()
-        if not finished and call is not None and sup.give_up(call):
-            await asyncio.to_thread(call.give_up)
-        raise
-    except BaseException:
-        sup.stop()
-        raise
-
-
-def call_outside_loop(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """Call ``fn`` as a thread without an event loop would (as ``ToolNode``'s workers do).
-
-    The worker runs the batch on a private event loop; a sync tool that starts its
-    own (``asyncio.run``) must not find that one running.
-    """
-    loop = asyncio._get_running_loop()
-    asyncio._set_running_loop(None)
-    try:
-        return fn(*args, **kwargs)
-    finally:
-        asyncio._set_running_loop(loop)
 
 
 _pool_lock = threading.Lock()
@@ -259,11 +174,4 @@ def _forget_after_fork() -> None:
 os.register_at_fork(after_in_child=_forget_after_fork)
 
 
-__all__ = [
-    "InFlight",
-    "Supervisor",
-    "call_outside_loop",
-    "current_supervisor",
-    "supervise",
-    "supervise_async",
-]
+__all__ = ["InFlight", "Supervisor", "supervise"]

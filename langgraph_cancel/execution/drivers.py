@@ -1,0 +1,363 @@
+"""The two ways a call's protocol runs: blocking (a sync graph) and on an event loop.
+
+Both answer the same steps (``steps.py``); they differ in how they wait.
+
+``SyncDriver`` runs the handler in the calling thread. Inside a sync
+``EffectToolNode`` a side effect runs in the batch's worker thread while the
+node's thread supervises it (``nodes/supervision.py``), and the node's thread
+watches its pooled reads; on its own (``create_agent``'s tool node) the driver
+watches itself, with the call in a helper thread, so that a cancelled run can
+stop waiting for a call that outlives its grace.
+
+``AsyncDriver`` runs the handler as a task on the graph's loop and waits for it
+while it watches the cancel signal. When its own task is cancelled (a server's
+``runs.cancel``, a disconnect), it waits for the call in flight within its grace,
+shielded, and hands the protocol what it found (``DispatchCancelled``); the
+protocol's last ledger writes then run shielded too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import contextvars
+import logging
+import math
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from langgraph.prebuilt.tool_node import ToolCallRequest
+
+from langgraph_cancel.checkpointers.durable import plan_checkpoint
+from langgraph_cancel.effects import bound_idempotency_key
+from langgraph_cancel.errors import BatchSuperseded, LedgerError
+from langgraph_cancel.execution.batch import Batch
+from langgraph_cancel.execution.drive import acall_ledger, adrive, call_ledger, drive
+from langgraph_cancel.execution.group import AsyncGroupCommit, ThreadGroupCommit
+from langgraph_cancel.execution.offloop import off_the_loop
+from langgraph_cancel.execution.protocol import DispatchCancelled
+from langgraph_cancel.execution.settlement import (
+    mark_unknown,
+    record_late_outcome,
+    stop_running,
+)
+from langgraph_cancel.execution.steps import (
+    Abandoned,
+    AwaitPlanSaved,
+    CancelCheck,
+    Dispatch,
+    GroupWrite,
+    LedgerCall,
+    Observe,
+    Pause,
+    Protocol,
+    Reconcile,
+    SettleWhenReturned,
+    Step,
+    StoppedWaiting,
+)
+from langgraph_cancel.execution.supervision import InFlight
+from langgraph_cancel.hooks import call_reconcile, run_sync
+from langgraph_cancel.runtime import RunScope, current_scope
+from langgraph_cancel.types import EffectRecord, EffectStatus
+
+logger = logging.getLogger("langgraph_cancel.tools")
+
+T = TypeVar("T")
+#: How often a wait looks at the cancel signal while a call is in flight.
+POLL_SECONDS = 0.05
+
+SyncHandler = Callable[[ToolCallRequest], Any]
+AsyncHandler = Callable[[ToolCallRequest], Awaitable[Any]]
+
+
+class SyncDriver:
+    """Answers a protocol's steps with blocking calls.
+
+    Args:
+        scope: The run.
+        batch: The call's batch (its supervisor, if any).
+        handler: ``ToolNode``'s execution of a request.
+        watch: Whether this driver watches the cancel signal itself while a call
+            runs (a call on its own); inside a node's phases the node watches.
+    """
+
+    def __init__(self, scope: RunScope, batch: Batch, handler: SyncHandler, *, watch: bool) -> None:
+        self.scope = scope
+        self.batch = batch
+        self.handler = handler
+        self.watch = watch
+
+    def run(self, protocol: Protocol[T]) -> T:
+        """The protocol's answer (its I/O off an event loop that runs in this thread)."""
+        answer: T = off_the_loop(drive, protocol, self.answer)
+        return answer
+
+    def answer(self, step: Step[Any]) -> Any:
+        """One step's answer."""
+        scope = self.scope
+        if isinstance(step, LedgerCall):
+            return call_ledger(scope.ledger, step)
+        if isinstance(step, CancelCheck):
+            return scope.cancel_called()
+        if isinstance(step, Observe):
+            scope.signal.observe()
+            return None
+        if isinstance(step, Dispatch):
+            return self._dispatch(step)
+        if isinstance(step, GroupWrite):
+            group = step.group
+            assert isinstance(group, ThreadGroupCommit)
+            return group.write(step.request)
+        if isinstance(step, Reconcile):
+            return run_sync(call_reconcile(step.spec, step.key, step.args))
+        if isinstance(step, AwaitPlanSaved):
+            plan = plan_checkpoint(step.config)
+            if plan is not None and not plan.known_saved():
+                plan.wait(step.timeout)
+            return None
+        if isinstance(step, Pause):
+            time.sleep(step.seconds)
+            return None
+        if isinstance(step, SettleWhenReturned):
+            _settle_when_returned(scope, step)
+            return None
+        raise TypeError(f"unknown step {type(step).__name__}")
+
+    def _dispatch(self, step: Dispatch) -> Any:
+        supervisor = self.batch.supervisor
+        if supervisor is not None and step.record is not None:
+            return self._supervised(step)
+        if self.watch and (step.abandon or step.record is not None):
+            return self._watched(step)
+        return _call(self.handler, step, self.scope)
+
+    def _supervised(self, step: Dispatch) -> Any:
+        """A side effect in the batch's worker, while the node's thread supervises it."""
+        supervisor = self.batch.supervisor
+        rec, spec = step.record, step.spec
+        assert supervisor is not None and rec is not None and spec is not None
+        scope = self.scope
+        grace = step.grace
+        call = InFlight(
+            scope=scope,
+            grace=grace,
+            give_up=lambda: mark_unknown(
+                scope.ledger, rec, spec, str(StoppedWaiting(grace or 0.0, None))
+            ),
+        )
+        try:
+            supervisor.begin(call)
+        except BatchSuperseded:
+            # Stopped between the intent and the call: it never left the process.
+            with contextlib.suppress(LedgerError):
+                scope.ledger.transition(
+                    rec.effect_id,
+                    EffectStatus.NOT_APPLIED,
+                    expected=[EffectStatus.DISPATCHED],
+                    actor=scope.owner,
+                    detail={"never_sent": True, "reason": "the batch was stopped"},
+                )
+            raise
+        try:
+            output = _call(self.handler, step, scope)
+        except BaseException as exc:
+            if supervisor.end(call):
+                raise BatchSuperseded("gave up on the call in flight") from exc  # stays unknown
+            raise
+        if supervisor.end(call):
+            record_late_outcome(scope.ledger, rec, scope.owner, output)
+            raise BatchSuperseded("gave up on the call in flight")
+        return output
+
+    def _watched(self, step: Dispatch) -> Any:
+        """The call in a helper thread, the wait here, with an eye on the cancel signal."""
+        context = contextvars.copy_context()
+        future = _helpers().submit(context.run, _call, self.handler, step, self.scope)
+        deadline: float | None = None
+        while True:
+            # wait(), not result(timeout): a tool may raise TimeoutError itself.
+            concurrent.futures.wait((future,), timeout=POLL_SECONDS)
+            if future.done():
+                return future.result()
+            if deadline is None and self.scope.cancel_called():
+                self.scope.signal.observe()
+                if step.abandon:
+                    future.cancel()
+                    raise Abandoned
+                deadline = time.monotonic() + (math.inf if step.grace is None else step.grace)
+            if deadline is not None and time.monotonic() >= deadline:
+                raise StoppedWaiting(step.grace or 0.0, future)
+
+
+class AsyncDriver:
+    """Answers a protocol's steps on the graph's event loop.
+
+    Args:
+        scope: The run.
+        batch: The call's batch.
+        handler: ``ToolNode``'s async execution of a request.
+        cancel_timeout: Seconds a cancelled task still waits for a call in flight
+            (a tool's own ``cancel_timeout`` wins).
+    """
+
+    def __init__(
+        self, scope: RunScope, batch: Batch, handler: AsyncHandler, *, cancel_timeout: float
+    ) -> None:
+        self.scope = scope
+        self.batch = batch
+        self.handler = handler
+        self.cancel_timeout = cancel_timeout
+        #: Set once this task was cancelled during a call: every later step is shielded.
+        self.cancelled = False
+
+    async def run(self, protocol: Protocol[T]) -> T:
+        """The protocol's answer."""
+        return await adrive(protocol, self.answer)
+
+    async def answer(self, step: Step[Any]) -> Any:
+        """One step's answer (shielded once the task was cancelled)."""
+        if self.cancelled and not isinstance(step, Dispatch):
+            return await asyncio.shield(self._answer(step))
+        return await self._answer(step)
+
+    async def _answer(self, step: Step[Any]) -> Any:
+        scope = self.scope
+        if isinstance(step, LedgerCall):
+            return await acall_ledger(scope.ledger, step)
+        if isinstance(step, CancelCheck):
+            return await scope.signal.acancel_called()
+        if isinstance(step, Observe):
+            await asyncio.to_thread(scope.signal.observe)
+            return None
+        if isinstance(step, Dispatch):
+            return await self._dispatch(step)
+        if isinstance(step, GroupWrite):
+            group = step.group
+            assert isinstance(group, AsyncGroupCommit)
+            return await group.awrite(step.request)
+        if isinstance(step, Reconcile):
+            return await call_reconcile(step.spec, step.key, step.args)
+        if isinstance(step, AwaitPlanSaved):
+            plan = plan_checkpoint(step.config)
+            if plan is not None and not plan.known_saved():
+                await plan.await_saved(step.timeout)
+            return None
+        if isinstance(step, Pause):
+            await asyncio.sleep(step.seconds)
+            return None
+        if isinstance(step, SettleWhenReturned):
+            _settle_when_returned(scope, step)
+            return None
+        raise TypeError(f"unknown step {type(step).__name__}")
+
+    async def _dispatch(self, step: Dispatch) -> Any:
+        task = asyncio.ensure_future(_acall(self.handler, step, self.scope))
+        try:
+            return await self._wait(task, step)
+        except asyncio.CancelledError:
+            if step.record is None:
+                task.cancel()  # a read: nothing outside changes, nothing to wait for
+                raise
+            self.cancelled = True
+            spec = step.spec
+            wait = (spec.cancel_timeout if spec is not None else None) or self.cancel_timeout
+            done, _ = await asyncio.wait({task}, timeout=wait)
+            if not done:
+                raise DispatchCancelled(finished=False, pending=task) from None
+            error = task.exception()
+            raise DispatchCancelled(
+                finished=True, output=None if error else task.result(), error=error
+            ) from None
+
+    async def _wait(self, task: asyncio.Future[Any], step: Dispatch) -> Any:
+        """Wait for the call, noting the cancel signal the moment it arrives.
+
+        A side effect has left the process: the wait goes on after a cancel for its
+        grace (``None``: until the end), then ``StoppedWaiting`` is raised and the
+        call keeps running. A read that may be abandoned is, at once.
+        """
+        signal = self.scope.signal
+        deadline: float | None = None
+        while not task.done():
+            await asyncio.wait({task}, timeout=POLL_SECONDS)
+            if task.done():
+                break
+            if deadline is None and await signal.acancel_called():
+                await asyncio.to_thread(signal.observe)
+                if step.abandon:
+                    task.cancel()
+                    raise Abandoned
+                deadline = time.monotonic() + (math.inf if step.grace is None else step.grace)
+            if deadline is not None and time.monotonic() >= deadline:
+                raise StoppedWaiting(step.grace or 0.0, task)
+        return await task
+
+
+def _call(handler: SyncHandler, step: Dispatch, scope: RunScope) -> Any:
+    """The handler on the step's request, with the call's key and run in reach of the tool."""
+    token = current_scope.set(scope)
+    try:
+        key = step.record.idempotency_key if step.record is not None else step.key
+        if key is None:
+            return handler(step.request)
+        with bound_idempotency_key(key):
+            return handler(step.request)
+    finally:
+        current_scope.reset(token)
+
+
+async def _acall(handler: AsyncHandler, step: Dispatch, scope: RunScope) -> Any:
+    token = current_scope.set(scope)
+    try:
+        key = step.record.idempotency_key if step.record is not None else step.key
+        if key is None:
+            return await handler(step.request)
+        with bound_idempotency_key(key):
+            return await handler(step.request)
+    finally:
+        current_scope.reset(token)
+
+
+def _settle_when_returned(scope: RunScope, step: SettleWhenReturned) -> None:
+    """When the call comes back, record its outcome (off any event loop) and end it."""
+    rec: EffectRecord = step.record
+
+    def returned(done: Any) -> None:
+        try:
+            if done.cancelled() or done.exception() is not None:
+                return  # still unknown: reconciliation (or a person) settles it
+            threading.Thread(
+                target=record_late_outcome,
+                args=(scope.ledger, rec, step.actor, done.result()),
+                name="langgraph-cancel-late",
+                daemon=True,
+            ).start()
+        finally:
+            stop_running(rec.effect_id)
+
+    step.pending.add_done_callback(returned)
+
+
+_helpers_lock = threading.Lock()
+_helper_pool: concurrent.futures.ThreadPoolExecutor | None = None
+
+
+def _helpers() -> concurrent.futures.ThreadPoolExecutor:
+    """Threads for calls a sync driver watches itself (created on first use).
+
+    Generous: a call given up on keeps its thread until it returns.
+    """
+    global _helper_pool
+    with _helpers_lock:
+        if _helper_pool is None:
+            _helper_pool = concurrent.futures.ThreadPoolExecutor(
+                max_workers=64, thread_name_prefix="langgraph-cancel-call"
+            )
+        return _helper_pool
+
+
+__all__ = ["POLL_SECONDS", "AsyncDriver", "SyncDriver"]

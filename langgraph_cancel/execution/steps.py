@@ -1,0 +1,178 @@
+"""The I/O a tool call's protocol asks for, as values: one protocol body, two drivers.
+
+The per-call protocol (``protocol.py``) is a generator. Every time it needs the
+outside world (a ledger read or write, the cancel signal, the tool itself, a
+reconcile hook, a pause) it yields a ``Step`` and receives the answer. A sync
+driver answers with blocking calls, an async driver with awaits on the graph's
+own event loop; the decisions (cancelled? already recorded? same step? approved?)
+are written once. ``ask(step)`` and ``ledger_call(...)`` give the answer its type.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar, cast
+
+from langchain_core.runnables import RunnableConfig
+from langgraph.prebuilt.tool_node import ToolCallRequest
+
+from langgraph_cancel.effects import EffectSpec, Outcome
+from langgraph_cancel.ledger import Ledger
+from langgraph_cancel.types import EffectRecord, TransitionRequest
+
+if TYPE_CHECKING:
+    from langgraph_cancel.execution.group import GroupCommit
+
+T = TypeVar("T")
+P = ParamSpec("P")
+
+
+class Step(Generic[T]):
+    """A request from the protocol to its driver, answered with a ``T``."""
+
+    __slots__ = ()
+
+
+Protocol = Generator[Step[Any], Any, T]
+"""A piece of protocol: yields steps, returns a ``T``."""
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerCall(Step[T]):
+    """Call a ``Ledger`` method: the sync driver calls it, the async one its ``a*`` twin.
+
+    Attributes:
+        method: The sync method, unbound (``Ledger.transition``); its name names the twin.
+        args: Positional arguments after the ledger.
+        kwargs: Keyword arguments.
+    """
+
+    method: Callable[..., T]
+    args: tuple[Any, ...] = ()
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class CancelCheck(Step[bool]):
+    """Has the run been asked to stop? (Level-triggered: once true, always true.)"""
+
+
+@dataclass(frozen=True, slots=True)
+class Observe(Step[None]):
+    """Record, once, that the run saw its cancel signal."""
+
+
+@dataclass(frozen=True, slots=True)
+class Reconcile(Step[Outcome]):
+    """Ask the tool's reconcile hook what became of a key (never raises)."""
+
+    spec: EffectSpec
+    key: str
+    args: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class AwaitPlanSaved(Step[None]):
+    """Wait until the checkpoint of the step that asked for this call is saved."""
+
+    config: RunnableConfig
+    timeout: float
+
+
+@dataclass(frozen=True, slots=True)
+class Pause(Step[None]):
+    """Sleep before a retry."""
+
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class Dispatch(Step[Any]):
+    """Run the call: the handler (``ToolNode``'s own execution) on ``request``.
+
+    Attributes:
+        request: What the handler gets.
+        grace: Once the run is cancelled, seconds the call may still take before
+            the wait is given up (``None``: wait until it returns). The call keeps
+            running; the protocol records it unknown (``StoppedWaiting``).
+        abandon: A read-only call that may be abandoned on cancel (``Abandoned``).
+        record: The call's dispatched record, for a supervisor that gives up on it.
+        spec: The tool's declaration (the owner of an unknown outcome).
+        key: The call's idempotency key (what ``idempotency_key()`` returns in the tool).
+    """
+
+    request: ToolCallRequest
+    grace: float | None = None
+    abandon: bool = False
+    record: EffectRecord | None = None
+    spec: EffectSpec | None = None
+    key: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SettleWhenReturned(Step[None]):
+    """A call the run stopped waiting for: record its outcome when it comes back."""
+
+    pending: Any
+    record: EffectRecord
+    actor: str
+
+
+@dataclass(frozen=True, slots=True)
+class GroupWrite(Step["EffectRecord | Exception"]):
+    """A compare-and-set that shares its round trip with concurrent calls' writes."""
+
+    group: GroupCommit
+    request: TransitionRequest
+
+
+class StoppedWaiting(Exception):
+    """A cancelled run stopped waiting for an in-flight side effect (it still runs).
+
+    Attributes:
+        seconds: The grace that ran out.
+        pending: The running call (a future or task) whose outcome comes later.
+    """
+
+    def __init__(self, seconds: float, pending: Any) -> None:
+        self.seconds = seconds
+        self.pending = pending
+        super().__init__(f"still in flight {seconds:g}s after the run was cancelled")
+
+
+class Abandoned(Exception):
+    """A read-only call given up on because the run was cancelled."""
+
+
+def ask(step: Step[T]) -> Protocol[T]:
+    """Yield ``step`` and return its answer, typed."""
+    answer = yield step
+    return cast(T, answer)
+
+
+def ledger_call(
+    method: Callable[Concatenate[Ledger, P], T], *args: P.args, **kwargs: P.kwargs
+) -> Protocol[T]:
+    """A ledger method's answer, typed as the sync method's return (see ``LedgerCall``)."""
+    answer = yield LedgerCall(method, args, kwargs)
+    return cast(T, answer)
+
+
+__all__ = [
+    "Abandoned",
+    "AwaitPlanSaved",
+    "CancelCheck",
+    "Dispatch",
+    "GroupWrite",
+    "LedgerCall",
+    "Observe",
+    "Pause",
+    "Protocol",
+    "Reconcile",
+    "SettleWhenReturned",
+    "Step",
+    "StoppedWaiting",
+    "ask",
+    "ledger_call",
+]
