@@ -21,6 +21,7 @@ from typing import Annotated, Any
 
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import BaseTool, InjectedToolCallId, tool
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, MessagesState, StateGraph
@@ -94,7 +95,7 @@ def _both(
 
     def run_with(node: ToolNode) -> Any:
         graph = _graph(node, [turn, "done"], checkpointer=InMemorySaver())
-        cfg = {"configurable": {"thread_id": "t"}}
+        cfg: RunnableConfig = {"configurable": {"thread_id": "t"}}
         if use_async:
             return _outcome(lambda: asyncio.run(graph.ainvoke(inp, cfg)))
         return _outcome(lambda: graph.invoke(inp, cfg))
@@ -170,7 +171,7 @@ def test_a_tools_command_comes_back_whole_on_a_replay() -> None:
         checkpointer=InMemorySaver(),
         cancel=True,
     )
-    cfg = {"configurable": {"thread_id": "cmd"}}
+    cfg: RunnableConfig = {"configurable": {"thread_id": "cmd"}}
     out = graph.invoke({"messages": [HumanMessage("go")]}, cfg)
     assert out["__interrupt__"][0].value["name"] == "publish"
     out = graph.invoke(Command(resume={"type": "approve"}), cfg)
@@ -311,7 +312,7 @@ def test_a_tool_that_interrupts_runs_again_on_resume_under_the_same_key(tmp_path
     graph = _graph(
         EffectToolNode([confirm_and_send]), [turn, "done"], checkpointer=saver, cancel=True
     )
-    cfg = {"configurable": {"thread_id": "ask"}}
+    cfg: RunnableConfig = {"configurable": {"thread_id": "ask"}}
     out = graph.invoke({"messages": [HumanMessage("go")]}, cfg)
     assert out["__interrupt__"][0].value == "send to dana?"
     out = graph.invoke(Command(resume="yes"), cfg)
@@ -338,7 +339,7 @@ def test_an_invalid_answer_to_a_tools_own_interrupt_keeps_it_open() -> None:
     turn = AIMessage("", tool_calls=[tool_call("ask", {"question": "go?"}, id="c1")])
     for node in (ToolNode([ask]), EffectToolNode([ask])):
         graph = _graph(node, [turn, "done"], checkpointer=InMemorySaver())
-        cfg = {"configurable": {"thread_id": "typed"}}
+        cfg: RunnableConfig = {"configurable": {"thread_id": "typed"}}
         graph.invoke({"messages": [HumanMessage("go")]}, cfg)
         with pytest.raises(ValidationError):
             graph.invoke(Command(resume={"ok": "perhaps"}), cfg)
@@ -388,7 +389,7 @@ def test_the_quickstart_as_written_asks_before_it_refunds(tmp_path: Path) -> Non
     saver = SqliteCancelSaver(sqlite3.connect(tmp_path / "agent.db", check_same_thread=False))
     graph = add_cancellation(builder).compile(checkpointer=saver)
 
-    cfg = {"configurable": {"thread_id": "quickstart"}}
+    cfg: RunnableConfig = {"configurable": {"thread_id": "quickstart"}}
     out = graph.invoke({"messages": [HumanMessage("refund o-88")]}, cfg)
     asked = out["__interrupt__"][0].value
     assert asked["type"] == "tool_approval" and asked["name"] == "issue_refund"

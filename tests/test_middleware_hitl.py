@@ -9,12 +9,13 @@ import asyncio
 import time
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from langchain.agents import create_agent
-from langchain.agents.middleware import HumanInTheLoopMiddleware
+from langchain.agents.middleware import AgentMiddleware, HumanInTheLoopMiddleware
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
+from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import BaseTool, tool
 from langgraph.types import Command
 
@@ -73,13 +74,15 @@ def test_hitl_reviews_once_and_its_edit_runs_and_is_recorded(
     applied: list[tuple[str, float, str]] = []
     hitl = HumanInTheLoopMiddleware(interrupt_on={"issue_refund": True})
     effects = EffectMiddleware(approval=hitl)
-    middleware = [hitl, effects] if order == "hitl-first" else [effects, hitl]
+    middleware: list[AgentMiddleware[Any, Any, Any]] = (
+        [hitl, effects] if order == "hitl-first" else [effects, hitl]
+    )
     saver = _saver(saver_kind, tmp_path)
     model = ScriptedChatModel(
         [AIMessage("", tool_calls=[REFUND]), "done"], on_exhausted="repeat_last"
     )
     agent = create_agent(model, [_refund_tool(applied)], middleware=middleware, checkpointer=saver)
-    cfg = {"configurable": {"thread_id": f"hitl-{order}"}}
+    cfg: RunnableConfig = {"configurable": {"thread_id": f"hitl-{order}"}}
 
     out = agent.invoke({"messages": [HumanMessage("refund o-88")]}, cfg)
     (question,) = out["__interrupt__"]
@@ -108,10 +111,10 @@ def test_a_call_hitl_approved_runs_when_review_is_delegated() -> None:
     agent = create_agent(
         model,
         [_refund_tool(applied)],
-        middleware=[hitl, EffectMiddleware(approval=False)],
+        middleware=[hitl, cast(AgentMiddleware[Any, Any, Any], EffectMiddleware(approval=False))],
         checkpointer=saver,
     )
-    cfg = {"configurable": {"thread_id": "delegated"}}
+    cfg: RunnableConfig = {"configurable": {"thread_id": "delegated"}}
     agent.invoke({"messages": [HumanMessage("refund o-88")]}, cfg)
     out = agent.invoke(Command(resume={"decisions": [{"type": "approve"}]}), cfg)
     assert applied == [("o-88", 60.0, "refund:o-88")]
@@ -127,7 +130,7 @@ def test_without_hitl_the_middleware_asks_where_the_call_stands() -> None:
     agent = create_agent(
         model, [_refund_tool(applied)], middleware=[EffectMiddleware()], checkpointer=saver
     )
-    cfg = {"configurable": {"thread_id": "own-review"}}
+    cfg: RunnableConfig = {"configurable": {"thread_id": "own-review"}}
     out = agent.invoke({"messages": [HumanMessage("refund o-88")]}, cfg)
     (question,) = out["__interrupt__"]
     assert question.value["type"] == "tool_approval"
@@ -189,7 +192,7 @@ async def test_a_task_cancel_mid_call_leaves_a_valid_history_and_a_report() -> N
         middleware=[EffectMiddleware(approval=False)],
         checkpointer=saver,
     )
-    cfg = {"configurable": {"thread_id": "stopped"}}
+    cfg: RunnableConfig = {"configurable": {"thread_id": "stopped"}}
     task = asyncio.ensure_future(agent.ainvoke({"messages": [HumanMessage("refund")]}, cfg))
     for _ in range(200):
         if any(e.status is EffectStatus.DISPATCHED for e in saver.ledger.effects("stopped")):
