@@ -122,7 +122,7 @@ class Background:
         return self._result[0]
 
 
-def collect_custom(graph: Any, inp: Any, cfg: dict[str, Any], *, use_async: bool) -> list[Any]:
+def collect_custom(graph: Any, inp: Any, cfg: Any, *, use_async: bool) -> list[Any]:
     """Run to the end streaming ``custom`` events; return them."""
     if use_async:
 
@@ -619,7 +619,7 @@ def test_cancel_from_a_second_process(
         # still in flight (PostgreSQL: LISTEN/NOTIFY; SQLite: a cheap poll).
         watcher = ledger_for_url(durable_url)
         wait_until(
-            lambda: watcher.latest_run(thread_id).observed_at is not None,
+            lambda: getattr(watcher.latest_run(thread_id), "observed_at", None) is not None,
             timeout=TIMEOUT,
             what="the worker to observe the cancel",
         )

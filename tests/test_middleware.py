@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import tool
 
 from langgraph_cancel import EffectKind, effect, get_report, idempotency_key, request_cancel
@@ -144,8 +145,10 @@ async def test_a_repeated_tool_call_is_replayed_not_redispatched(saver: Any) -> 
     refund = _tools(counter)[0]
     middleware = EffectMiddleware(approval=False)
     call = tool_call("refund", {"order_id": "o9"}, id="c-o9")
-    config = {"configurable": {"thread_id": "mw-replay", "langgraph_cancel_ledger": saver.ledger}}
-    runtime = ToolRuntime(
+    config: RunnableConfig = {
+        "configurable": {"thread_id": "mw-replay", "langgraph_cancel_ledger": saver.ledger}
+    }
+    runtime: ToolRuntime[None, dict[str, Any]] = ToolRuntime(
         state={"messages": []},
         context=None,
         config=config,
@@ -157,7 +160,7 @@ async def test_a_repeated_tool_call_is_replayed_not_redispatched(saver: Any) -> 
     handled: list[str] = []
 
     async def handler(req: ToolCallRequest) -> ToolMessage:
-        handled.append(req.tool_call["id"])
+        handled.append(str(req.tool_call["id"]))
         return ToolMessage(refund.invoke(req.tool_call["args"]), tool_call_id=req.tool_call["id"])
 
     first = await middleware.awrap_tool_call(request, handler)

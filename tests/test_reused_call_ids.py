@@ -278,7 +278,7 @@ def test_a_cancel_answers_a_reused_id_as_not_run(saver: Any, log: ExecutionLog) 
     thread = new_thread()
 
     def agent(state: MessagesState) -> dict[str, list[BaseMessage]]:
-        out = model(state)
+        out: dict[str, list[BaseMessage]] = model(state)
         if sum(isinstance(m, AIMessage) for m in state["messages"]) == 1:
             saver.ledger.request_cancel(thread, reason="stop", requested_by="test")
         return out

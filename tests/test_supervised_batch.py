@@ -275,7 +275,7 @@ async def _cancel_the_task_in_flight(graph: Any, thread_id: str, started: thread
 async def test_a_cancelled_task_waits_for_the_call_in_the_worker_and_records_it(
     saver: Any,
 ) -> None:
-    started, done = threading.Event(), []
+    started, done = threading.Event(), list[str]()
     graph = _sync_charge_agent(saver, 0.3, started, done, cancel_timeout=5)
     thread_id = new_thread()
     await _cancel_the_task_in_flight(graph, thread_id, started)
@@ -297,7 +297,7 @@ async def test_a_cancelled_task_waits_for_the_call_in_the_worker_and_records_it(
 async def test_a_cancelled_task_records_a_call_outliving_its_grace_unknown_then_settles_it(
     saver: Any,
 ) -> None:
-    started, done = threading.Event(), []
+    started, done = threading.Event(), list[str]()
     graph = _sync_charge_agent(saver, 1.5, started, done, cancel_timeout=0.2)
     thread_id = new_thread()
     t0 = time.monotonic()
