@@ -266,7 +266,7 @@ async def interrupted_on_refund(served: Served, client: Any, thread_id: str, amo
     assert action["why_permanent"]
     review = value["review_configs"][0]
     assert review["action_name"] == "issue_refund"
-    assert set(review["allowed_decisions"]) == {"approve", "edit", "reject"}
+    assert set(review["allowed_decisions"]) == {"approve", "edit", "reject", "respond"}
     assert state["next"] == ["approval"]
     assert (await client.threads.get(thread_id))["status"] == "interrupted"
     # Paused, not finished: the ledger's run waits for the decision (the server's run id
