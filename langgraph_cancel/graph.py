@@ -60,6 +60,7 @@ from langgraph_cancel.hooks import call_reconcile
 from langgraph_cancel.hooks import run_sync as _run_sync
 from langgraph_cancel.ledger import Ledger
 from langgraph_cancel.nodes.tool_node import EffectToolNode
+from langgraph_cancel.progress import ProgressKind, announce_cancelled, announce_effect
 from langgraph_cancel.report import CancellationReport, build_report
 from langgraph_cancel.runtime import (
     CONFIG_KEY_LEDGER,
@@ -170,19 +171,22 @@ def _plan_dropped(scope: RunScope, settings: CancellationSettings, call: ToolCal
         "actor": "cancel",
     }
     try:
-        scope.ledger.plan(**fields, idempotency_key=key)
+        planned, _created = scope.ledger.plan(**fields, idempotency_key=key)
     except DuplicateIdempotencyKeyError:
         # A repeated call (same tool, same arguments) holds the tool's key: this one is
         # recorded, never run, under the key derived from its own id.
-        scope.ledger.plan(**fields, idempotency_key=None)
+        planned, _created = scope.ledger.plan(**fields, idempotency_key=None)
+    announce_effect(ProgressKind.DROPPED, planned)
 
 
 def _drop(scope: RunScope, rec: EffectRecord) -> None:
-    # It may have moved on (dispatched by a sibling): the in-flight pass handles it.
-    with contextlib.suppress(IllegalTransitionError):
-        scope.ledger.transition(
+    try:
+        dropped = scope.ledger.transition(
             rec.effect_id, EffectStatus.DROPPED, actor="cancel", error=NOT_RUN_CANCELLED
         )
+    except IllegalTransitionError:
+        return  # it moved on (dispatched by a sibling): the in-flight pass handles it
+    announce_effect(ProgressKind.DROPPED, dropped)
 
 
 def _drop_send_payload(state: Any, scope: RunScope, settings: CancellationSettings) -> None:
@@ -238,26 +242,31 @@ def _settle_dispatched(
     deadline = time.monotonic()
     for e in in_flight:
         spec = settings.spec(e.tool)
+        grace = 0.0
         if spec is None or spec.cancel_policy is CancelPolicy.WAIT:
-            timeout = (spec.cancel_timeout if spec else None) or settings.cancel_timeout
-            deadline = max(deadline, time.monotonic() + timeout)
+            grace = (spec.cancel_timeout if spec else None) or settings.cancel_timeout
+            deadline = max(deadline, time.monotonic() + grace)
+        scope.await_effect(e, grace)
+    pending = in_flight
     while time.monotonic() < deadline:
         pending = [ledger.get_effect(e.effect_id) for e in in_flight]
         if all(p.status is not EffectStatus.DISPATCHED for p in pending):
-            return
+            break
         time.sleep(0.02)
-    for e in in_flight:
-        rec = ledger.get_effect(e.effect_id)
-        if rec.status is not EffectStatus.DISPATCHED:
-            continue
-        spec = settings.spec(rec.tool) or spec_of_unknown()
-        outcome = reconcile_now(spec, rec.idempotency_key, rec.args)
-        if outcome.status == "unknown":
-            mark_unknown(
-                ledger, rec, spec, f"in flight when the run was cancelled; {outcome.reason}"
-            )
-        else:
-            apply_outcome(ledger, rec, spec, outcome, actor="cancel")
+    for rec in pending:
+        if rec.status is EffectStatus.DISPATCHED:
+            rec = ledger.get_effect(rec.effect_id)
+        if rec.status is EffectStatus.DISPATCHED:
+            spec = settings.spec(rec.tool) or spec_of_unknown()
+            outcome = reconcile_now(spec, rec.idempotency_key, rec.args)
+            if outcome.status == "unknown":
+                rec = mark_unknown(
+                    ledger, rec, spec, f"in flight when the run was cancelled; {outcome.reason}"
+                )
+            else:
+                rec = apply_outcome(ledger, rec, spec, outcome, actor="cancel")
+        scope.awaited.discard(rec.effect_id)
+        announce_effect(ProgressKind.SETTLED, rec)
 
 
 def _wait_for_children(scope: RunScope, seconds: float) -> None:
@@ -295,7 +304,8 @@ def finalize_cancel(
         ledger.request_cancel(scope.thread_id, reason="cancel node reached", requested_by="graph")
         run = scope.refresh()
     if run.status is RunStatus.CANCEL_REQUESTED:
-        run = ledger.mark_observed(run.run_id)
+        # The signal's own observation streams the request, once per run.
+        run = scope.signal.observe() or ledger.mark_observed(run.run_id)
     if not run.terminal:
         # 1. The queue you can actually drain: everything not yet dispatched.
         for e in ledger.run_effects(run.run_id):
@@ -309,7 +319,12 @@ def finalize_cancel(
         _wait_for_children(scope, settings.cancel_timeout)
         # 4. Compensation, when asked for.
         if settings.compensate_on_cancel:
-            compensate_run(ledger, ledger.run_effects(run.run_id), settings.all_tools())
+            for undone in compensate_run(
+                ledger, ledger.run_effects(run.run_id), settings.all_tools()
+            ):
+                compensated = undone.status is EffectStatus.COMPENSATED
+                kind = ProgressKind.COMPENSATED if compensated else ProgressKind.COMPENSATION_FAILED
+                announce_effect(kind, undone)
         quiesced = utcnow()
         current = ledger.get_run(run.run_id)
         report = build_report(
@@ -363,10 +378,7 @@ def _make_cancel_node(settings: CancellationSettings) -> RunnableCallable:
         # The ledger work (and waiting for in-flight calls) runs off the event loop.
         report, answers = await asyncio.to_thread(settle, state, config)
         payload = report.model_dump(mode="json")
-        try:
-            runtime.stream_writer({"langgraph_cancel": {"event": "cancelled", "report": payload}})
-        except Exception:  # a missing stream consumer must not fail the cancel
-            logger.debug("could not stream the report", exc_info=True)
+        announce_cancelled(report.run_id, report.thread_id, payload)
         if runtime.control is not None:
             runtime.control.request_drain(DRAIN_REASON)
         return {settings.messages_key: answers, settings.report_key: payload}
@@ -374,10 +386,7 @@ def _make_cancel_node(settings: CancellationSettings) -> RunnableCallable:
     def cancel(state: Any, config: RunnableConfig, runtime: Runtime[Any]) -> Any:
         report, answers = settle(state, config)
         payload = report.model_dump(mode="json")
-        try:
-            runtime.stream_writer({"langgraph_cancel": {"event": "cancelled", "report": payload}})
-        except Exception:  # a missing stream consumer must not fail the cancel
-            logger.debug("could not stream the report", exc_info=True)
+        announce_cancelled(report.run_id, report.thread_id, payload)
         if runtime.control is not None:
             runtime.control.request_drain(DRAIN_REASON)
         return {settings.messages_key: answers, settings.report_key: payload}

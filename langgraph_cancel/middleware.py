@@ -48,6 +48,7 @@ from langgraph_cancel.graph import (
     reconcile_thread,
 )
 from langgraph_cancel.ledger import Ledger
+from langgraph_cancel.progress import announce_cancelled
 from langgraph_cancel.runtime import RunScope, check_durability, drop_scope, scope_for
 from langgraph_cancel.types import RunStatus
 
@@ -176,9 +177,11 @@ class EffectMiddleware(AgentMiddleware[CancelAgentState, Any, Any]):
         scope.signal.observe()
         dangling = dangling_tool_calls(list(state.get("messages") or []))
         report = finalize_cancel(scope, self.settings, dangling)
+        payload = report.model_dump(mode="json")
+        announce_cancelled(report.run_id, report.thread_id, payload)
         return {
             "messages": answer_dangling(scope, dangling),
-            REPORT_KEY: report.model_dump(mode="json"),
+            REPORT_KEY: payload,
             "jump_to": "end",
         }
 

@@ -35,6 +35,7 @@ from langgraph_cancel.ledgers import (
     ledger_for_url,
     resolve_ledger,
 )
+from langgraph_cancel.progress import ProgressKind, announce_effect, announce_observed
 from langgraph_cancel.types import EffectRecord, RunRecord, RunStatus
 
 logger = logging.getLogger("langgraph_cancel")
@@ -199,7 +200,10 @@ class CancelSignal:
             if self._observed:
                 return None
             self._observed = True
-        return self.ledger.mark_observed(self.run_id)
+        run = self.ledger.mark_observed(self.run_id)
+        if run.requested_at is not None:
+            announce_observed(run)
+        return run
 
     def wait(self, timeout: float) -> bool:
         """Block until the signal is up or ``timeout`` passes."""
@@ -385,6 +389,17 @@ class RunScope:
     ephemeral: bool = False
     #: The thread id the run's config named (None: it named none).
     named_thread: str | None = None
+    #: Effects in flight that this run's stop waits for: each leaves the set when its
+    #: outcome is recorded and streamed as ``settled`` (``progress.py``).
+    awaited: set[str] = field(default_factory=set)
+
+    def await_effect(self, record: EffectRecord, grace: float | None) -> None:
+        """The stop waits for ``record``, in flight, for ``grace`` seconds (None: until
+        it returns): say so on the stream, once per effect."""
+        if record.effect_id in self.awaited:
+            return
+        self.awaited.add(record.effect_id)
+        announce_effect(ProgressKind.WAITING, record, grace_s=grace)
 
     @property
     def requested_thread(self) -> str | None:

@@ -34,9 +34,10 @@ WATCH_INTERVAL = 0.02
 class StopButton(threading.Thread):
     """Another thread watching the ledger as a user would, and pressing stop.
 
-    It prints each call's new status, and asks the run to stop (through the
-    ledger, as ``langgraph-cancel cancel`` from another process would) at the
-    moment the step names.
+    Until the stop it prints each call's new status (after it, the run streams
+    the steps of the stop itself); it asks the run to stop (through the ledger,
+    as ``langgraph-cancel cancel`` from another process would) at the moment the
+    step names.
     """
 
     def __init__(
@@ -83,7 +84,9 @@ class StopButton(threading.Thread):
         for effect in effects:
             if self._seen.get(effect.effect_id) != effect.status.value:
                 self._seen[effect.effect_id] = effect.status.value
-                self.say(render.progress_line(effect))
+                # Once stop is pressed the run streams the stop's own steps.
+                if self.pressed_at is None:
+                    self.say(render.progress_line(effect))
         if self.pressed_at is not None or self.done.is_set():
             return
         hit = trigger(self.step, effects)
@@ -143,6 +146,7 @@ def run(args: argparse.Namespace) -> int:
     from langgraph_cancel.demo import graph as agent
     from langgraph_cancel.demo import scenario, tools
     from langgraph_cancel.ledger import Ledger
+    from langgraph_cancel.progress import EVENT_KEY
 
     db = resolve_database(args.db)
     step = scenario.STEPS[args.cancel_at]
@@ -198,6 +202,10 @@ def run(args: argparse.Namespace) -> int:
                     if mode == "updates" and isinstance(chunk, dict):
                         for text in render.describe_update(chunk):
                             say(text)
+                    elif mode == "custom" and isinstance(chunk, dict) and EVENT_KEY in chunk:
+                        described = render.describe_progress(chunk[EVENT_KEY])
+                        if described is not None:
+                            say(described)
                 latest = ledger.require_latest_run(thread)
                 if latest.terminal or not graph.get_state(config).interrupts:
                     break

@@ -513,6 +513,43 @@ def progress_line(effect: EffectRecord) -> Text:
     )
 
 
+def describe_progress(event: Mapping[str, Any]) -> Text | None:
+    """One line for a progress event of a stop (``langgraph_cancel.progress``).
+
+    ``event`` is the chunk's ``"langgraph_cancel"`` value (or a ``ProgressEvent``
+    dumped to JSON); None for a kind this version does not know.
+    """
+    kind = event.get("event")
+    effect = event.get("effect") or {}
+    label = call_label(str(effect.get("tool", "?")), effect.get("args") or {})
+    if kind == "requested":
+        who = event.get("requested_by") or "someone"
+        reason = event.get("reason") or "no reason given"
+        return Text.assemble(("stop requested", "bold red"), f" by {who}: {reason}")
+    if kind == "observed":
+        return Text.assemble(("stop observed", "bold red"), ": the run is cancelling")
+    if kind == "dropped":
+        return Text.assemble("  ", (label, "bold"), "  ", status_text("dropped"), "  (never ran)")
+    if kind == "waiting":
+        since = timestamp(effect.get("dispatched_at"), short_form=True)
+        grace = event.get("grace_s")
+        within = "until it returns" if grace is None else f"up to {grace:g}s"
+        return Text.assemble(
+            ("waiting", "bold yellow"),
+            " for ",
+            (label, "bold"),
+            f", in flight since {since}: the request has left the process ({within})",
+        )
+    if kind == "settled":
+        status = str(effect.get("status", "unknown"))
+        return Text.assemble("  ", (label, "bold"), "  ", status_text(status), "  (settled)")
+    if kind in ("compensated", "compensation_failed"):
+        return Text.assemble("  ", (label, "bold"), "  ", status_text(str(kind)))
+    if kind == "cancelled":
+        return Text.assemble(("run cancelled", "bold red"), ": the report follows")
+    return None
+
+
 def describe_update(chunk: Mapping[str, Any]) -> list[Text]:
     """The demo's lines for one ``stream_mode="updates"`` chunk."""
     lines: list[Text] = []
@@ -541,6 +578,7 @@ __all__ = [
     "PIPED_WIDTH",
     "call_label",
     "console",
+    "describe_progress",
     "describe_update",
     "line",
     "milliseconds",

@@ -148,6 +148,7 @@ class SyncDriver:
             give_up=lambda: mark_unknown(
                 scope.ledger, rec, spec, str(StoppedWaiting(grace or 0.0, None))
             ),
+            record=rec,
         )
         try:
             supervisor.begin(call)
@@ -188,6 +189,8 @@ class SyncDriver:
                 if step.abandon:
                     future.cancel()
                     raise Abandoned
+                if step.record is not None:
+                    self.scope.await_effect(step.record, step.grace)
                 deadline = time.monotonic() + (math.inf if step.grace is None else step.grace)
             if deadline is not None and time.monotonic() >= deadline:
                 raise StoppedWaiting(step.grace or 0.0, future)
@@ -265,6 +268,7 @@ class AsyncDriver:
             self.cancelled = True
             spec = step.spec
             wait = (spec.cancel_timeout if spec is not None else None) or self.cancel_timeout
+            self.scope.await_effect(step.record, wait)
             done, _ = await asyncio.wait({task}, timeout=wait)
             if not done:
                 raise DispatchCancelled(finished=False, pending=task) from None
@@ -291,6 +295,8 @@ class AsyncDriver:
                 if step.abandon:
                     task.cancel()
                     raise Abandoned
+                if step.record is not None:
+                    self.scope.await_effect(step.record, step.grace)
                 deadline = time.monotonic() + (math.inf if step.grace is None else step.grace)
             if deadline is not None and time.monotonic() >= deadline:
                 raise StoppedWaiting(step.grace or 0.0, task)

@@ -97,6 +97,7 @@ from langgraph_cancel.execution.steps import (
     ledger_call,
 )
 from langgraph_cancel.ledger import Ledger
+from langgraph_cancel.progress import ProgressKind, announce_effect
 from langgraph_cancel.runtime import RunScope
 from langgraph_cancel.types import (
     CancelPolicy,
@@ -513,10 +514,12 @@ def _dispatch(
         still_running = True
         unknown = yield from mark_unknown_steps(rec, plan.spec, str(stop))
         yield SettleWhenReturned(stop.pending, rec, ctx.owner)
+        yield from _settled_if_awaited(ctx, rec)
         return replay_message(unknown, plan.call)
     except DispatchCancelled as cancelled:
         still_running = not cancelled.finished
         yield from _after_task_cancel(ctx, plan, rec, cancelled)
+        yield from _settled_if_awaited(ctx, rec)
         raise
     except GraphInterrupt:
         # interrupt() inside the tool: the call paused before it finished, and
@@ -529,12 +532,27 @@ def _dispatch(
         if is_invalid_resume(exc):
             yield from _interrupted(ctx, rec)  # the tool's own interrupt, answered invalidly
             raise
-        return (yield from _failed(ctx, plan, rec, exc, None))
+        failed = yield from _failed(ctx, plan, rec, exc, None)
+        yield from _settled_if_awaited(ctx, rec)
+        return failed
     finally:
         batch.finished()
         if not still_running:
             stop_running(rec.effect_id)
-    return (yield from _returned(ctx, plan, rec, answer, raised, defer=True))
+    returned = yield from _returned(ctx, plan, rec, answer, raised, defer=True)
+    yield from _settled_if_awaited(ctx, rec)
+    return returned
+
+
+def _settled_if_awaited(ctx: CallContext, rec: EffectRecord) -> Protocol[None]:
+    """A call a stop waited for has its outcome: stream it (``settled``), durable first."""
+    if rec.effect_id not in ctx.scope.awaited:
+        return
+    ctx.scope.awaited.discard(rec.effect_id)
+    with contextlib.suppress(LedgerError):
+        yield from ctx.batch.flush_outcome()
+        settled = yield from ledger_call(Ledger.get_effect, rec.effect_id)
+        announce_effect(ProgressKind.SETTLED, settled)
 
 
 def _returned(
@@ -787,7 +805,7 @@ def _settle_in_flight(
 def _drop(ctx: CallContext, plan: CallPlan, existing: EffectRecord | None) -> Protocol[None]:
     """Record that the call never runs: the run was cancelled before its dispatch."""
     if existing is None:
-        yield from ledger_call(
+        dropped, _created = yield from ledger_call(
             Ledger.plan,
             thread_id=ctx.scope.thread_id,
             run_id=ctx.scope.run_id,
@@ -802,6 +820,7 @@ def _drop(ctx: CallContext, plan: CallPlan, existing: EffectRecord | None) -> Pr
             owner=ctx.owner,
             actor=ctx.owner,
         )
+        announce_effect(ProgressKind.DROPPED, dropped)
     elif existing.status in (
         EffectStatus.PLANNED,
         EffectStatus.PENDING_APPROVAL,
@@ -809,14 +828,17 @@ def _drop(ctx: CallContext, plan: CallPlan, existing: EffectRecord | None) -> Pr
         EffectStatus.NOT_APPLIED,
     ):
         # Moved on meanwhile (dispatched by a sibling): whoever moved it settles it.
-        with contextlib.suppress(IllegalTransitionError):
-            yield from ledger_call(
+        try:
+            moved = yield from ledger_call(
                 Ledger.transition,
                 existing.effect_id,
                 EffectStatus.DROPPED,
                 actor=ctx.owner,
                 error=NOT_RUN_CANCELLED,
             )
+        except IllegalTransitionError:
+            return
+        announce_effect(ProgressKind.DROPPED, moved)
 
 
 def plan_effect(ctx: CallContext, plan: CallPlan) -> Protocol[EffectRecord | ToolMessage]:

@@ -31,6 +31,7 @@ from typing import TypeVar
 
 from langgraph_cancel.errors import BatchSuperseded
 from langgraph_cancel.runtime import RunScope
+from langgraph_cancel.types import EffectRecord
 
 T = TypeVar("T")
 
@@ -48,11 +49,14 @@ class InFlight:
             (``None``: until it returns).
         give_up: Records the call as unknown; the supervisor runs it once it has
             stopped waiting.
+        record: The call's ledger record, as dispatched (streamed while a stop
+            waits for it).
     """
 
     scope: RunScope
     grace: float | None
     give_up: Callable[[], object]
+    record: EffectRecord | None = None
 
 
 class Supervisor:
@@ -139,6 +143,8 @@ def supervise(
                 continue  # between two calls the worker checks the signal itself
             if deadline is None and call.scope.cancel_called():
                 call.scope.signal.observe()
+                if call.record is not None:
+                    call.scope.await_effect(call.record, call.grace)
                 deadline = time.monotonic() + (math.inf if call.grace is None else call.grace)
             if deadline is not None and time.monotonic() >= deadline and sup.give_up(call):
                 call.give_up()
