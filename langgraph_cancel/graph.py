@@ -533,6 +533,18 @@ def _make_entry(settings: CancellationSettings, targets: list[str]) -> RunnableC
 
 
 # ---------------------------------------------------------- add_cancellation
+def _with_cancel(ends: tuple[str, ...] | dict[str, str] | None) -> tuple[str, ...] | dict[str, str]:
+    """A node's declared ``Command`` destinations plus the cancel node.
+
+    Every guarded node may divert to the cancel node; declared, the graph view
+    (Studio, ``get_graph()``) draws where a stop goes. Destinations only draw:
+    what a node may go to at run time is unchanged.
+    """
+    if isinstance(ends, dict):
+        return {**ends, CANCEL_NODE: CANCEL_NODE}
+    return (*(ends or ()), CANCEL_NODE)
+
+
 def _collect_tools(builder: StateGraph[Any, Any, Any, Any]) -> dict[str, BaseTool]:
     tools: dict[str, BaseTool] = {}
     for spec in builder.nodes.values():
@@ -592,7 +604,7 @@ def add_cancellation(
     )
     for name, spec in list(builder.nodes.items()):
         builder.nodes[name] = dataclasses.replace(
-            spec, runnable=_guard(name, spec.runnable, settings)
+            spec, runnable=_guard(name, spec.runnable, settings), ends=_with_cancel(spec.ends)
         )
     if report_key not in builder.channels:
         make_typed_dict: Any = TypedDict  # a field name known only at run time
@@ -611,7 +623,11 @@ def add_cancellation(
     for s, e in start_edges:
         builder.edges.discard((s, e))
         builder.edges.add((RECONCILE_NODE, e))
-    builder.add_node(RECONCILE_NODE, _make_reconcile_subgraph(settings, builder.state_schema))
+    builder.add_node(
+        RECONCILE_NODE,
+        _make_reconcile_subgraph(settings, builder.state_schema),
+        destinations=(CANCEL_NODE,),
+    )
     builder.add_node(CANCEL_NODE, _make_cancel_node(settings))
     if START in builder.branches:
         builder.branches[RECONCILE_NODE] = builder.branches.pop(START)

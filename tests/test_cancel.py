@@ -58,6 +58,7 @@ from langgraph_cancel.demo import tools as refund_tools
 from langgraph_cancel.demo.services import Providers
 from langgraph_cancel.execution.answers import ABANDONED_READ
 from langgraph_cancel.ledger import Ledger
+from langgraph_cancel.progress import EVENT_KEY, ProgressEvent
 from langgraph_cancel.runtime import ledger_for_url
 from langgraph_cancel.testing import tool_call
 from langgraph_cancel.types import RunStatus
@@ -131,6 +132,15 @@ def collect_custom(graph: Any, inp: Any, cfg: Any, *, use_async: bool) -> list[A
 
         return asyncio.run(go())
     return list(graph.stream(inp, cfg, stream_mode="custom"))
+
+
+def progress_events(events: list[Any]) -> list[ProgressEvent]:
+    """The stop's progress events among streamed ``custom`` chunks, as a client reads them."""
+    return [
+        ProgressEvent.model_validate(e[EVENT_KEY])
+        for e in events
+        if isinstance(e, dict) and EVENT_KEY in e
+    ]
 
 
 def cancelled_events(events: list[Any]) -> list[dict[str, Any]]:
@@ -265,6 +275,23 @@ def test_seed_scenario(
     streamed = cancelled_events(events)
     assert len(streamed) == 1
     assert CancellationReport.model_validate(streamed[0]["report"]) == report
+    # ... after each step of the stop, in order
+    progress = progress_events(events)
+    assert [(p.event.value, p.effect and p.effect.tool_call_id) for p in progress[:4]] == [
+        ("requested", None),
+        ("observed", None),
+        ("waiting", "s4"),
+        ("settled", "s4"),
+    ]
+    assert progress[0].reason == "user pressed stop" and progress[0].requested_by == "alice"
+    assert progress[2].grace_s is not None and progress[2].effect is not None
+    assert progress[2].effect.dispatched_at == ledger.find_effect(thread_id, "s4").dispatched_at
+    assert progress[3].effect is not None and progress[3].effect.status is EffectStatus.COMMITTED
+    dropped = progress[4:-1]
+    assert [p.event.value for p in dropped] == ["dropped"] * len(queued)
+    assert sorted(p.effect.tool_call_id for p in dropped if p.effect) == sorted(queued)
+    assert progress[-1].event.value == "cancelled"
+    assert {p.run_id for p in progress} == {run_rec.run_id}
 
     # --- every call in the history is answered; the next model call works
     messages = graph.get_state(cfg).values["messages"]

@@ -440,6 +440,71 @@ async def test_durable_cancel_of_seed_run_reports_in_thread_state(
 
 
 @pytest.mark.server
+async def test_a_stop_streams_its_progress_to_the_client(
+    served: Served, client: Any, thread_id: str
+) -> None:
+    """A client streaming ``custom`` sees each step of the stop, in order, then the report."""
+    from langgraph_cancel.demo.graph import QUEUED_CALLS, SEED_REQUEST
+    from langgraph_cancel.progress import EVENT_KEY, ProgressEvent
+    from langgraph_cancel.report import CancellationReport
+
+    async def consume() -> list[ProgressEvent]:
+        seen: list[ProgressEvent] = []
+        async for part in client.runs.stream(
+            thread_id, served.graph_id, input=human(SEED_REQUEST), stream_mode="custom"
+        ):
+            data = part.data
+            if part.event.startswith("custom") and isinstance(data, dict) and EVENT_KEY in data:
+                seen.append(ProgressEvent.model_validate(data[EVENT_KEY]))
+        return seen
+
+    def update_in_flight() -> EffectRecord | None:
+        for rec in served.ledger.effects(thread_id):
+            if rec.tool == "update_order" and rec.status is EffectStatus.DISPATCHED:
+                return rec
+        return None
+
+    served.providers.set_fault("update_order", "hang:2", times=1)
+    streaming = asyncio.ensure_future(consume())
+    in_flight = await wait_for("update_order(o-88) to be in flight", update_in_flight)
+    await asyncio.to_thread(
+        request_cancel, served.ledger_url, thread_id, reason="stop pressed", requested_by="studio"
+    )
+    progress = await asyncio.wait_for(streaming, timeout=30)
+
+    kinds = [p.event.value for p in progress]
+    assert kinds == [
+        "requested",
+        "observed",
+        "waiting",
+        "settled",
+        *["dropped"] * len(QUEUED_CALLS),
+        "cancelled",
+    ], kinds
+    assert progress[0].requested_by == "studio" and progress[0].reason == "stop pressed"
+    waiting, settled = progress[2], progress[3]
+    assert waiting.effect is not None and waiting.effect.effect_id == in_flight.effect_id
+    assert waiting.effect.dispatched_at == in_flight.dispatched_at
+    assert settled.effect is not None and settled.effect.status is EffectStatus.COMMITTED
+    assert sorted(p.effect.tool for p in progress[4:-1] if p.effect) == sorted(QUEUED_CALLS)
+    # The last event alone is enough to render the outcome, and it is the thread's report.
+    streamed = progress[-1].report
+    assert streamed is not None
+    report = CancellationReport.model_validate(streamed)
+    state = await client.threads.get_state(thread_id)
+    assert CancellationReport.model_validate(state["values"]["cancellation_report"]) == report
+    assert sorted(e.tool_call_id for e in report.not_run) == sorted(
+        p.effect.tool_call_id for p in progress[4:-1] if p.effect
+    )
+    from langgraph_cancel.cli import render
+
+    out = render.console(stderr=False)
+    with out.capture() as captured:
+        render.render_report(out, report)
+    assert "update_order" in captured.get() and "Not run" in captured.get()
+
+
+@pytest.mark.server
 async def test_new_input_after_runs_cancel_keeps_tool_answers_in_order(
     served: Served, client: Any, thread_id: str
 ) -> None:
