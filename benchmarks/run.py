@@ -2,7 +2,7 @@
 
 Measures langgraph-cancel against plain LangGraph on memory, SQLite (a file in a
 temporary directory) and PostgreSQL (loopback), prints rich tables with the
-targets of issue 8 marked PASS/MISS, and writes everything to JSON
+targets marked PASS/MISS, and writes everything to JSON
 (``benchmarks/results/latest.json`` by default). This is a measurement, never a
 test: nothing here fails on a slow number.
 
@@ -44,7 +44,7 @@ from benchmarks.common import (
 ROOT = Path(__file__).resolve().parent.parent
 SECTIONS = ("overhead", "profile", "latency", "scale", "recovery", "cli_startup")
 
-# Targets of issue 8.
+# The targets.
 PG_SE_MAX_US = 1000.0
 RO_MAX_US = 100.0
 BATCH_MAX_PCT = 10.0
@@ -225,7 +225,7 @@ def _paired_text(cell: dict[str, Any]) -> str:
     return f"{cell['paired_added_pct']:+.1f} [{low:+.1f}, {high:+.1f}]"
 
 
-#: A row that reports a cost no target of issue 8 covers (its detail says why).
+#: A row that reports a cost no target covers (its detail says why).
 INFO = "info"
 
 
@@ -361,7 +361,7 @@ def evaluate_targets(res: dict[str, Any], settings: Settings) -> list[dict[str, 
                         f"ToolNode {c['base_ms']['median']} ms, EffectToolNode "
                         f"{c['effect_concurrent_ms']['median']} ms",
                     )
-                # The default dispatches in plan order, one at a time (issue 3), so that
+                # The default dispatches in plan order, one at a time, so that
                 # a stop mid-batch drops the calls behind it: 10 x 5 ms in sequence.
                 pct, measured = _paired_pct(c, "added_pct")
                 add(
@@ -369,7 +369,7 @@ def evaluate_targets(res: dict[str, Any], settings: Settings) -> list[dict[str, 
                     measured,
                     INFO,
                     "not comparable with ToolNode's parallel batch: the calls run in plan "
-                    "order so that a stop between two of them drops the rest (issue 3's "
+                    "order so that a stop between two of them drops the rest (the "
                     f"default); {trials}; medians: ToolNode {c['base_ms']['median']} ms, "
                     f"EffectToolNode {c['effect_ms']['median']} ms{ainvoke}",
                 )
@@ -806,7 +806,7 @@ def print_tables(res: dict[str, Any]) -> None:
     from benchmarks.cli_startup import print_table as cli_table
 
     cli_table(con, res)
-    t = Table(title="Targets (issue 8)")
+    t = Table(title="Targets")
     for col in ("target", "measured", "status", "detail"):
         t.add_column(col)
     for r in res["targets"]:

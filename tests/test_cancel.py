@@ -1,4 +1,4 @@
-"""The cancellation protocol (issue 4): request, cancelling, cancelled, a drained queue, a report.
+"""The cancellation protocol: request, cancelling, cancelled, a drained queue, a report.
 
 Real compiled graphs on memory, SQLite and PostgreSQL; the stop button is
 pressed from another thread (or another process) while the run works, and

@@ -1,4 +1,4 @@
-"""PostgreSQL restarted (``pg_ctl restart``) in the middle of a run (issue 8, chaos).
+"""PostgreSQL restarted (``pg_ctl restart``) in the middle of a run (chaos).
 
 The agent works through slow side-effecting calls against the fake providers
 while the database server is restarted under it: while a call is at the

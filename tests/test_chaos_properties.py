@@ -1,4 +1,4 @@
-"""Chaos and properties (issue 8): random plans, a stop and/or a crash at a random point, I1-I8.
+"""Chaos and properties: random plans, a stop and/or a crash at a random point, I1-I8.
 
 Hypothesis generates whole agent runs (``tests/chaos_harness.py``): a scripted
 model emitting one to three turns of one to six tool calls of every effect kind

@@ -1,4 +1,4 @@
-"""A Hypothesis state machine over one thread's life (issue 8): many messages, chaos, operators.
+"""A Hypothesis state machine over one thread's life: many messages, chaos, operators.
 
 ``test_chaos_properties.py`` plays one plan per example on a fresh thread. Here
 one thread lives through a sequence of steps Hypothesis chooses, so what one

@@ -1,4 +1,4 @@
-"""Bad-input fuzzing (issue 8): malformed tool calls and approval answers never crash a graph.
+"""Bad-input fuzzing: malformed tool calls and approval answers never crash a graph.
 
 Three doors a bad input comes through, each fuzzed with Hypothesis on a real
 compiled graph (``add_cancellation``, ``ApprovalGate``, ``EffectToolNode``)

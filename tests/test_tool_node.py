@@ -1,4 +1,4 @@
-"""EffectToolNode (issue 3): a drop-in ToolNode that never dispatches an effect twice.
+"""EffectToolNode: a drop-in ToolNode that never dispatches an effect twice.
 
 Every test runs a real compiled graph with a scripted chat model on memory,
 SQLite and PostgreSQL; tools count their real executions in a SQLite file
