@@ -32,6 +32,7 @@ Pieces:
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import sqlite3
@@ -55,6 +56,7 @@ from langgraph_cancel import EffectKind, EffectToolNode, Outcome, add_cancellati
 from langgraph_cancel.checkpointers.memory import MemoryCancelSaver
 from langgraph_cancel.checkpointers.postgres import PostgresCancelSaver
 from langgraph_cancel.checkpointers.sqlite import SqliteCancelSaver
+from langgraph_cancel.progress import EVENT_KEY, ProgressEvent
 from langgraph_cancel.testing import ScriptedChatModel, tool_call
 
 WORKER_ID_KEY = "langgraph_cancel_worker"
@@ -66,6 +68,7 @@ __all__ = [
     "backend_params",
     "calls",
     "cancellable",
+    "collect_custom",
     "config_for",
     "counting_tool",
     "dangling_calls",
@@ -73,6 +76,7 @@ __all__ = [
     "module_database",
     "new_thread",
     "open_saver",
+    "progress_events",
     "scripted",
     "send_agent_builder",
     "slow_graph",
@@ -498,6 +502,26 @@ def send_agent_builder(
     builder.add_conditional_edges("agent", send_route, ["tools", END])
     builder.add_edge("tools", "agent")
     return builder
+
+
+def collect_custom(graph: Any, inp: Any, cfg: Any, *, use_async: bool) -> list[Any]:
+    """Run to the end streaming ``custom`` events; return them."""
+    if use_async:
+
+        async def go() -> list[Any]:
+            return [c async for c in graph.astream(inp, cfg, stream_mode="custom")]
+
+        return asyncio.run(go())
+    return list(graph.stream(inp, cfg, stream_mode="custom"))
+
+
+def progress_events(events: list[Any]) -> list[ProgressEvent]:
+    """The stop's progress events among streamed ``custom`` chunks, as a client reads them."""
+    return [
+        ProgressEvent.model_validate(e[EVENT_KEY])
+        for e in events
+        if isinstance(e, dict) and EVENT_KEY in e
+    ]
 
 
 def cancellable(builder: StateGraph[Any, Any, Any, Any], saver: Any, **kwargs: Any) -> Any:

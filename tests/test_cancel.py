@@ -31,12 +31,14 @@ from graphs import (
     backend_params,
     calls,
     cancellable,
+    collect_custom,
     config_for,
     counting_tool,
     dangling_calls,
     module_database,
     new_thread,
     open_saver,
+    progress_events,
     scripted,
     send_agent_builder,
     wait_until,
@@ -58,7 +60,6 @@ from langgraph_cancel.demo import tools as refund_tools
 from langgraph_cancel.demo.services import Providers
 from langgraph_cancel.execution.answers import ABANDONED_READ
 from langgraph_cancel.ledger import Ledger
-from langgraph_cancel.progress import EVENT_KEY, ProgressEvent
 from langgraph_cancel.runtime import ledger_for_url
 from langgraph_cancel.testing import tool_call
 from langgraph_cancel.types import RunStatus
@@ -121,26 +122,6 @@ class Background:
         if self._error:
             raise self._error[0]
         return self._result[0]
-
-
-def collect_custom(graph: Any, inp: Any, cfg: Any, *, use_async: bool) -> list[Any]:
-    """Run to the end streaming ``custom`` events; return them."""
-    if use_async:
-
-        async def go() -> list[Any]:
-            return [c async for c in graph.astream(inp, cfg, stream_mode="custom")]
-
-        return asyncio.run(go())
-    return list(graph.stream(inp, cfg, stream_mode="custom"))
-
-
-def progress_events(events: list[Any]) -> list[ProgressEvent]:
-    """The stop's progress events among streamed ``custom`` chunks, as a client reads them."""
-    return [
-        ProgressEvent.model_validate(e[EVENT_KEY])
-        for e in events
-        if isinstance(e, dict) and EVENT_KEY in e
-    ]
 
 
 def cancelled_events(events: list[Any]) -> list[dict[str, Any]]:

@@ -7,7 +7,6 @@ cancelled) are checked in ``test_cancel.py`` and, through ``langgraph dev``, in
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 from typing import Any
@@ -21,9 +20,11 @@ from graphs import (
     agent_builder,
     calls,
     cancellable,
+    collect_custom,
     config_for,
     counting_tool,
     new_thread,
+    progress_events,
     scripted,
 )
 from langgraph_cancel import (
@@ -36,7 +37,7 @@ from langgraph_cancel import (
 )
 from langgraph_cancel.cli import render
 from langgraph_cancel.graph import CANCEL_NODE, RECONCILE_NODE
-from langgraph_cancel.progress import EVENT_KEY, ProgressEvent, ProgressKind
+from langgraph_cancel.progress import ProgressKind
 from langgraph_cancel.testing.fake_model import ScriptedChatModel, tool_call
 from module_fixtures import (  # noqa: F401 (fixtures: pytest finds them by name)
     db_url_fixture,
@@ -44,25 +45,6 @@ from module_fixtures import (  # noqa: F401 (fixtures: pytest finds them by name
     providers_path_fixture,
     saver_fixture,
 )
-
-
-def progress_of(chunks: list[Any]) -> list[ProgressEvent]:
-    """The progress events among ``custom`` chunks, parsed as a client parses them."""
-    return [
-        ProgressEvent.model_validate(chunk[EVENT_KEY])
-        for chunk in chunks
-        if isinstance(chunk, dict) and EVENT_KEY in chunk
-    ]
-
-
-def stream_custom(graph: Any, inputs: Any, config: Any, *, use_async: bool) -> list[Any]:
-    if use_async:
-
-        async def collect() -> list[Any]:
-            return [c async for c in graph.astream(inputs, config, stream_mode="custom")]
-
-        return asyncio.run(collect())
-    return list(graph.stream(inputs, config, stream_mode="custom"))
 
 
 @pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])
@@ -84,10 +66,10 @@ def test_compensations_are_streamed_newest_first(
     graph = cancellable(
         agent_builder(model, EffectToolNode(tools)), saver, compensate_on_cancel=True
     )
-    chunks = stream_custom(
+    chunks = collect_custom(
         graph, {"messages": [HumanMessage("go")]}, config_for(thread_id), use_async=use_async
     )
-    progress = progress_of(chunks)
+    progress = progress_events(chunks)
     steps = [(p.event, p.effect.tool_call_id if p.effect else None) for p in progress]
     assert steps == [
         (ProgressKind.REQUESTED, None),
@@ -178,10 +160,10 @@ def test_create_agent_streams_the_stop(saver: Any) -> None:
         )
     )
     stopper.join()
-    kinds = [p.event for p in progress_of(chunks)]
+    kinds = [p.event for p in progress_events(chunks)]
     assert kinds[:2] == [ProgressKind.REQUESTED, ProgressKind.OBSERVED]
     assert kinds[-1] is ProgressKind.CANCELLED
-    final = progress_of(chunks)[-1].report
+    final = progress_events(chunks)[-1].report
     assert final is not None
     assert [e.args for e in CancellationReport.model_validate(final).permanent] == [
         {"order_id": "o1"}

@@ -221,6 +221,14 @@ def in_status(ledger: Ledger, key: str, *statuses: EffectStatus) -> EffectRecord
     return rec if rec is not None and rec.status in statuses else None
 
 
+def update_order_in_flight(ledger: Ledger, thread_id: str) -> EffectRecord | None:
+    """The thread's ``update_order`` call, while it is in flight."""
+    for rec in ledger.effects(thread_id):
+        if rec.tool == "update_order" and rec.status is EffectStatus.DISPATCHED:
+            return rec
+    return None
+
+
 def settled_from_flight(ledger: Ledger, key: str) -> EffectRecord | None:
     rec = ledger.effect_by_key(key)
     return rec if rec is not None and rec.status is not EffectStatus.DISPATCHED else None
@@ -387,15 +395,12 @@ async def test_durable_cancel_of_seed_run_reports_in_thread_state(
     """The seed scenario, stop pressed (``request_cancel``) while ``update_order`` hangs."""
     from langgraph_cancel.demo.graph import QUEUED_CALLS, SEED_REQUEST
 
-    def update_in_flight() -> EffectRecord | None:
-        for rec in served.ledger.effects(thread_id):
-            if rec.tool == "update_order" and rec.status is EffectStatus.DISPATCHED:
-                return rec
-        return None
-
     served.providers.set_fault("update_order", "hang:2", times=1)
     run = await client.runs.create(thread_id, served.graph_id, input=human(SEED_REQUEST))
-    in_flight = await wait_for("update_order(o-88) to be in flight", update_in_flight)
+    in_flight = await wait_for(
+        "update_order(o-88) to be in flight",
+        lambda: update_order_in_flight(served.ledger, thread_id),
+    )
     assert in_flight.args["order_id"] == "o-88"
     answer = await asyncio.to_thread(
         request_cancel, served.ledger_url, thread_id, reason="stop pressed", requested_by="studio"
@@ -458,15 +463,12 @@ async def test_a_stop_streams_its_progress_to_the_client(
                 seen.append(ProgressEvent.model_validate(data[EVENT_KEY]))
         return seen
 
-    def update_in_flight() -> EffectRecord | None:
-        for rec in served.ledger.effects(thread_id):
-            if rec.tool == "update_order" and rec.status is EffectStatus.DISPATCHED:
-                return rec
-        return None
-
     served.providers.set_fault("update_order", "hang:2", times=1)
     streaming = asyncio.ensure_future(consume())
-    in_flight = await wait_for("update_order(o-88) to be in flight", update_in_flight)
+    in_flight = await wait_for(
+        "update_order(o-88) to be in flight",
+        lambda: update_order_in_flight(served.ledger, thread_id),
+    )
     await asyncio.to_thread(
         request_cancel, served.ledger_url, thread_id, reason="stop pressed", requested_by="studio"
     )
