@@ -1,0 +1,107 @@
+"""The ledger tests of ``test_ledger.py``, run against the async ledger on every backend.
+
+Each sync test there is collected here too, with ``ledger`` an ``AsyncLedger``
+behind the sync method names (``BlockingAsyncLedger``): the same assertions
+hold for both ledgers, which share their statements and decisions. The tests
+of the async methods themselves are in ``test_ledger.py`` (both ledgers); cancel
+notices (``LISTEN``) on the async connection are here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+from collections.abc import Iterator
+from typing import Any, cast
+
+import pytest
+
+import test_ledger
+from langgraph_cancel.errors import LedgerError
+from langgraph_cancel.ledger import Ledger
+from langgraph_cancel.ledger.aio import AsyncLedger
+from langgraph_cancel.ledger.aio_backends import (
+    AsyncMemoryBackend,
+    AsyncPostgresBackend,
+    AsyncSqliteBackend,
+)
+from ledger_util import BlockingAsyncLedger
+
+SYNC_TESTS: dict[str, Any] = {
+    name: test
+    for name, test in vars(test_ledger).items()
+    if name.startswith("test_") and not inspect.iscoroutinefunction(test)
+}
+globals().update(SYNC_TESTS)
+
+
+@pytest.fixture
+def ledger(db_url: str) -> Iterator[Ledger]:
+    """The async ledger on ``db_url``, answering the sync ledger's method names."""
+    blocking = BlockingAsyncLedger(db_url)
+    try:
+        # The tests are typed against Ledger; the stand-in answers the same names.
+        yield cast(Ledger, blocking)
+    finally:
+        blocking.close()
+
+
+def test_every_sync_ledger_test_is_collected_here() -> None:
+    assert len(SYNC_TESTS) >= 20
+    for name in SYNC_TESTS:
+        assert callable(globals()[name])
+
+
+def test_the_stand_in_is_the_async_ledger(ledger: Ledger, db_url: str) -> None:
+    blocking = cast(BlockingAsyncLedger, ledger)
+    expected = {
+        "memory": AsyncMemoryBackend,
+        "sqlite": AsyncSqliteBackend,
+        "postgresql": AsyncPostgresBackend,
+    }[db_url.split(":", 1)[0]]
+    assert isinstance(blocking.async_ledger.backend, expected)
+    run = ledger.start_run("t-stand-in")
+    assert blocking.run(blocking.async_ledger.aget_run(run.run_id)) == run
+
+
+async def test_cancel_notices_arrive_on_an_async_connection(pg_url: str) -> None:
+    async with (
+        await AsyncLedger.from_url(pg_url) as listening,
+        await AsyncLedger.from_url(pg_url) as requesting,
+    ):
+        heard: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
+
+        async def listen() -> None:
+            async for notice in listening.alisten_cancels():
+                await heard.put(notice)
+
+        task = asyncio.create_task(listen())
+        try:
+            # The listener's LISTEN lands at some point after the task starts: ask for
+            # cancels on fresh threads until one is heard, and it must be that one.
+            for attempt in range(50):
+                run = await requesting.astart_run(f"t-notify-{attempt}")
+                answer = await requesting.arequest_cancel(
+                    run.thread_id, reason="stop", requested_by="ops"
+                )
+                assert answer.first
+                try:
+                    notice = await asyncio.wait_for(heard.get(), timeout=0.2)
+                except TimeoutError:
+                    continue
+                assert notice == (run.thread_id, run.run_id)
+                break
+            else:
+                pytest.fail("no cancel notice arrived on the async connection")
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+async def test_cancel_notices_need_postgres() -> None:
+    async with await AsyncLedger.from_url("memory://") as ledger:
+        with pytest.raises(LedgerError, match="PostgreSQL"):
+            async for _ in ledger.alisten_cancels():
+                pass
