@@ -7,14 +7,19 @@ The statements (``sql.py``), the migrations and every decision
 (``decisions.py``) are the sync ledger's own; only the I/O differs.
 
 Open one with ``await AsyncLedger.from_url(url)``, or as the twin of a sync
-ledger on the same database with ``await AsyncLedger.twin_of(ledger)``.
+ledger on the same database with ``await AsyncLedger.twin_of(ledger)``. An async
+saver binds its twin to its sync ledger (``bind_async_twin``); the async
+execution path then asks ``async_twin_of(ledger)`` and awaits the twin, on its
+loop, instead of sending the sync ledger's methods to a thread.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 import uuid
+import weakref
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
@@ -1196,4 +1201,40 @@ async def _open_like(backend: Any) -> AsyncBackend:
     raise InvalidURLError(f"no async backend for {type(backend).__name__}")
 
 
-__all__ = ["AsyncLedger"]
+_twins: weakref.WeakKeyDictionary[Ledger, AsyncLedger] = weakref.WeakKeyDictionary()
+_twins_lock = threading.Lock()
+
+
+def bind_async_twin(ledger: Ledger, twin: AsyncLedger) -> None:
+    """Make ``twin`` (on the same database) the one the async path awaits for ``ledger``."""
+    with _twins_lock:
+        _twins[ledger] = twin
+
+
+def unbind_async_twin(ledger: Ledger, twin: AsyncLedger) -> None:
+    """Undo ``bind_async_twin`` (no-op if another twin was bound since)."""
+    with _twins_lock:
+        if _twins.get(ledger) is twin:
+            del _twins[ledger]
+
+
+def async_twin_of(ledger: Ledger) -> AsyncLedger | None:
+    """The async ledger bound to ``ledger`` that can be awaited here, if any.
+
+    Only on the twin's own loop (its connections belong to it); an in-memory
+    twin, which has no connection of its own, on any loop. None elsewhere, and
+    for a ledger without a twin: the caller then uses the sync ledger's
+    threaded ``a*`` methods.
+    """
+    with _twins_lock:
+        twin = _twins.get(ledger)
+    if twin is None or twin.loop is None:
+        return twin
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+    return twin if twin.loop is running else None
+
+
+__all__ = ["AsyncLedger", "async_twin_of", "bind_async_twin", "unbind_async_twin"]
