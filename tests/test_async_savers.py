@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import aiosqlite
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 
@@ -38,6 +39,7 @@ from langgraph_cancel import (
 from langgraph_cancel.checkpointers.sqlite import AsyncSqliteCancelSaver
 from langgraph_cancel.demo import tools as refund_tools
 from langgraph_cancel.demo.services import Providers
+from langgraph_cancel.errors import ConfigurationError
 from langgraph_cancel.ledger import Ledger
 from langgraph_cancel.ledger.aio import AsyncLedger, async_twin_of
 from langgraph_cancel.testing import tool_call
@@ -247,3 +249,39 @@ async def test_async_seed_scenario(async_saver: Any, providers_path: str) -> Non
     assert spy.sync_calls == []
     assert set(spy.async_threads) >= {"aplan_many", "atransition"}, spy.async_threads
     assert set().union(*spy.async_threads.values()) == {threading.get_ident()}
+
+
+async def test_an_async_sqlite_saver_sets_itself_up_on_first_use(
+    tmp_path: Path, providers_path: str
+) -> None:
+    # No setup() call: LangGraph's saver sets itself up on first use, and ours opens
+    # and binds its async ledger then.
+    systems = Providers(providers_path)
+    model = scripted(
+        AIMessage("", tool_calls=[tool_call("issue_refund", {"order_id": "o-91", "amount": 5})]),
+        "refunded",
+    )
+    thread_id = new_thread()
+    async with AsyncSqliteCancelSaver.from_conn_string(f"sqlite:///{tmp_path}/lazy.db") as saver:
+        assert saver.async_ledger is None
+        graph = cancellable(agent_builder(model, EffectToolNode(refund_tools.TOOLS)), saver)
+        out = await graph.ainvoke(
+            {"messages": [HumanMessage("refund o-91")]}, config_for(thread_id)
+        )
+        assert out["messages"][-1].content == "refunded"
+        assert saver.async_ledger is not None and async_twin_of(saver.ledger) is saver.async_ledger
+        [refund] = await saver.async_ledger.aeffects(thread_id)
+        assert refund.status is EffectStatus.COMMITTED
+        assert [(r["order_id"], r["amount"]) for r in systems.truth()["refunds"]] == [("o-91", 5)]
+    # Closed with the saver: the binding is gone.
+    assert saver.async_ledger is None and async_twin_of(saver.ledger) is None
+
+
+async def test_an_async_sqlite_saver_needs_to_know_its_file(tmp_path: Path) -> None:
+    async with aiosqlite.connect(str(tmp_path / "unnamed.db")) as conn:
+        with pytest.raises(ConfigurationError, match="path="):
+            AsyncSqliteCancelSaver(conn)
+        saver = AsyncSqliteCancelSaver(conn, path=str(tmp_path / "unnamed.db"))
+        await saver.setup()
+        assert saver.ledger.url == f"sqlite:///{tmp_path / 'unnamed.db'}"
+        await saver.aclose_ledger()

@@ -22,6 +22,7 @@ from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 from langgraph_cancel.checkpointers.base import LedgerOwner, ThreadedAsyncMixin
 from langgraph_cancel.checkpointers.durable import NotesSavedCheckpoints
 from langgraph_cancel.errors import ConfigurationError
+from langgraph_cancel.execution.offloop import off_the_loop
 from langgraph_cancel.ledger import Ledger
 from langgraph_cancel.ledger.aio import AsyncLedger, bind_async_twin, unbind_async_twin
 from langgraph_cancel.ledger.backends import enable_wal
@@ -141,10 +142,12 @@ class AsyncSqliteCancelSaver(NotesSavedCheckpoints, AsyncSqliteSaver, LedgerOwne
                     "(or ledger=), or open it with AsyncSqliteCancelSaver.from_conn_string"
                 )
             path = _strip_scheme(path)
-            # Set up by setup(), through the async ledger (no blocking I/O here, on the loop).
             ledger = Ledger.from_url(
                 "memory://" if path == ":memory:" else f"sqlite:///{path}", setup=False
             )
+            # Its tables exist before the saver's first use: a run starts (in the sync
+            # ledger) before LangGraph sets the saver up. Migrated off the loop's thread.
+            off_the_loop(ledger.setup)
         self.path = path
         self.ledger = ledger
         #: The ledger the graph's loop awaits (opened by ``setup()``).
