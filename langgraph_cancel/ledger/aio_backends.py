@@ -255,29 +255,30 @@ class AsyncMemoryBackend(_SqliteDialect):
 
 
 class _AiosqliteCursor:
-    __slots__ = ("_conn", "_cur", "_sql")
+    """A statement's rows fetched with the statement: one hop to aiosqlite's thread, not two."""
+
+    __slots__ = ("_conn", "_rows", "_sql")
 
     def __init__(self, conn: aiosqlite.Connection, sql: Callable[[str], str]) -> None:
         self._conn = conn
         self._sql = sql
-        self._cur: aiosqlite.Cursor | None = None
+        self._rows: list[sqlite3.Row] = []
 
     async def execute(self, sql: str, params: dict[str, Any] | None = None) -> Any:
-        self._cur = await self._conn.execute(self._sql(sql), params or {})
-        return self._cur
+        self._rows = list(await self._conn.execute_fetchall(self._sql(sql), params or {}))
 
     async def executemany(self, sql: str, params: Sequence[dict[str, Any]]) -> Any:
-        self._cur = await self._conn.executemany(self._sql(sql), params)
-        return self._cur
+        await self._conn.executemany(self._sql(sql), params)
+        self._rows = []
 
     async def fetchone(self) -> dict[str, Any] | None:
-        assert self._cur is not None
-        row = await self._cur.fetchone()
-        return None if row is None else dict(row)
+        if not self._rows:
+            return None
+        return dict(self._rows.pop(0))
 
     async def fetchall(self) -> list[dict[str, Any]]:
-        assert self._cur is not None
-        return [dict(r) for r in await self._cur.fetchall()]
+        rows, self._rows = self._rows, []
+        return [dict(r) for r in rows]
 
 
 class AsyncSqliteBackend(_SqliteDialect):
