@@ -4,7 +4,7 @@ Each sync test there is collected here too, with ``ledger`` an ``AsyncLedger``
 behind the sync method names (``BlockingAsyncLedger``): the same assertions
 hold for both ledgers, which share their statements and decisions. The tests
 of the async methods themselves are in ``test_ledger.py`` (both ledgers); cancel
-notices (``LISTEN``) on the async connection are here.
+notices (``LISTEN``) on the async connection and retries on new connections are here.
 """
 
 from __future__ import annotations
@@ -12,9 +12,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import logging
 from collections.abc import Iterator
 from typing import Any, cast
 
+import psycopg
 import pytest
 
 import test_ledger
@@ -105,3 +107,30 @@ async def test_cancel_notices_need_postgres() -> None:
         with pytest.raises(LedgerError, match="PostgreSQL"):
             async for _ in ledger.alisten_cancels():
                 pass
+
+
+async def test_killed_connections_are_retried_on_new_ones(
+    pg_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with await AsyncLedger.from_url(pg_url) as ledger:
+        run = await ledger.astart_run("t-killed")
+        killed = await asyncio.to_thread(_terminate_other_connections, pg_url)
+        assert killed >= 1
+        with caplog.at_level(logging.WARNING, logger="langgraph_cancel.ledger"):
+            assert await ledger.aget_run(run.run_id) == run
+            record, created = await ledger.aplan(
+                thread_id="t-killed", run_id=run.run_id, tool_call_id="c1", tool="t",
+                kind="irreversible", args={"n": 1},
+            )  # fmt: skip
+        assert created
+        assert any("Retrying" in r.getMessage() for r in caplog.records)
+        assert [h.to_status.value for h in await ledger.ahistory(record.effect_id)] == ["planned"]
+
+
+def _terminate_other_connections(url: str) -> int:
+    with psycopg.connect(url, autocommit=True) as admin:
+        rows = admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        ).fetchall()
+    return len(rows)
