@@ -350,7 +350,12 @@ class AsyncSqliteBackend(_SqliteDialect):
                 await asyncio.shield(self.conn.execute("ROLLBACK"))
                 raise
             self._current.reset(token)
-            await asyncio.shield(self.conn.execute("COMMIT"))
+            try:
+                await asyncio.shield(self.conn.execute("COMMIT"))
+            except sqlite3.Error:
+                # A failed COMMIT leaves the transaction open: end it before the retry.
+                await asyncio.shield(self.conn.execute("ROLLBACK"))
+                raise
 
     @asynccontextmanager
     async def read(self) -> AsyncIterator[AsyncCursor]:
