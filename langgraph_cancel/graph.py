@@ -64,6 +64,7 @@ from langgraph_cancel.progress import ProgressKind, announce_cancelled, announce
 from langgraph_cancel.report import CancellationReport, build_report
 from langgraph_cancel.runtime import (
     CONFIG_KEY_LEDGER,
+    INTERRUPTED_REASON,
     LEASES,
     RunScope,
     check_durability,
@@ -93,8 +94,6 @@ REPORT_KEY = "cancellation_report"
 DRAIN_REASON = "langgraph-cancel: run cancelled"
 CONFIG_KEY_WORKER = "langgraph_cancel_worker"
 LEASE_TTL = 30.0
-#: The stop a cancelled run task stands for (a server's runs.cancel, a disconnect).
-INTERRUPTED_REASON = "run task cancelled (server cancel, disconnect or Ctrl-C)"
 
 
 @dataclass
@@ -774,7 +773,7 @@ class _Invocation:
             if interrupted:
                 self._record_interruption()
             if not failed or interrupted:
-                self._close_run()
+                self._close_run(interrupted=interrupted)
             elif empty:
                 self._close_empty_run()
         finally:
@@ -862,8 +861,10 @@ class _Invocation:
             return []
         return dangling_tool_calls(_messages(snapshot.values, self.settings.messages_key))
 
-    def _close_run(self) -> None:
-        if self._complete():
+    def _close_run(self, *, interrupted: bool = False) -> None:
+        # A run whose task was cancelled is a stopped run, never a completed one, even
+        # when the task cancel was swallowed and the graph ran on to its end.
+        if not interrupted and self._complete():
             return
         run = self.ledger.get_run(self.scope.run_id)
         if run.terminal:
@@ -988,12 +989,19 @@ class CancellableGraph(CompiledStateGraph):  # type: ignore[type-arg]
         try:
             async for chunk in super().astream(input, inv.watching(config), **kwargs):
                 yield chunk
+            # A task cancel that something inside the run swallowed is still a stop
+            # (the task asked now: a server steps the generator from a task per step).
+            task = asyncio.current_task()
+            interrupted = failed = task is not None and task.cancelling() > 0
         except GraphDrained as exc:
             if exc.reason != DRAIN_REASON:
                 failed = True
                 raise
             drained = True
         except (asyncio.CancelledError, KeyboardInterrupt):
+            # The stop is raised in this process before anything else: nodes still
+            # running (a tool waiting for its turn) see it at their next check.
+            inv.scope.signal.set()
             failed = interrupted = True
             raise
         except EmptyInputError:

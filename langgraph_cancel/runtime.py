@@ -25,7 +25,7 @@ from langchain_core.runnables import RunnableConfig
 
 from langgraph_cancel.errors import ConfigurationError, DurabilityError
 from langgraph_cancel.ledger import Ledger, SqliteBackend, default_owner
-from langgraph_cancel.ledger.aio import async_twin_of
+from langgraph_cancel.ledger.aio import AsyncLedger, async_twin_of
 from langgraph_cancel.ledgers import (
     CONFIG_KEY_LEDGER,
     ENV_DB,
@@ -44,6 +44,8 @@ logger = logging.getLogger("langgraph_cancel")
 #: The command line's default database (the library itself never picks a file).
 DEFAULT_DB_URL = "sqlite:///.langgraph-cancel.db"
 _CONFIG_KEY_DURABILITY = "__pregel_durability"
+#: The stop a cancelled run task stands for (a server's runs.cancel, a disconnect).
+INTERRUPTED_REASON = "run task cancelled (server cancel, disconnect or Ctrl-C)"
 
 #: This process's worker identity (lease owner, effect owner). Renewed in a forked
 #: child: processes forked from one parent that imported the library (Celery prefork,
@@ -141,18 +143,22 @@ class CancelSignal:
         self.run_id = run_id
         self.poll_interval = poll_interval
         self._event = threading.Event()
+        #: When this process first saw the signal up (epoch seconds), else None.
+        self.raised_at: float | None = None
         self._last_poll = 0.0
         self._observed = False
         self._lock = threading.Lock()
 
     def set(self) -> None:
         """Mark the signal up (from a listener or a same-process request)."""
+        if self.raised_at is None:
+            self.raised_at = time.time()
         self._event.set()
 
     def saw(self, run: RunRecord) -> None:
         """The run row was just read: count it as this interval's poll."""
         if run.cancel_requested or run.terminal:
-            self._event.set()
+            self.set()
         else:
             self._last_poll = time.monotonic()
 
@@ -203,7 +209,7 @@ class CancelSignal:
 
     def _polled(self, run: RunRecord) -> bool:
         if run.cancel_requested:
-            self._event.set()
+            self.set()
             return True
         return False
 
@@ -460,6 +466,35 @@ class RunScope:
         self.run = self.ledger.get_run(self.run.run_id)
         return self.run
 
+    async def arefresh(self) -> RunRecord:
+        """``refresh`` for event loops (the ledger's async twin on this loop, else a thread)."""
+        self.run = await async_ledger_of(self.ledger).aget_run(self.run.run_id)
+        return self.run
+
+    async def atask_cancelled(self) -> None:
+        """The run's asyncio task was cancelled (a server's ``runs.cancel``, a client
+        disconnect, Ctrl-C): that is a stop request like any other.
+
+        The signal goes up in this process at once, before any I/O, so every node
+        of the run (a model stream, a tool waiting for its turn) stops by itself
+        at its next check instead of relying on the task cancel reaching it; then
+        the request is recorded in the ledger (the first reason wins). A failed
+        write is logged: the run's end records the interruption again.
+        """
+        self.signal.set()
+        try:
+            await async_ledger_of(self.ledger).arequest_cancel(
+                self.thread_id, reason=INTERRUPTED_REASON, requested_by="runtime", cascade=True
+            )
+        except Exception:
+            logger.warning("could not record the cancelled task as a stop", exc_info=True)
+
+
+def async_ledger_of(ledger: Ledger) -> AsyncLedger | Ledger:
+    """Where an event loop sends ``ledger``'s ``a*`` calls: its bound ``AsyncLedger``
+    (on the loop, no thread), else the ledger itself (its ``a*`` methods use a thread)."""
+    return async_twin_of(ledger) or ledger
+
 
 _scopes: dict[tuple[str, str], RunScope] = {}
 _scopes_lock = threading.Lock()
@@ -614,11 +649,13 @@ __all__ = [
     "DEFAULT_DB_URL",
     "ENV_DB",
     "HUB",
+    "INTERRUPTED_REASON",
     "LEASES",
     "WORKER_ID",
     "CancelSignal",
     "LeaseKeeper",
     "RunScope",
+    "async_ledger_of",
     "check_durability",
     "coerce_ledger",
     "current_scope",

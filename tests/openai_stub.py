@@ -8,14 +8,25 @@ closed the connection, so a test can prove the client really hung up.
 from __future__ import annotations
 
 import json
+import select
+import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 
+class StreamLog:
+    """One streamed response: how many tokens went out, and how it ended."""
+
+    def __init__(self) -> None:
+        self.sent = 0
+        self.disconnected = threading.Event()
+        self.finished = threading.Event()
+
+
 class StubState:
-    """What the server saw."""
+    """What the server saw (totals over all requests, and each stream's own log)."""
 
     def __init__(self, tokens: int, delay: float) -> None:
         self.tokens = tokens
@@ -24,6 +35,19 @@ class StubState:
         self.requests = 0
         self.disconnected = threading.Event()
         self.finished = threading.Event()
+        self.streams: list[StreamLog] = []
+
+
+def _peer_closed(sock: socket.socket) -> bool:
+    """Whether the client hung up (checked before each token, so a token is counted as
+    sent only while the client was still there to read it)."""
+    readable, _, _ = select.select([sock], [], [], 0)
+    if not readable:
+        return False
+    try:
+        return sock.recv(1, socket.MSG_PEEK) == b""
+    except (ConnectionResetError, BrokenPipeError):
+        return True
 
 
 def _handler(state: StubState) -> type[BaseHTTPRequestHandler]:
@@ -37,6 +61,8 @@ def _handler(state: StubState) -> type[BaseHTTPRequestHandler]:
             length = int(self.headers.get("Content-Length") or 0)
             body = json.loads(self.rfile.read(length) or b"{}")
             state.requests += 1
+            log = StreamLog()
+            state.streams.append(log)
             if not body.get("stream"):
                 self.send_response(400)
                 self.end_headers()
@@ -49,6 +75,8 @@ def _handler(state: StubState) -> type[BaseHTTPRequestHandler]:
             created = int(time.time())
             try:
                 for i in range(state.tokens):
+                    if _peer_closed(self.connection):
+                        raise BrokenPipeError("the client closed the stream")
                     event = {
                         "id": "chatcmpl-stub",
                         "object": "chat.completion.chunk",
@@ -65,6 +93,7 @@ def _handler(state: StubState) -> type[BaseHTTPRequestHandler]:
                     self.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
                     self.wfile.flush()
                     state.sent += 1
+                    log.sent += 1
                     time.sleep(state.delay)
                 done = {
                     "id": "chatcmpl-stub",
@@ -76,8 +105,10 @@ def _handler(state: StubState) -> type[BaseHTTPRequestHandler]:
                 self.wfile.write(f"data: {json.dumps(done)}\n\ndata: [DONE]\n\n".encode())
                 self.wfile.flush()
                 state.finished.set()
+                log.finished.set()
             except (BrokenPipeError, ConnectionResetError):
                 state.disconnected.set()
+                log.disconnected.set()
 
     return Handler
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 import pytest
@@ -137,3 +138,33 @@ async def test_a_cancelled_run_stops_waiting_after_the_tools_timeout_then_settle
         await asyncio.sleep(0.05)
     assert saver.ledger.get_effect(rec.effect_id).status.value == "committed"
     assert done == ["charged 5"]
+
+
+async def test_a_task_cancel_swallowed_inside_the_run_still_stops_it() -> None:
+    """A client library that swallows the task cancel lets the graph run on to its end:
+    the run is still recorded stopped, never ``completed``."""
+    saver = MemoryCancelSaver()
+    started = asyncio.Event()
+
+    async def stubborn(state: MessagesState) -> dict[str, Any]:
+        started.set()
+        # What a library that swallows the cancel does.
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.sleep(5)
+        return {"messages": [AIMessage("finished anyway")]}
+
+    b = StateGraph(MessagesState)
+    b.add_node("stubborn", stubborn)
+    b.add_edge(START, "stubborn")
+    graph = add_cancellation(b).compile(checkpointer=saver)
+    task = asyncio.create_task(
+        graph.ainvoke({"messages": [HumanMessage("go")]}, {"configurable": {"thread_id": "n4"}})
+    )
+    await asyncio.wait_for(started.wait(), 10)
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    run = saver.ledger.latest_run("n4")
+    assert run is not None
+    assert run.status.value == "cancelled", run
+    assert get_report(saver, "n4").status == "cancelled"

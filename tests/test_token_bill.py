@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 
@@ -12,6 +13,7 @@ from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph_cancel import add_cancellation, get_report, request_cancel
 from langgraph_cancel.checkpointers.memory import MemoryCancelSaver
 from langgraph_cancel.nodes.model import CancellableModelNode
+from langgraph_cancel.types import RunStatus
 from tests.openai_stub import OpenAIStub
 
 langchain_openai = pytest.importorskip("langchain_openai")
@@ -76,3 +78,51 @@ async def test_cancel_closes_the_connection_and_counts_tokens_after(mode: str) -
     # No partial answer was written to the thread.
     assert all(m.type != "ai" for m in out["messages"])
     assert out["cancellation_report"]["tokens_after_cancel"] == report.tokens_after_cancel
+
+
+async def test_a_cancelled_run_task_closes_the_stream_itself_every_time() -> None:
+    """A LangGraph server's ``runs.cancel`` cancels the run's asyncio task: each of 20 such
+    stops closes the stream (the server sees the hang-up), counts exactly the tokens the
+    server sent after the stop, and leaves the run stopped, never completed."""
+    saver = MemoryCancelSaver()
+    tokens_before_stop = 4
+    # Slow tokens: the client reads each one long before the next is sent, so "after
+    # the stop" means the same tokens to the server and to the client.
+    with OpenAIStub(tokens=200, delay=0.05) as stub:
+        graph = _graph(stub.base_url, saver)
+        for attempt in range(20):
+            thread = f"task-cancel-{attempt}"
+            task = asyncio.create_task(
+                graph.ainvoke(
+                    {"messages": [HumanMessage("write a lot")]},
+                    {"configurable": {"thread_id": thread}},
+                )
+            )
+            while len(stub.state.streams) <= attempt or (
+                stub.state.streams[attempt].sent < tokens_before_stop
+            ):
+                await asyncio.sleep(0.002)
+            log = stub.state.streams[attempt]
+            await asyncio.sleep(stub.state.delay / 2)  # the client has read what was sent
+            sent_at_stop = log.sent
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert await asyncio.to_thread(log.disconnected.wait, 5), (
+                f"stop {attempt}: the server never saw the stream closed"
+            )
+            assert not log.finished.is_set()
+            run = saver.ledger.latest_run(thread)
+            assert run is not None
+            assert run.status is RunStatus.CANCELLED, (attempt, run)
+            report = get_report(saver, thread)
+            assert report.status == "cancelled"
+            assert report.tokens_after_cancel == log.sent - sent_at_stop, (
+                attempt,
+                report.tokens_after_cancel,
+                log.sent,
+                sent_at_stop,
+            )
+    runs = [r for t in range(20) for r in saver.ledger.runs(f"task-cancel-{t}")]
+    assert len(runs) == 20
+    assert all(r.status is not RunStatus.COMPLETED for r in runs)

@@ -12,8 +12,10 @@ report cannot undo that, and says so.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Sequence
+from functools import partial
 from dataclasses import dataclass
 from datetime import UTC
 from typing import Any
@@ -31,7 +33,8 @@ from langchain_core.tools import BaseTool
 from langgraph._internal._runnable import RunnableCallable
 from langgraph.types import Command
 
-from langgraph_cancel.runtime import RunScope, scope_for
+from langgraph_cancel.runtime import RunScope, async_ledger_of, invocation_scope, scope_for
+from langgraph_cancel.types import RunRecord
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +54,10 @@ class ModelCallResult:
     tokens_after_cancel: int
 
 
+#: Seconds a stopped stream gets to deliver its next chunk (then the node closes it).
+STOP_GRACE = 2.0
+
+
 def _tokens_in(chunk: BaseMessage) -> int:
     usage = getattr(chunk, "usage_metadata", None)
     if usage and usage.get("output_tokens"):
@@ -61,11 +68,81 @@ def _tokens_in(chunk: BaseMessage) -> int:
     return len(content)
 
 
-def _requested_epoch(scope: RunScope) -> float | None:
-    run = scope.refresh()
-    if run.requested_at is None:
-        return None
-    return run.requested_at.astimezone(UTC).timestamp()
+class _StreamRead:
+    """One streamed model call, read chunk by chunk until it ends or the signal is up.
+
+    It runs in a task of its own, so the run's task being cancelled does not reach
+    the provider's client: the node raises the run's signal instead and this
+    reader stops at its next chunk and closes the stream itself.
+    """
+
+    def __init__(
+        self,
+        model: LanguageModelLike,
+        messages: Sequence[AnyMessage],
+        config: RunnableConfig,
+        scope: RunScope,
+    ) -> None:
+        self.model = model
+        self.messages = list(messages)
+        self.config = config
+        self.scope = scope
+        self.message: AIMessageChunk | None = None
+        self.chunks = 0
+        self.arrivals: list[tuple[float, int]] = []
+        self.cancelled = False
+
+    async def run(self) -> None:
+        stream = self.model.astream(self.messages, self.config)
+        try:
+            async for chunk in stream:
+                self.chunks += 1
+                if isinstance(chunk, BaseMessage):
+                    self.arrivals.append((time.time(), _tokens_in(chunk)))
+                if isinstance(chunk, AIMessageChunk):
+                    self.message = chunk if self.message is None else self.message + chunk
+                if await self.scope.signal.acancel_called():
+                    self.cancelled = True
+                    break
+        finally:
+            aclose = getattr(stream, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+    def tokens_after(self, cutoff: float | None) -> int:
+        """Tokens that arrived at or after ``cutoff`` (epoch seconds)."""
+        if cutoff is None:
+            return 0
+        return sum(tokens for (arrived, tokens) in self.arrivals if arrived >= cutoff)
+
+
+def _cancel_cutoff(scope: RunScope, run: RunRecord) -> float | None:
+    """When the stop was asked for: the ledger's time, or this process's first sight of
+    the signal when that is earlier (a stop raised here is recorded just after)."""
+    moments = [scope.signal.raised_at]
+    if run.requested_at is not None:
+        moments.append(run.requested_at.astimezone(UTC).timestamp())
+    known = [moment for moment in moments if moment is not None]
+    return min(known) if known else None
+
+
+async def _stop_reading(reader: asyncio.Future[None], grace: float) -> None:
+    """Give a reader whose signal is up ``grace`` seconds to close its stream at its next
+    chunk; a stream that delivers nothing meanwhile is closed by cancelling the reader."""
+    done, _pending = await asyncio.wait({reader}, timeout=grace)
+    if not done:
+        reader.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await reader
+
+
+async def _count_after_cancel(scope: RunScope, reading: _StreamRead) -> int:
+    """Record, once the stream is closed, the tokens that arrived after the stop."""
+    await scope.signal.aobserve()
+    run = await scope.arefresh()
+    after = reading.tokens_after(_cancel_cutoff(scope, run))
+    await async_ledger_of(scope.ledger).aadd_tokens_after_cancel(scope.run_id, after)
+    return after
 
 
 async def acall_model(
@@ -74,47 +151,52 @@ async def acall_model(
     config: RunnableConfig,
     *,
     scope: RunScope | None = None,
+    stop_grace: float = STOP_GRACE,
 ) -> ModelCallResult:
     """Stream ``model`` on ``messages``, closing the stream when the run is cancelled.
+
+    The run is cancelled either through the ledger (``request_cancel``, from any
+    process) or by cancelling the run's asyncio task (a LangGraph server's
+    ``runs.cancel``, a client disconnect): the latter is turned into the former
+    first, so in both cases this call closes the stream itself and counts the
+    tokens that arrived after the stop. The task cancel is then re-raised.
 
     Args:
         model: A chat model (or a runnable producing message chunks).
         messages: The conversation.
         config: The node's config (it names the thread).
         scope: The run scope (default: found through ``config``).
+        stop_grace: Seconds a stopped stream gets to deliver its next chunk before
+            the reading is cancelled outright.
+
+    Raises:
+        asyncio.CancelledError: The run's task was cancelled (after the stream was
+            closed and the tokens after the stop were counted).
     """
     if scope is None:
-        scope = await asyncio.to_thread(scope_for, config, new_run=False)
+        scope = invocation_scope(config)
+    if scope is None:
+        scope = await asyncio.to_thread(partial(scope_for, config, new_run=False))
     if await scope.signal.acancel_called():
-        await asyncio.to_thread(scope.signal.observe)
+        await scope.signal.aobserve()
         return ModelCallResult(None, True, 0, 0)
-    acc: AIMessageChunk | None = None
-    chunks = 0
-    arrivals: list[tuple[float, int]] = []
-    stream = model.astream(list(messages), config)
-    cancelled = False
+    reading = _StreamRead(model, messages, config, scope)
+    reader = asyncio.ensure_future(reading.run())
     try:
-        async for chunk in stream:
-            chunks += 1
-            if isinstance(chunk, BaseMessage):
-                arrivals.append((time.time(), _tokens_in(chunk)))
-            if isinstance(chunk, AIMessageChunk):
-                acc = chunk if acc is None else acc + chunk
-            if await scope.signal.acancel_called():
-                cancelled = True
-                break
-    finally:
-        aclose = getattr(stream, "aclose", None)
-        if aclose is not None:
-            await aclose()
-    if not cancelled:
-        message = _finish(acc)
-        return ModelCallResult(message, False, chunks, 0)
-    await asyncio.to_thread(scope.signal.observe)
-    requested = await asyncio.to_thread(_requested_epoch, scope)
-    after = sum(n for (t, n) in arrivals if requested is not None and t >= requested)
-    await asyncio.to_thread(scope.ledger.add_tokens_after_cancel, scope.run_id, after)
-    return ModelCallResult(None, True, chunks, after)
+        await asyncio.shield(reader)
+    except asyncio.CancelledError:
+        try:
+            await scope.atask_cancelled()
+            await _stop_reading(reader, stop_grace)
+            if reading.cancelled:
+                await _count_after_cancel(scope, reading)
+        finally:
+            reader.cancel()
+        raise
+    if not reading.cancelled:
+        return ModelCallResult(_finish(reading.message), False, reading.chunks, 0)
+    after = await _count_after_cancel(scope, reading)
+    return ModelCallResult(None, True, reading.chunks, after)
 
 
 def _finish(acc: AIMessageChunk | None) -> AIMessage:
@@ -204,4 +286,4 @@ class CancellableModelNode(RunnableCallable):
         return _run_sync(self._acall(state, config))
 
 
-__all__ = ["CancellableModelNode", "ModelCallResult", "acall_model", "call_model"]
+__all__ = ["STOP_GRACE", "CancellableModelNode", "ModelCallResult", "acall_model", "call_model"]
