@@ -59,6 +59,7 @@ from langgraph_cancel.execution.settlement import apply_outcome, mark_unknown
 from langgraph_cancel.hooks import call_reconcile
 from langgraph_cancel.hooks import run_sync as _run_sync
 from langgraph_cancel.ledger import Ledger
+from langgraph_cancel.ledger.aio import async_twin_of
 from langgraph_cancel.nodes.tool_node import EffectToolNode
 from langgraph_cancel.progress import ProgressKind, announce_cancelled, announce_effect
 from langgraph_cancel.report import CancellationReport, build_report
@@ -67,6 +68,7 @@ from langgraph_cancel.runtime import (
     INTERRUPTED_REASON,
     LEASES,
     RunScope,
+    ascope_for,
     check_durability,
     current_scope,
     drop_scope,
@@ -686,36 +688,121 @@ class _PauseWatch(GraphCallbackHandler):
             self.paused = True
 
 
+@dataclass(frozen=True, slots=True)
+class _RunStart:
+    """What an invocation's run starts from: its ledger, owner and kind of input."""
+
+    bound: Ledger | str | None
+    owner: str
+    new_run: bool
+    run_id: str | None
+
+    @classmethod
+    def of(cls, graph: CancellableGraph, input: Any, config: RunnableConfig) -> _RunStart:
+        conf = config.get("configurable", {})
+        bound = graph.cancellation.ledger
+        if bound is None and isinstance(getattr(graph.checkpointer, "ledger", None), Ledger):
+            bound = graph.checkpointer.ledger  # type: ignore[union-attr]
+        # A continuation (no input, or a Command) goes on with the thread's last run.
+        continuation = input is None or isinstance(input, Command)
+        return cls(
+            bound=bound,
+            owner=str(conf.get(CONFIG_KEY_WORKER) or worker_id()),
+            new_run=not continuation,
+            run_id=conf.get("run_id"),
+        )
+
+
 class _Invocation:
     """One invocation's run scope, lease and heartbeat."""
 
-    def __init__(self, graph: CancellableGraph, input: Any, config: RunnableConfig) -> None:
+    def __init__(
+        self,
+        graph: CancellableGraph,
+        input: Any,
+        config: RunnableConfig,
+        scope: RunScope | None = None,
+    ) -> None:
         self.graph = graph
         self.config = config
         self.settings = graph.cancellation
         check_durability(config)
-        conf = config.get("configurable", {})
-        owner = str(conf.get(CONFIG_KEY_WORKER) or worker_id())
-        continuation = input is None or isinstance(input, Command)
-        bound = self.settings.ledger
-        if bound is None and isinstance(getattr(graph.checkpointer, "ledger", None), Ledger):
-            bound = graph.checkpointer.ledger  # type: ignore[union-attr]
-        self.scope = scope_for(
+        start = _RunStart.of(graph, input, config)
+        self.scope = scope or scope_for(
             config,
-            ledger=bound,
-            new_run=not continuation,
-            run_id=conf.get("run_id"),
-            owner=owner,
+            ledger=start.bound,
+            new_run=start.new_run,
+            run_id=start.run_id,
+            owner=start.owner,
             lease_ttl=LEASE_TTL,
             # New input passes START's router first: its ledger read rides along.
-            prefetch_unsettled=not continuation,
+            prefetch_unsettled=start.new_run,
         )
         self.ledger = self.scope.ledger
-        self.owner = owner
+        self.owner = start.owner
         self._released = False
-        self._lease = LEASES.hold(self.ledger, self.scope.thread_id, owner, ttl=LEASE_TTL)
+        self._lease = LEASES.hold(self.ledger, self.scope.thread_id, self.owner, ttl=LEASE_TTL)
         self.token = current_scope.set(self.scope)
         self.watch = _PauseWatch()
+        self._shown_cancelling = False
+        self.scope.on_task_cancel = self._ashow_cancelling
+
+    @classmethod
+    async def aopen(cls, graph: CancellableGraph, input: Any, config: RunnableConfig) -> Self:
+        """The invocation of an async run: its start awaited on the loop when the ledger
+        has an async twin here (an async saver's), else made in a thread."""
+        check_durability(config)
+        start = _RunStart.of(graph, input, config)
+        twin = None
+        if isinstance(start.bound, Ledger) and current_scope.get() is None:
+            twin = async_twin_of(start.bound)
+        if twin is None or not isinstance(start.bound, Ledger):
+            return await asyncio.to_thread(cls, graph, input, config)
+        scope = await ascope_for(
+            config,
+            twin,
+            ledger=start.bound,
+            new_run=start.new_run,
+            run_id=start.run_id,
+            owner=start.owner,
+            lease_ttl=LEASE_TTL,
+            prefetch_unsettled=start.new_run,
+        )
+        return cls(graph, input, config, scope)
+
+    async def aend_completed(self) -> bool:
+        """Close a run that ran to its end on the loop, through the ledger's async twin.
+
+        True when this call closed it (and released the lease with it); False when
+        the run needs the full ``end`` (no twin here, paused, asked to stop meanwhile).
+        """
+        twin = async_twin_of(self.ledger)
+        if twin is None or self.graph.checkpointer is None or self.watch.paused:
+            return False
+        try:
+            closed = await twin.afinish_run(
+                self.scope.run_id, RunStatus.COMPLETED, release_lease=self.owner
+            )
+        except IllegalTransitionError:
+            return False
+        if not closed:
+            return False
+        self._released = True
+        self._forget()
+        return True
+
+    def _forget(self) -> None:
+        """Leave the run's scope: no more the current one, its lease no more renewed."""
+        try:
+            current_scope.reset(self.token)
+        except ValueError:  # ended from another context (generator closed elsewhere)
+            current_scope.set(None)
+        self.scope.unsettled_at_start = None  # read for this invocation only
+        self.scope.on_task_cancel = None
+        LEASES.let_go(self._lease)
+
+    async def _ashow_cancelling(self) -> None:
+        await asyncio.to_thread(self._show_cancelling)
 
     def watching(self, config: RunnableConfig | None) -> RunnableConfig:
         """``config`` with the handler that sees the graph pause.
@@ -761,17 +848,14 @@ class _Invocation:
         a run with no checkpoint and no effect has nothing to resume, so it is
         closed ``failed`` instead of being left ``running`` forever.
         """
-        try:
-            current_scope.reset(self.token)
-        except ValueError:  # ended from another context (generator closed elsewhere)
-            current_scope.set(None)
-        self.scope.unsettled_at_start = None  # read for this invocation only
-        LEASES.let_go(self._lease)
+        self._forget()
         try:
             if drained:
                 self._clear_queue()
             if interrupted:
                 self._record_interruption()
+                if not self._shown_cancelling:
+                    self._show_cancelling()
             if not failed or interrupted:
                 self._close_run(interrupted=interrupted)
             elif empty:
@@ -793,6 +877,43 @@ class _Invocation:
             )
         except Exception:
             logger.warning("could not record the interruption as a cancel", exc_info=True)
+
+    def _show_cancelling(self) -> None:
+        """Put a ``cancelling`` report, naming the calls in flight the stop waits for, in
+        the thread state before waiting for them.
+
+        A server's ``runs.cancel(wait=True)`` returns once the run is marked
+        interrupted, which does not wait for the cancelled task to finish: whoever
+        looks at the thread then sees that the stop is under way and what it waits
+        for, and the final report replaces this one when the calls have settled.
+        """
+        self._shown_cancelling = True
+        if self.graph.checkpointer is None:
+            return
+        try:
+            run = self.ledger.get_run(self.scope.run_id)
+            if run.terminal:
+                return
+            in_flight = [
+                e.effect_id
+                for e in self.ledger.run_effects(run.run_id)
+                if e.status is EffectStatus.DISPATCHED
+            ]
+            if not in_flight:
+                return  # nothing to wait for: the final report follows at once
+            if run.status is RunStatus.CANCEL_REQUESTED:
+                run = self.scope.signal.observe() or self.ledger.mark_observed(run.run_id)
+            report = build_report(self.ledger, run, status=RunStatus.CANCELLING.value)
+            report = report.model_copy(update={"awaiting": in_flight})
+            config = self._state_config()
+            self._keep_finished_writes(config)
+            self.graph.update_state(
+                config,
+                {self.settings.report_key: report.model_dump(mode="json")},
+                as_node=CANCEL_NODE,
+            )
+        except Exception:
+            logger.warning("could not show the stop under way in the thread state", exc_info=True)
 
     def _clear_queue(self) -> None:
         if self.graph.checkpointer is None and not self.config.get("configurable", {}).get(
@@ -844,8 +965,9 @@ class _Invocation:
         reads shows them (and no longer lists the task as next), so their calls are
         not answered again; an update of the state as another node (the cancel's)
         starts from the saved step and would drop them. Updating as ``END`` first
-        keeps them and clears the tasks that will not run. Done only once the
-        cancel is finished: until then the saved step still names what to resume.
+        keeps them and clears the tasks that will not run. Done once the cancel is
+        finished, or when a stopped task shows its stop under way: until then the
+        saved step names what to resume.
         """
         if self.graph.get_state(config).tasks:
             self.graph.update_state(config, None, as_node=END)
@@ -982,7 +1104,7 @@ class CancellableGraph(CompiledStateGraph):  # type: ignore[type-arg]
             async for chunk in super().astream(input, config, **kwargs):
                 yield chunk
             return
-        inv = await asyncio.to_thread(_Invocation, self, input, merged)
+        inv = await _Invocation.aopen(self, input, merged)
         current_scope.set(inv.scope)
         kwargs.setdefault("control", RunControl())
         drained = failed = interrupted = empty = False
@@ -1012,11 +1134,24 @@ class CancellableGraph(CompiledStateGraph):  # type: ignore[type-arg]
             raise
         finally:
             closing = asyncio.ensure_future(
-                asyncio.to_thread(
-                    inv.end, drained=drained, failed=failed, interrupted=interrupted, empty=empty
+                self._aend(
+                    inv, drained=drained, failed=failed, interrupted=interrupted, empty=empty
                 )
             )
             await asyncio.shield(closing)
+
+    @staticmethod
+    async def _aend(
+        inv: _Invocation, *, drained: bool, failed: bool, interrupted: bool, empty: bool
+    ) -> None:
+        """End an async run: a run that ran to its end is closed on the loop when it can
+        be, anything else (a stop, a failure, a pause) in a thread."""
+        if not (drained or failed or interrupted) and await inv.aend_completed():
+            drop_scope(inv.scope)
+            return
+        await asyncio.to_thread(
+            inv.end, drained=drained, failed=failed, interrupted=interrupted, empty=empty
+        )
 
 
 __all__ = [

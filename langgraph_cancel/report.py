@@ -77,6 +77,8 @@ class CancellationReport(BaseModel):
         dispatched_after_cancel: Dispatches after the run observed its cancel signal
             (must be 0).
         orphans: Child runs that never observed the signal (must be 0).
+        awaiting: While the stop is ``cancelling``: the effect ids of the calls in
+            flight it waits for (listed in ``unknown`` until they settle).
     """
 
     model_config = ConfigDict(frozen=True)
@@ -103,6 +105,7 @@ class CancellationReport(BaseModel):
     dispatched_after_cancel: int = 0
     orphans: int = 0
     tokens_after_cancel: int | None = None
+    awaiting: list[str] = Field(default_factory=list)
     summary: str = ""
 
     def entries(self) -> list[ReportEffect]:

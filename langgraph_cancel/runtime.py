@@ -17,7 +17,7 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -429,6 +429,11 @@ class RunScope:
     #: Effects in flight that this run's stop waits for: each leaves the set when its
     #: outcome is recorded and streamed as ``settled`` (``progress.py``).
     awaited: set[str] = field(default_factory=set)
+    #: Called once when the run's task is cancelled, after the stop is recorded (the
+    #: invocation shows the stop under way in the thread state).
+    on_task_cancel: Callable[[], Awaitable[None]] | None = None
+    #: True once the run's task was cancelled and that was recorded as a stop.
+    task_cancelled: bool = False
 
     def await_effect(self, record: EffectRecord, grace: float | None) -> None:
         """The stop waits for ``record``, in flight, for ``grace`` seconds (None: until
@@ -482,12 +487,20 @@ class RunScope:
         write is logged: the run's end records the interruption again.
         """
         self.signal.set()
+        if self.task_cancelled:
+            return
+        self.task_cancelled = True
         try:
             await async_ledger_of(self.ledger).arequest_cancel(
                 self.thread_id, reason=INTERRUPTED_REASON, requested_by="runtime", cascade=True
             )
         except Exception:
             logger.warning("could not record the cancelled task as a stop", exc_info=True)
+        if self.on_task_cancel is not None:
+            try:
+                await self.on_task_cancel()
+            except Exception:
+                logger.warning("could not show the stop under way", exc_info=True)
 
 
 def async_ledger_of(ledger: Ledger) -> AsyncLedger | Ledger:
@@ -570,12 +583,23 @@ def scope_for(
             lease_ttl=lease_ttl,
         )
         run, unsettled = started if isinstance(started, tuple) else (started, None)
+    return _cache_new_scope(resolved, thread_id, run, worker, unsettled)
+
+
+def _cache_new_scope(
+    ledger: Ledger,
+    thread_id: str,
+    run: RunRecord,
+    owner: str,
+    unsettled: list[EffectRecord] | None,
+) -> RunScope:
+    """The scope of a run just started (or found finished), kept for the thread."""
     scope = RunScope(
-        ledger=resolved,
+        ledger=ledger,
         thread_id=thread_id,
         run=run,
-        owner=worker,
-        signal=HUB.signal(resolved, run.run_id),
+        owner=owner,
+        signal=HUB.signal(ledger, run.run_id),
         unsettled_at_start=unsettled,
     )
     if run.status is not RunStatus.RUNNING:
@@ -583,8 +607,51 @@ def scope_for(
     else:
         scope.signal.saw(run)
     with _scopes_lock:
-        _scopes[key] = scope
+        _scopes[(ledger.url, thread_id)] = scope
     return scope
+
+
+async def ascope_for(
+    config: RunnableConfig,
+    twin: AsyncLedger,
+    *,
+    ledger: Ledger,
+    new_run: bool,
+    run_id: str | None,
+    owner: str,
+    lease_ttl: float,
+    prefetch_unsettled: bool,
+) -> RunScope:
+    """``scope_for`` of an invocation whose ledger has an async twin on this loop.
+
+    The same rules, with the run's start (its row, its lease and the thread's
+    unsettled effects, in one round trip) awaited on the loop: an async graph on
+    an async saver starts its run without a thread hop.
+
+    Raises:
+        ThreadBusyError: Another owner holds the thread.
+    """
+    thread_id = thread_id_of(config)
+    with _scopes_lock:
+        scope = _scopes.get((ledger.url, thread_id))
+    if scope is not None and (not scope.run.terminal or not new_run):
+        await twin.aacquire_lease(thread_id, owner, ttl=lease_ttl)
+        if prefetch_unsettled:
+            scope.unsettled_at_start = None  # an older read is no snapshot of now
+        return scope
+    if not new_run:
+        latest = await twin.alatest_run(thread_id)
+        if latest is not None and latest.terminal:
+            await twin.aacquire_lease(thread_id, owner, ttl=lease_ttl)
+            return _cache_new_scope(ledger, thread_id, latest, owner, None)
+    unsettled: list[EffectRecord] | None = None
+    if prefetch_unsettled:
+        run, unsettled = await twin.astart_run_and_unsettled(
+            thread_id, run_id=run_id, owner=owner, lease_ttl=lease_ttl
+        )
+    else:
+        run = await twin.astart_run(thread_id, run_id=run_id, owner=owner, lease_ttl=lease_ttl)
+    return _cache_new_scope(ledger, thread_id, run, owner, unsettled)
 
 
 def ephemeral_scope(
@@ -655,6 +722,7 @@ __all__ = [
     "CancelSignal",
     "LeaseKeeper",
     "RunScope",
+    "ascope_for",
     "async_ledger_of",
     "check_durability",
     "coerce_ledger",

@@ -389,6 +389,58 @@ async def test_runs_cancel_while_approved_refund_in_flight(
 
 
 @pytest.mark.server
+async def test_runs_cancel_wait_returns_with_the_report_in_the_thread_state(
+    served: Served, client: Any, thread_id: str
+) -> None:
+    """Studio's stop: when ``runs.cancel(..., wait=True)`` returns, the thread state holds
+    the cancellation report (the cancel finished inside the run's task), or says the
+    stop is ``cancelling`` and which call it waits for."""
+    from langgraph_cancel.demo.graph import SEED_REQUEST
+
+    served.providers.set_fault("update_order", "hang:1", times=1)
+    run = await client.runs.create(thread_id, served.graph_id, input=human(SEED_REQUEST))
+    in_flight = await wait_for(
+        "update_order(o-88) to be in flight",
+        lambda: update_order_in_flight(served.ledger, thread_id),
+    )
+    t0 = time.monotonic()
+    await client.runs.cancel(thread_id, run["run_id"], action="interrupt", wait=True)
+    cancel_took = time.monotonic() - t0
+    state = await client.threads.get_state(thread_id)
+    report = state["values"].get("cancellation_report")
+    print(
+        f"[{served.backend}] runs.cancel(wait=True) took {cancel_took:.2f}s; "
+        f"report then: {report and report['status']}"
+    )
+    assert report is not None, (state["next"], sorted(state["values"]))
+    if report["status"] == "cancelling":
+        # Past the grace of the server's wait: the stop is under way, waiting for the call.
+        assert report["awaiting"] == [in_flight.effect_id], report
+        assert [e["effect_id"] for e in report["unknown"]] == [in_flight.effect_id], report
+
+        async def final_report() -> dict[str, Any] | None:
+            values = (await client.threads.get_state(thread_id))["values"]
+            found = values.get("cancellation_report")
+            return found if found and found["status"] != "cancelling" else None
+
+        deadline = time.monotonic() + 20
+        while (final := await final_report()) is None:
+            assert time.monotonic() < deadline, "the final report never replaced the interim one"
+            await asyncio.sleep(0.05)
+        report = final
+        state = await client.threads.get_state(thread_id)
+    assert report["status"] == "cancelled", report
+    assert report["awaiting"] == []
+    assert state["next"] == [], state["next"]
+    assert report["reason"].startswith("run task cancelled"), report
+    assert report["dispatched_after_cancel"] == 0
+    assert [e["tool"] for e in report["reversible_committed"]] == ["update_order"], report
+    no_dangling_calls(state["values"]["messages"])
+    ledger_run = served.ledger.latest_run(thread_id)
+    assert ledger_run is not None and ledger_run.status is RunStatus.CANCELLED
+
+
+@pytest.mark.server
 async def test_durable_cancel_of_seed_run_reports_in_thread_state(
     served: Served, client: Any, thread_id: str
 ) -> None:

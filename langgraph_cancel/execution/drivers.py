@@ -262,10 +262,14 @@ class AsyncDriver:
         try:
             return await self._wait(task, step)
         except asyncio.CancelledError:
+            # The run's task was cancelled (a server's runs.cancel, a disconnect): a stop
+            # like any other, raised for the whole run before anything else.
             if step.record is None:
+                self.scope.signal.set()
                 task.cancel()  # a read: nothing outside changes, nothing to wait for
                 raise
             self.cancelled = True
+            await self.scope.atask_cancelled()
             spec = step.spec
             wait = (spec.cancel_timeout if spec is not None else None) or self.cancel_timeout
             self.scope.await_effect(step.record, wait)

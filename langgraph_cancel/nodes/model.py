@@ -15,9 +15,9 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Sequence
-from functools import partial
 from dataclasses import dataclass
 from datetime import UTC
+from functools import partial
 from typing import Any
 
 from langchain_core.language_models import BaseChatModel, LanguageModelLike
