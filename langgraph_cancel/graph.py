@@ -1104,6 +1104,7 @@ class CancellableGraph(CompiledStateGraph):  # type: ignore[type-arg]
             async for chunk in super().astream(input, config, **kwargs):
                 yield chunk
             return
+        outer = current_scope.get()
         inv = await _Invocation.aopen(self, input, merged)
         current_scope.set(inv.scope)
         kwargs.setdefault("control", RunControl())
@@ -1133,6 +1134,9 @@ class CancellableGraph(CompiledStateGraph):  # type: ignore[type-arg]
             failed = True
             raise
         finally:
+            # The caller's context gets its scope back here: the end runs in a task of
+            # its own, whose context is a copy.
+            current_scope.set(outer)
             closing = asyncio.ensure_future(
                 self._aend(
                     inv, drained=drained, failed=failed, interrupted=interrupted, empty=empty

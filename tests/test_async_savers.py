@@ -285,3 +285,58 @@ async def test_an_async_sqlite_saver_needs_to_know_its_file(tmp_path: Path) -> N
         await saver.setup()
         assert saver.ledger.url == f"sqlite:///{tmp_path / 'unnamed.db'}"
         await saver.aclose_ledger()
+
+
+RUN_LIFECYCLE = ("start_run", "start_run_and_unsettled", "finish_run", "acquire_lease")
+
+
+async def test_a_run_starts_and_completes_on_the_loop(async_saver: Any) -> None:
+    """An async graph on an async saver opens and closes its run through the saver's
+    ``AsyncLedger`` on the loop's own thread: no thread hop per run."""
+    from langgraph.graph import START, MessagesState, StateGraph
+
+    from langgraph_cancel import add_cancellation
+
+    sync_ledger: Ledger = async_saver.ledger
+    native: AsyncLedger = async_saver.async_ledger
+    sync_calls: list[str] = []
+    async_threads: dict[str, set[int]] = {}
+    for name in RUN_LIFECYCLE:
+        real_sync = getattr(sync_ledger, name)
+
+        def spied_sync(*args: Any, _name: str = name, _real: Any = real_sync, **kw: Any) -> Any:
+            sync_calls.append(_name)
+            return _real(*args, **kw)
+
+        setattr(sync_ledger, name, spied_sync)
+        real_async = getattr(native, "a" + name)
+
+        async def spied_async(
+            *args: Any, _name: str = name, _real: Any = real_async, **kw: Any
+        ) -> Any:
+            async_threads.setdefault(_name, set()).add(threading.get_ident())
+            return await _real(*args, **kw)
+
+        setattr(native, "a" + name, spied_async)
+
+    async def answer(state: Any) -> dict[str, Any]:
+        return {"messages": [AIMessage("done")]}
+
+    builder: Any = StateGraph(MessagesState)
+    builder.add_node("answer", answer)
+    builder.add_edge(START, "answer")
+    graph = add_cancellation(builder).compile(checkpointer=async_saver)
+    thread = new_thread()
+    for _ in range(2):
+        out = await graph.ainvoke({"messages": [HumanMessage("hi")]}, config_for(thread))
+        assert out["messages"][-1].content == "done"
+
+    assert sync_calls == []
+    loop_thread = threading.get_ident()
+    assert async_threads == {
+        "start_run_and_unsettled": {loop_thread},
+        "finish_run": {loop_thread},
+    }, async_threads
+    runs = await native.aruns(thread)
+    assert [r.status for r in runs] == [RunStatus.COMPLETED, RunStatus.COMPLETED]
+    assert await native.alease(thread) is None  # released with the run's end
