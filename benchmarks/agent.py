@@ -18,7 +18,7 @@ from langchain_core.tools import BaseTool, tool
 from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode, tools_condition
 
-from benchmarks.common import Settings, fresh_pg_db
+from benchmarks.common import Settings, fresh_pg_db, is_postgres
 from langgraph_cancel import EffectKind, EffectToolNode, add_cancellation, effect
 from langgraph_cancel.testing import ScriptedChatModel, tool_call
 
@@ -127,20 +127,26 @@ async def async_savers(backend: str, settings: Settings) -> AsyncIterator[tuple[
     elif backend == "sqlite":
         from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 
+        from langgraph_cancel.checkpointers.sqlite import AsyncSqliteCancelSaver
+
         d = tempfile.mkdtemp(prefix="overhead-async-", dir=settings.workdir)
-        with _sqlite_cancel_saver(d) as ours:
-            async with AsyncSqliteSaver.from_conn_string(os.path.join(d, "base.db")) as base:
-                await base.setup()
-                yield base, ours
-    elif backend == "postgres":
+        async with (
+            AsyncSqliteSaver.from_conn_string(os.path.join(d, "base.db")) as base,
+            AsyncSqliteCancelSaver.from_conn_string(os.path.join(d, "cancel.db")) as ours,
+        ):
+            await base.setup()
+            await ours.setup()
+            yield base, ours
+    elif is_postgres(backend):
         from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 
         from langgraph_cancel.checkpointers.postgres import AsyncPostgresCancelSaver
 
         assert settings.pg_dsn
+        sync_commit = backend == "postgres"
         with (
-            fresh_pg_db(settings.pg_dsn, "abase") as u1,
-            fresh_pg_db(settings.pg_dsn, "aours") as u2,
+            fresh_pg_db(settings.pg_dsn, "abase", synchronous_commit=sync_commit) as u1,
+            fresh_pg_db(settings.pg_dsn, "aours", synchronous_commit=sync_commit) as u2,
         ):
             async with (
                 AsyncPostgresSaver.from_conn_string(u1) as base,
@@ -191,15 +197,16 @@ def savers(backend: str, settings: Settings) -> Iterator[tuple[Any, Any]]:
                 yield base, ours
         finally:
             c1.close()
-    elif backend == "postgres":
+    elif is_postgres(backend):
         from langgraph.checkpoint.postgres import PostgresSaver
 
         from langgraph_cancel.checkpointers.postgres import PostgresCancelSaver
 
         assert settings.pg_dsn
+        sync_commit = backend == "postgres"
         with (
-            fresh_pg_db(settings.pg_dsn, "base") as u1,
-            fresh_pg_db(settings.pg_dsn, "ours") as u2,
+            fresh_pg_db(settings.pg_dsn, "base", synchronous_commit=sync_commit) as u1,
+            fresh_pg_db(settings.pg_dsn, "ours", synchronous_commit=sync_commit) as u2,
             PostgresSaver.from_conn_string(u1) as base,
             PostgresCancelSaver.from_conn_string(u2) as ours,
         ):

@@ -16,6 +16,16 @@ from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
 BACKENDS: tuple[str, ...] = ("memory", "sqlite", "postgres")
+#: PostgreSQL with synchronous_commit=off (the overhead section runs it beside "postgres",
+#: which commits with the server's setting: on, under ./scripts/bench).
+PG_NOSYNC = "postgres_nosync"
+
+
+def is_postgres(backend: str) -> bool:
+    """Whether ``backend`` is one of the PostgreSQL variants."""
+    return backend in ("postgres", PG_NOSYNC)
+
+
 PG_DSN_ENV = "LANGGRAPH_CANCEL_TEST_PG_DSN"
 
 
@@ -151,10 +161,16 @@ def _admin(dsn: str, statement: str, dbname: str) -> None:
 
 
 @contextlib.contextmanager
-def fresh_pg_db(dsn: str, tag: str = "x") -> Iterator[str]:
-    """A new, empty database on the server (dropped with FORCE afterwards)."""
+def fresh_pg_db(dsn: str, tag: str = "x", *, synchronous_commit: bool = True) -> Iterator[str]:
+    """A new, empty database on the server (dropped with FORCE afterwards).
+
+    ``synchronous_commit=False``: every session on it commits without waiting for
+    the WAL flush (the library's own cost, the disk's taken out).
+    """
     dbname = f"lgc_bench_{tag}_{uuid.uuid4().hex[:8]}"
     _admin(dsn, "CREATE DATABASE {}", dbname)
+    if not synchronous_commit:
+        _admin(dsn, "ALTER DATABASE {} SET synchronous_commit = off", dbname)
     try:
         yield with_dbname(dsn, dbname)
     finally:

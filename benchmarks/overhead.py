@@ -22,7 +22,16 @@ from benchmarks.agent import (
     savers,
     scripted_model,
 )
-from benchmarks.common import Settings, log, median, paired_ratio, ratio, rnd, summary
+from benchmarks.common import (
+    PG_NOSYNC,
+    Settings,
+    log,
+    median,
+    paired_ratio,
+    ratio,
+    rnd,
+    summary,
+)
 
 
 def plan(settings: Settings) -> dict[str, Any]:
@@ -163,6 +172,10 @@ async def _ameasure(
             "base": build_graph(tools, scripted_model(n), base_saver, effectful=False),
             "effect": build_graph(tools, scripted_model(n), cancel_saver, effectful=True),
         }
+        if kind == SIDE_EFFECT:
+            variants["effect_concurrent"] = build_graph(
+                tools, scripted_model(n), cancel_saver, effectful=True, effect_concurrency=n
+            )
         for _ in range(warmup + 1):
             for g in variants.values():
                 await arun_once(g, expect)
@@ -199,6 +212,15 @@ def run_async(settings: Settings, backends: list[str], cfg: dict[str, Any]) -> l
                 "added_pct": rnd((ratio(eff, base) or 0) * 100 - 100, 1),
             }
             cell.update(_paired("added_pct", s["base"]["wall"], s["effect"]["wall"]))
+            if "effect_concurrent" in s:
+                cell["effect_concurrent_ms"] = summary(s["effect_concurrent"]["wall"], scale=1e3)
+                cell.update(
+                    _paired(
+                        "effect_concurrent_added_pct",
+                        s["base"]["wall"],
+                        s["effect_concurrent"]["wall"],
+                    )
+                )
             cells.append(cell)
             log(
                 f"  async {backend:8s} {kind:14s} tool={tool_ms:g}ms N={n} "
@@ -213,6 +235,10 @@ def run(settings: Settings, backends: list[str]) -> dict[str, Any]:
     cfg = plan(settings)
     cells: list[dict[str, Any]] = []
     fits: list[dict[str, Any]] = []
+    if "postgres" in backends:
+        # The library alone beside the headline: the same server, commits not waiting
+        # for the WAL flush.
+        backends = [*backends, PG_NOSYNC]
     for backend in backends:
         log(f"overhead: {backend}")
         with (
@@ -345,8 +371,11 @@ def run(settings: Settings, backends: list[str]) -> dict[str, Any]:
             "server's CPU is not in it), less sensitive to other load on the machine. "
             "async_cells: the N=10, 5 ms cells again through graph.ainvoke (as a LangGraph "
             "server runs graphs) on LangGraph's async savers (InMemorySaver, "
-            "AsyncSqliteSaver, AsyncPostgresSaver) vs ours (the async Postgres saver; "
-            "SQLite and memory savers answer async calls too)."
+            "AsyncSqliteSaver, AsyncPostgresSaver) vs ours (MemoryCancelSaver, "
+            "AsyncSqliteCancelSaver, AsyncPostgresCancelSaver), side effects also with "
+            "effect_concurrency=10. postgres_nosync: the PostgreSQL cells again on "
+            "databases with synchronous_commit=off (the library's cost without the WAL "
+            "flush wait)."
         ),
         "config": {**cfg, "reps": {str(k): v for k, v in cfg["reps"].items()}},
         "cells": cells,

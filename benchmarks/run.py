@@ -42,12 +42,21 @@ from benchmarks.common import (
 )
 
 ROOT = Path(__file__).resolve().parent.parent
-SECTIONS = ("overhead", "profile", "latency", "scale", "recovery", "cli_startup")
+SECTIONS = ("floor", "overhead", "server", "profile", "latency", "scale", "recovery", "cli_startup")
 
 # The targets.
-PG_SE_MAX_US = 1000.0
 RO_MAX_US = 100.0
+#: 10 read-only calls of 5 ms: added wall over ToolNode, in %.
+RO_BATCH_MAX_PCT = 5.0
+#: 10 side-effecting calls of 5 ms with effect_concurrency=10: added wall, in %.
 BATCH_MAX_PCT = 10.0
+#: One at a time on PostgreSQL: per call at most this many commit floors plus the slack.
+PG_FLOOR_FACTOR = 1.3
+PG_FLOOR_SLACK_MS = 0.2
+#: One at a time in memory (all Python), per call.
+MEMORY_SE_MAX_US = 150.0
+#: A run of one 0 ms side-effecting call, added over ToolNode, in commit floors.
+PG_RUN_MAX_COMMITS = 2
 PG_LATENCY_P99_MS = 50.0
 SQLITE_LATENCY_SLACK_MS = 10.0
 SCALE_MAX_GROWTH = 2.0
@@ -246,9 +255,131 @@ def _status(ok: bool | str | None) -> str:
     return "n/a" if ok is None else ("PASS" if ok else "MISS")
 
 
+def _async_cell(res: dict[str, Any], backend: str, kind: str) -> dict[str, Any] | None:
+    for a in res.get("overhead", {}).get("async_cells", []):
+        if a["backend"] == backend and a["kind"] == kind:
+            return dict(a)
+    return None
+
+
+def _floor_ms(res: dict[str, Any], backend: str) -> float | None:
+    floor = res.get("floor", {}).get("backends", {}).get(backend)
+    return None if floor is None else float(floor["commit_ms"]["median"])
+
+
+def _overhead_backends(res: dict[str, Any]) -> list[str]:
+    seen: list[str] = []
+    for c in res["overhead"]["cells"]:
+        if c["backend"] not in seen:
+            seen.append(c["backend"])
+    return seen
+
+
+def overhead_targets(res: dict[str, Any], add: Any) -> None:
+    """The per-call and per-run cost targets, as ratios and floors of the same run."""
+    batches = res["overhead"]["config"]["batches"]
+    for b in _overhead_backends(res):
+        f = _fit(res, b, "read_only", 0)
+        m = f["marginal_us_per_call"] if f else None
+        c10 = _cell(res, b, "read_only", 0, 10) or {}
+        add(
+            f"{b}: <=0.1 ms per read-only call (marginal)",
+            f"{m} us/call" if m is not None else "n/a",
+            None if m is None else m <= RO_MAX_US,
+            f"amortised at N=10: {c10.get('added_us_per_call')} us/call",
+        )
+    for b in _overhead_backends(res):
+        sync_ro = _cell(res, b, "read_only", 5, 10)
+        sync_se = _cell(res, b, "side_effecting", 5, 10)
+        async_ro = _async_cell(res, b, "read_only")
+        async_se = _async_cell(res, b, "side_effecting")
+        rows = (
+            ("read-only", "invoke", sync_ro, "added_pct", RO_BATCH_MAX_PCT),
+            ("read-only", "ainvoke", async_ro, "added_pct", RO_BATCH_MAX_PCT),
+            (
+                "side-effecting, effect_concurrency=10",
+                "invoke",
+                sync_se,
+                "effect_concurrent_added_pct",
+                BATCH_MAX_PCT,
+            ),
+            (
+                "side-effecting, effect_concurrency=10",
+                "ainvoke",
+                async_se,
+                "effect_concurrent_added_pct",
+                BATCH_MAX_PCT,
+            ),
+        )
+        for what, mode, cell, name, limit in rows:
+            if not cell or name not in cell:
+                continue
+            pct, measured = _paired_pct(cell, name)
+            effect_key = "effect_ms" if name == "added_pct" else "effect_concurrent_ms"
+            add(
+                f"{b}: <=+{limit:g}% wall, 10 x 5 ms {what} ({mode})",
+                measured,
+                pct <= limit,
+                f"median of {cell['base_ms']['n']} interleaved pairs; medians: ToolNode "
+                f"{cell['base_ms']['median']} ms, EffectToolNode {cell[effect_key]['median']} ms",
+            )
+        for what, sync_cell, async_cell, name in (
+            ("read-only", sync_ro, async_ro, "added_pct"),
+            ("side-effecting, batch at once", sync_se, async_se, "effect_concurrent_added_pct"),
+        ):
+            if not sync_cell or not async_cell or f"paired_{name}" not in async_cell:
+                continue
+            sync_pct = sync_cell.get(f"paired_{name}", sync_cell.get(name))
+            high = sync_cell.get(f"paired_{name}_ci95", [sync_pct, sync_pct])[1]
+            async_pct = async_cell[f"paired_{name}"]
+            add(
+                f"{b}: ainvoke as good as invoke, 10 x 5 ms {what}",
+                f"{async_pct:+.1f}% vs {sync_pct:+.1f}%",
+                async_pct <= max(high, sync_pct),
+                "added wall over ToolNode through ainvoke (async savers) vs through invoke; "
+                "PASS when the ainvoke figure is within the invoke figure's 95% interval "
+                "or below it",
+            )
+    for b in _overhead_backends(res):
+        f = _fit(res, b, "side_effecting", 0)
+        m = f["marginal_us_per_call"] if f else None
+        floor = _floor_ms(res, b)
+        c1 = _cell(res, b, "side_effecting", 0, batches[0])
+        if b == "memory":
+            add(
+                f"memory: <={MEMORY_SE_MAX_US / 1000:g} ms per side-effecting call, one at a "
+                "time (marginal)",
+                f"{m} us/call" if m is not None else "n/a",
+                None if m is None else m <= MEMORY_SE_MAX_US,
+                "slope of the added time over N="
+                + "/".join(map(str, batches))
+                + ", the default schedule; all Python",
+            )
+        if not b.startswith("postgres") or floor is None:
+            continue
+        limit_us = (PG_FLOOR_FACTOR * floor + PG_FLOOR_SLACK_MS) * 1000
+        add(
+            f"{b}: <={PG_FLOOR_FACTOR:g} x floor + {PG_FLOOR_SLACK_MS:g} ms per side-effecting "
+            "call, one at a time (marginal)",
+            f"{m} us/call (limit {limit_us:.0f})" if m is not None else "n/a",
+            None if m is None else m <= limit_us,
+            f"floor: one commit {floor} ms; slope of the added time over N="
+            + "/".join(map(str, batches))
+            + " (0 ms tools), the default schedule",
+        )
+        if c1 and batches[0] == 1:
+            added_ms = float(c1["added_us_per_call"]) / 1000
+            add(
+                f"{b}: a run's fixed cost (1 call of 0 ms) <= {PG_RUN_MAX_COMMITS} commits",
+                f"{added_ms:.2f} ms = {added_ms / floor:.1f} commits",
+                added_ms <= PG_RUN_MAX_COMMITS * floor,
+                f"floor: one commit {floor} ms; ToolNode {c1['base_ms']['median']} ms vs "
+                f"EffectToolNode {c1['effect_ms']['median']} ms per invoke",
+            )
+
+
 def evaluate_targets(res: dict[str, Any], settings: Settings) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
-    backends = res["meta"]["backends_run"]
 
     def add(target: str, measured: str, ok: bool | str | None, detail: str = "") -> None:
         rows.append(
@@ -256,123 +387,27 @@ def evaluate_targets(res: dict[str, Any], settings: Settings) -> list[dict[str, 
         )
 
     if "overhead" in res:
-        batches = res["overhead"]["config"]["batches"]
-        if "postgres" in backends:
-            f = _fit(res, "postgres", "side_effecting", 0)
-            amort = [
-                (_cell(res, "postgres", "side_effecting", 0, n) or {}).get("added_us_per_call")
-                for n in batches
-            ]
-            m = f["marginal_us_per_call"] if f else None
-            add(
-                "PG: <=1 ms added per side-effecting call (marginal)",
-                f"{m} us/call" if m is not None else "n/a",
-                None if m is None else m <= PG_SE_MAX_US,
-                "slope of added time over N="
-                + "/".join(map(str, batches))
-                + "; amortised "
-                + "/".join(f"{x}" for x in amort)
-                + " us/call",
-            )
-            cm = f.get("concurrent_marginal_us_per_call") if f else None
-            if cm is not None:
-                add(
-                    "PG: <=1 ms added per side-effecting call (marginal, batch at once)",
-                    f"{cm} us/call",
-                    cm <= PG_SE_MAX_US,
-                    "effect_concurrency=N: the batch's intents go in one statement and its "
-                    "outcomes in another; the default (one at a time, in plan order) needs "
-                    "one durable write between two dispatches, see the row above",
-                )
-            c1 = _cell(res, "postgres", "side_effecting", 0, batches[0])
-            if c1:
-                fixed = f.get("fixed_ms_per_run") if f else None
-                add(
-                    f"PG: cost of a run of {batches[0]} side-effecting call (per run and per call)",
-                    f"{c1['added_us_per_call']} us added",
-                    INFO,
-                    f"ToolNode {c1['base_ms']['median']} ms vs EffectToolNode "
-                    f"{c1['effect_ms']['median']} ms per invoke; the fit's fixed cost per run "
-                    f"is {fixed} ms (the run's row and lease at its start, its end, the wait "
-                    "for the model step's checkpoint): a cost per run, not per call, which the "
-                    "per-call target above leaves out",
-                )
-        for b in backends:
-            f = _fit(res, b, "read_only", 0)
-            m = f["marginal_us_per_call"] if f else None
-            c10 = _cell(res, b, "read_only", 0, 10) or {}
-            add(
-                f"{b}: <=0.1 ms per read-only call (marginal)",
-                f"{m} us/call" if m is not None else "n/a",
-                None if m is None else m <= RO_MAX_US,
-                f"amortised at N=10: {c10.get('added_us_per_call')} us/call",
-            )
-        for b in backends:
-            for kind in ("side_effecting", "read_only"):
-                c = _cell(res, b, kind, 5, 10)
-                if not c:
-                    continue
-                ainvoke = ""
-                for a in res["overhead"].get("async_cells", []):
-                    if a["backend"] == b and a["kind"] == kind:
-                        ainvoke = (
-                            f"; through ainvoke: {a.get('paired_added_pct', a['added_pct']):+.1f}%"
-                        )
-                trials = f"median of {c['base_ms']['n']} paired trials"
-                if "paired_added_pct_vs_normal_base" in c:
-                    # Our SQLite saver commits with synchronous=NORMAL, LangGraph's with
-                    # FULL: the same cells against a plain saver set as ours is.
-                    alike = f"{c['paired_added_pct_vs_normal_base']:+.1f}%"
-                    if "paired_effect_concurrent_added_pct_vs_normal_base" in c:
-                        alike = (
-                            f"{c['paired_effect_concurrent_added_pct_vs_normal_base']:+.1f}% "
-                            f"(batch at once), {alike} (one at a time)"
-                        )
-                    add(
-                        f"{b}: 10 x 5 ms {kind.replace('_', '-')} vs a SqliteSaver with "
-                        "synchronous=NORMAL",
-                        alike,
-                        INFO,
-                        "SqliteCancelSaver commits checkpoints as its ledger does (WAL, "
-                        "synchronous=NORMAL), LangGraph's SqliteSaver with SQLite's default "
-                        "(FULL, a sync per commit): this is the library's cost alone; "
-                        f"medians: ToolNode on that saver {c['base_normal_ms']['median']} ms",
-                    )
-                if kind == "read_only":
-                    # Reads run at once, as ToolNode runs its calls: the same schedule.
-                    pct, measured = _paired_pct(c, "added_pct")
-                    add(
-                        f"{b}: <=10% added wall, 10 x 5 ms read-only",
-                        measured,
-                        pct <= BATCH_MAX_PCT,
-                        f"{trials}; medians: ToolNode {c['base_ms']['median']} ms, "
-                        f"EffectToolNode {c['effect_ms']['median']} ms{ainvoke}",
-                    )
-                    continue
-                # ToolNode runs a batch's calls at once; so does effect_concurrency=10
-                # (each intent still durable before its call). That is the overhead.
-                if "effect_concurrent_added_pct" in c:
-                    pct, measured = _paired_pct(c, "effect_concurrent_added_pct")
-                    add(
-                        f"{b}: <=10% added wall, 10 x 5 ms side-effecting, batch at once",
-                        measured,
-                        pct <= BATCH_MAX_PCT,
-                        f"effect_concurrency=10, ToolNode's schedule; {trials}; medians: "
-                        f"ToolNode {c['base_ms']['median']} ms, EffectToolNode "
-                        f"{c['effect_concurrent_ms']['median']} ms",
-                    )
-                # The default dispatches in plan order, one at a time, so that
-                # a stop mid-batch drops the calls behind it: 10 x 5 ms in sequence.
-                pct, measured = _paired_pct(c, "added_pct")
-                add(
-                    f"{b}: 10 x 5 ms side-effecting, one at a time (the default schedule)",
-                    measured,
-                    INFO,
-                    "not comparable with ToolNode's parallel batch: the calls run in plan "
-                    "order so that a stop between two of them drops the rest (the "
-                    f"default); {trials}; medians: ToolNode {c['base_ms']['median']} ms, "
-                    f"EffectToolNode {c['effect_ms']['median']} ms{ainvoke}",
-                )
+        overhead_targets(res, add)
+    if "server" in res:
+        srv = res["server"]
+        add(
+            "langgraph dev: added latency per run and per side-effecting call",
+            f"+{srv['added_ms_per_run']} ms per run, "
+            f"+{srv['added_ms_per_side_effecting_call']} ms per call",
+            INFO,
+            f"through the server (langgraph_sdk runs.wait), ledger on {srv['ledger']}; no "
+            "target covers it: the per-call and per-run targets above are the library's",
+        )
+        stop = srv["stop_summary"]
+        add(
+            "langgraph dev: runs.cancel(wait=True) -> report in the thread state",
+            f"median {stop['report_in_state_ms'].get('median')} ms "
+            f"(final report {stop['final_report_ms'].get('median')} ms)",
+            INFO,
+            f"runs.cancel returned after a median {stop['cancel_returned_ms'].get('median')} "
+            "ms; the first report read is the stop under way (cancelling, naming the call "
+            "in flight) or the final one",
+        )
     if "latency" in res:
         lat = res["latency"]["backends"]
         if "postgres" in lat:
@@ -840,9 +875,20 @@ def main(argv: list[str] | None = None) -> int:
     res["meta"]["backends_run"] = backends
     durations: dict[str, float] = {}
     t_all = time.perf_counter()
-    from benchmarks import cli_startup, latency, overhead, profile, recovery, scale
+    from benchmarks import (
+        cli_startup,
+        floor,
+        latency,
+        overhead,
+        profile,
+        recovery,
+        scale,
+        server,
+    )
 
     modules = {
+        "floor": floor,
+        "server": server,
         "cli_startup": cli_startup,
         "overhead": overhead,
         "profile": profile,
