@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import json
 import sys
 import time
@@ -36,11 +37,10 @@ STOP_CALLS, STOP_MS = 4, 400.0
 
 def _server_util() -> Any:
     """``tests/server_util.py``: how the suite starts and stops ``langgraph dev``."""
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
-    from tests import server_util
-
-    return server_util
+    tests_dir = str(ROOT / "tests")
+    if tests_dir not in sys.path:
+        sys.path.insert(0, tests_dir)
+    return importlib.import_module("server_util")
 
 
 @contextlib.contextmanager

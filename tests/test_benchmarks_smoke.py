@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-SECTIONS = ("overhead", "profile", "latency", "scale", "recovery", "cli_startup")
+SECTIONS = ("floor", "overhead", "server", "profile", "latency", "scale", "recovery", "cli_startup")
 
 
 @pytest.mark.slow
@@ -88,14 +88,33 @@ def test_benchmarks_quick_run_writes_every_section(tmp_path: Path) -> None:
                 if (f["backend"], f["kind"], f["tool_ms"]) == (b, "side_effecting", tool_ms)
             ]
             assert isinstance(fit["concurrent_marginal_us_per_call"], float)
+    # PostgreSQL runs twice: the server's synchronous_commit, and off (the library alone).
+    overhead_backends = [*run, "postgres_nosync"] if "postgres" in run else run
+    floors = data["floor"]["backends"]
+    assert set(floors) == {b for b in overhead_backends if b != "memory"}
+    assert all(f["commit_ms"]["median"] > 0 for f in floors.values())
     if "postgres" in run:
-        assert any("batch at once" in t["target"] for t in data["targets"])
+        for b in ("postgres", "postgres_nosync"):
+            assert any(t["target"].startswith(f"{b}: a run's fixed cost") for t in data["targets"])
+            assert any(t["target"].startswith(f"{b}: <=1.3 x floor") for t in data["targets"])
+    assert any(t["target"].startswith("memory: <=0.15 ms") for t in data["targets"])
     # The 10 x 5 ms cells again through ainvoke, on every backend run.
     acells = data["overhead"]["async_cells"]
     assert {(c["backend"], c["kind"]) for c in acells} == {
-        (b, k) for b in run for k in ("read_only", "side_effecting")
+        (b, k) for b in overhead_backends for k in ("read_only", "side_effecting")
     }
     assert all(c["n_calls"] == 10 and c["effect_ms"]["n"] == 1 for c in acells)
+    assert all(
+        "paired_effect_concurrent_added_pct" in c for c in acells if c["kind"] == "side_effecting"
+    )
+    # The same agent through a real langgraph dev server, and a stop through it.
+    served = data["server"]
+    assert [c["n_calls"] for c in served["cells"]] == [1, 10]
+    assert all(c["plain_ms"]["n"] == c["ours_ms"]["n"] > 0 for c in served["cells"])
+    (stop,) = served["stop"]
+    assert stop["report_in_state_ms"] is not None, stop
+    assert stop["report_status_first_seen"] in ("cancelling", "cancelled")
+    assert stop["final_report_ms"] is not None
     assert set(data["profile"]["backends"]) == set(run)
     assert set(data["latency"]["backends"]) == set(run)
     for b in run:
