@@ -15,7 +15,9 @@ import getpass
 import json
 import math
 import os
+import re
 from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
 from typing import Any, NoReturn
 
 from langgraph_cancel.cli.config import DEFAULT_DB_URL, DEFAULT_GRAPH, PROG, version
@@ -123,6 +125,55 @@ def _default_requester() -> str:
     except (KeyError, OSError):  # pragma: no cover - no user database, no $USER
         user = "someone"
     return f"{user} (cli)"
+
+
+def since(text: str) -> datetime:
+    """A window's start: a duration back from now (``90s``, ``30m``, ``24h``, ``7d``, ``2w``)
+    or an ISO 8601 time (``2026-01-31``, ``2026-01-31T09:00:00+01:00``; UTC when no zone)."""
+    found = _DURATION.fullmatch(text.strip())
+    if found is not None:
+        amount = float(found.group(1))
+        try:
+            return datetime.now(UTC) - timedelta(
+                seconds=amount * _UNIT_SECONDS[found.group(2).lower()]
+            )
+        except OverflowError:
+            raise argparse.ArgumentTypeError(f"a duration too long: {text!r}") from None
+    try:
+        when = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"wants a duration (90s, 30m, 24h, 7d, 2w) or an ISO 8601 time, got {text!r}"
+        ) from None
+    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
+
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw])", re.IGNORECASE)
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+DEFAULT_SINCE = "24h"
+
+
+def _add_stats(command: Any, parents: list[Parser]) -> None:
+    stats = command(
+        "stats",
+        "stats:run",
+        parents,
+        help="the six numbers of cancellation across runs, per tool and overall",
+        description="Across every run whose stop was requested in the window (a sub-agent's "
+        "calls counted in its parent's stop): time from the request to quiescence and the "
+        "calls dispatched in that window, unknown outcomes per cancellation, orphaned child "
+        "runs, permanent effects per cancelled run, the compensation success rate and the "
+        "model tokens spent after the signal; durations as p50/p90/p99/max. From the ledger "
+        "alone.",
+    )
+    stats.add_argument(
+        "--since",
+        type=since,
+        default=DEFAULT_SINCE,
+        metavar="DURATION|ISO",
+        help=f"the window's start: a duration back from now (90s, 30m, 24h, 7d, 2w) or an "
+        f"ISO 8601 time (default: {DEFAULT_SINCE})",
+    )
 
 
 # ------------------------------------------------------------------------- parser
@@ -334,6 +385,7 @@ def build_parser() -> Parser:
         action="store_true",
         help="every thread that needs it, after reaping the leases of dead workers",
     )
+    _add_stats(command, [db, as_json])
     completion = command(
         "completion",
         "completion:run",
@@ -348,6 +400,7 @@ def build_parser() -> Parser:
 
 __all__ = [
     "DEFAULT_PROVIDERS_DB",
+    "DEFAULT_SINCE",
     "DEMO_HANG",
     "DEMO_STEPS",
     "DEMO_THREAD",
@@ -360,5 +413,6 @@ __all__ = [
     "json_value",
     "non_empty",
     "seconds",
+    "since",
     "thread_id",
 ]
