@@ -10,7 +10,7 @@ import argparse
 from typing import TYPE_CHECKING
 
 from rich.console import Console
-from rich.table import Table
+from rich.text import Text
 
 from langgraph_cancel.cli import render
 from langgraph_cancel.cli.config import resolve_database
@@ -95,21 +95,31 @@ def render_stats(out: Console, stats: CancellationStats) -> None:
     )
     if not stats.tools:
         return
-    table = Table(title="Per tool", title_justify="left", show_edge=False)
-    for header in ("tool", "dispatched in window", "unknown", "permanent", "undone", "undo rate"):
-        table.add_column(header, justify="left" if header == "tool" else "right")
-    for tool, numbers in stats.tools.items():
-        tried = numbers.compensations_succeeded + numbers.compensations_failed
-        table.add_row(
+    out.print()
+    render.line(out, ("Per tool", "bold"))
+    rows = [_TOOL_COLUMNS] + [
+        (
             tool,
             str(numbers.dispatched_in_window),
             str(numbers.unknown),
             str(numbers.permanent),
-            f"{numbers.compensations_succeeded}/{tried}",
+            f"{numbers.compensations_succeeded}/"
+            f"{numbers.compensations_succeeded + numbers.compensations_failed}",
             _rate(numbers.compensation_success_rate),
         )
-    out.print()
-    out.print(table)
+        for tool, numbers in stats.tools.items()
+    ]
+    widths = [max(len(row[column]) for row in rows) for column in range(len(_TOOL_COLUMNS))]
+    for number, row in enumerate(rows):
+        cells = [row[0].ljust(widths[0])] + [
+            cell.rjust(width) for cell, width in zip(row[1:], widths[1:], strict=True)
+        ]
+        text = ("  " + "  ".join(cells)).rstrip()
+        out.print(Text(text, style="bold" if number == 0 else ""), soft_wrap=True)
 
+
+#: The per-tool table's columns: calls dispatched between a request and quiescence, left
+#: unknown, permanent; undos that succeeded over undos tried, and their rate.
+_TOOL_COLUMNS = ("tool", "in window", "unknown", "permanent", "undone", "undo rate")
 
 __all__ = ["render_stats", "run"]
