@@ -161,6 +161,23 @@ _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 DEFAULT_SINCE = "24h"
 
 
+def _add_follow(cancel: Parser) -> None:
+    cancel.add_argument(
+        "--follow",
+        action="store_true",
+        help="then follow the stop from the ledger (requested, observed, waiting for calls in "
+        "flight, each call dropped, settled or undone) until the run is cancelled, and print "
+        "its report (--json: one progress event per line)",
+    )
+    cancel.add_argument(
+        "--timeout",
+        type=seconds,
+        default=None,
+        metavar="SECONDS",
+        help="with --follow: give up (exit 1) if the run has not ended by then (default: wait)",
+    )
+
+
 def _add_stats(command: Any, parents: list[Parser]) -> None:
     stats = command(
         "stats",
@@ -344,6 +361,7 @@ def build_parser() -> Parser:
         metavar="WHO",
         help="who asks (kept in the report; default: your user name)",
     )
+    _add_follow(cancel)
     command(
         "compensate",
         "recovery:compensate",

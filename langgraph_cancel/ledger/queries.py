@@ -1,8 +1,8 @@
 """Read-only questions across many runs: what operators' tools (``stats``, telemetry) ask.
 
 The ledger's own methods answer about one thread or one run. These answer
-about every run a stop was requested for in a time window, each with the
-whole task tree under it (its sub-agents' runs, recursively), their calls and
+about every run a stop was requested for in a time window (or about one run),
+each with the whole task tree under it (its sub-agents' runs, recursively), their calls and
 the calls' audit trail, in one round trip of three statements on memory,
 SQLite and PostgreSQL alike.
 """
@@ -49,6 +49,19 @@ SELECT tree.root_id AS root_id, t.effect_id, t.from_status, t.to_status, t.at, t
 FROM tree JOIN lgc_effects e ON e.run_id = tree.run_id
 JOIN lgc_transitions t ON t.effect_id = e.effect_id
 ORDER BY t.id"""
+
+
+# One run and every run below it (``run_tree``).
+_TREE_OF_RUN = """
+WITH RECURSIVE tree(run_id, root_id) AS (
+    SELECT run_id, run_id FROM lgc_runs WHERE run_id = %(run_id)s
+UNION
+    SELECT r.run_id, tree.root_id FROM lgc_runs r JOIN tree ON r.parent_run_id = tree.run_id
+)"""
+
+
+def _of_one_run(statement: str) -> str:
+    return statement.replace(_TREE, _TREE_OF_RUN, 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +122,38 @@ def cancelled_trees(ledger: Ledger, since: datetime) -> list[RunTree]:
     return sorted(trees.values(), key=_requested_order)
 
 
+@transient_retry()
+def run_tree(ledger: Ledger, run_id: str) -> RunTree | None:
+    """One run with its task tree (its sub-agents' runs, their calls, the audit trail).
+
+    Args:
+        ledger: The ledger to read.
+        run_id: The run.
+
+    Returns:
+        The tree, or ``None`` when the ledger has no such run.
+    """
+    backend = ledger.backend
+    params = {"run_id": run_id}
+    run_rows, effect_rows, transition_rows = backend.all_rows(
+        [
+            (_of_one_run(SELECT_TREE_RUNS), params),
+            (_of_one_run(SELECT_TREE_EFFECTS), params),
+            (_of_one_run(SELECT_TREE_TRANSITIONS), params),
+        ]
+    )
+    runs = [d.run_record(row, backend) for row in run_rows]
+    top = next((run for run in runs if run.run_id == run_id), None)
+    if top is None:
+        return None
+    return RunTree(
+        top,
+        runs=[run for run in runs if run.run_id != run_id],
+        effects=[d.effect_record(row, backend) for row in effect_rows],
+        transitions=[d.transition_record(row, backend) for row in transition_rows],
+    )
+
+
 def _requested_order(tree: RunTree) -> tuple[datetime, str]:
     assert tree.run.requested_at is not None  # selected for having one
     return tree.run.requested_at, tree.run.run_id
@@ -120,4 +165,5 @@ __all__ = [
     "SELECT_TREE_TRANSITIONS",
     "RunTree",
     "cancelled_trees",
+    "run_tree",
 ]
