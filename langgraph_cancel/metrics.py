@@ -48,10 +48,6 @@ if TYPE_CHECKING:
     from langgraph_cancel.ledger import Ledger
     from langgraph_cancel.ledger.queries import RunTree
 
-#: The percentiles reported for durations and per-run counts.
-PERCENTILES: tuple[int, ...] = (50, 90, 99)
-
-
 class Distribution(BaseModel):
     """Percentiles of a set of values (nearest rank), ``None`` when there is none.
 
@@ -385,7 +381,6 @@ def read_stats(
 
 
 __all__ = [
-    "PERCENTILES",
     "CancellationStats",
     "Distribution",
     "RunMetrics",

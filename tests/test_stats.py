@@ -24,6 +24,7 @@ import pytest
 from langchain_core.messages import AIMessage, HumanMessage
 from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import tool
+from langchain_openai import ChatOpenAI
 from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.prebuilt import tools_condition
 from opentelemetry.sdk.metrics import MeterProvider
@@ -84,8 +85,6 @@ from module_fixtures import (  # noqa: F401 (fixtures: pytest finds them by name
     saver_fixture,
 )
 from openai_stub import OpenAIStub
-
-langchain_openai = pytest.importorskip("langchain_openai")
 
 TIMEOUT = 30.0
 
@@ -241,9 +240,15 @@ def stop_the_token_bill(saver: Any) -> str:
     """The real ChatOpenAI client streaming from a local server, stopped mid-answer."""
     thread_id = new_thread()
     with OpenAIStub(tokens=400, delay=0.01) as stub:
-        model = langchain_openai.ChatOpenAI(
-            base_url=stub.base_url, api_key="test-key", model="stub", streaming=True, max_retries=0
-        )
+        # Its constructor's aliases (model, api_key, base_url) are not in its stubs.
+        client: dict[str, Any] = {
+            "base_url": stub.base_url,
+            "api_key": "test-key",
+            "model": "stub",
+            "streaming": True,
+            "max_retries": 0,
+        }
+        model = ChatOpenAI(**client)
         builder = StateGraph(MessagesState)
         builder.add_node("agent", CancellableModelNode(model))
         builder.add_edge(START, "agent")
