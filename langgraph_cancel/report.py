@@ -12,6 +12,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from langgraph_cancel.ledger import Ledger
+from langgraph_cancel.limits import LIMITS_REQUESTER, LimitNameLiteral, limit_of_reason
 from langgraph_cancel.types import (
     TERMINAL_RUN_STATUSES,
     EffectKind,
@@ -77,6 +78,10 @@ class CancellationReport(BaseModel):
         dispatched_after_cancel: Dispatches after the run observed its cancel signal
             (must be 0).
         orphans: Child runs that never observed the signal (must be 0).
+        limit: The limit whose breach stopped the run (``Limits``), if one did;
+            ``reason`` gives the figure (``limit: tool_calls 12 > 10``).
+        tokens_used: Model tokens counted for the run's token budget (0 when it
+            has none).
     """
 
     model_config = ConfigDict(frozen=True)
@@ -86,6 +91,7 @@ class CancellationReport(BaseModel):
     status: RunStatusLiteral
     reason: str | None = None
     requested_by: str | None = None
+    limit: LimitNameLiteral | None = None
     requested_at: str | None = None
     observed_at: str | None = None
     quiesced_at: str | None = None
@@ -103,6 +109,7 @@ class CancellationReport(BaseModel):
     dispatched_after_cancel: int = 0
     orphans: int = 0
     tokens_after_cancel: int | None = None
+    tokens_used: int = 0
     summary: str = ""
 
     def entries(self) -> list[ReportEffect]:
@@ -218,6 +225,14 @@ def _tree_effects(ledger: Ledger, run: RunRecord) -> list[tuple[EffectRecord, Ru
     return out
 
 
+def _limit_of(run: RunRecord) -> LimitNameLiteral | None:
+    """The limit that stopped ``run``, when its stop was a breach (not a person's words)."""
+    if run.requested_by != LIMITS_REQUESTER:
+        return None
+    limit = limit_of_reason(run.reason)
+    return None if limit is None else limit.value
+
+
 def build_report(
     ledger: Ledger, run: RunRecord, *, status: str | None = None
 ) -> CancellationReport:
@@ -254,6 +269,7 @@ def build_report(
         status=(status or run.status.value),  # type: ignore[arg-type]
         reason=run.reason,
         requested_by=run.requested_by,
+        limit=_limit_of(run),
         requested_at=_iso(run.requested_at),
         observed_at=_iso(run.observed_at),
         quiesced_at=_iso(run.quiesced_at),
@@ -262,6 +278,7 @@ def build_report(
         dispatched_after_cancel=after_cancel,
         orphans=orphans,
         tokens_after_cancel=run.tokens_after_cancel,
+        tokens_used=run.tokens_used,
         **buckets,  # type: ignore[arg-type]
     )
     return report.model_copy(update={"summary": summarize(report)})
