@@ -315,9 +315,11 @@ def _check_budget_run(runner: Runner) -> None:
 @settings(max_examples=examples(ci=30, dev=10))
 @given(plan=budget_plans(("memory", "sqlite")))
 def test_a_budget_breach_at_any_point_ends_in_one_terminal_transition(plan: Plan) -> None:
-    with tempfile.TemporaryDirectory(prefix="limits-") as tmp:
-        with play(plan, Path(tmp), None) as runner:
-            _check_budget_run(runner)
+    with (
+        tempfile.TemporaryDirectory(prefix="limits-") as tmp,
+        play(plan, Path(tmp), None) as runner,
+    ):
+        _check_budget_run(runner)
 
 
 @pytest.mark.postgres
@@ -330,6 +332,8 @@ def test_a_budget_breach_at_any_point_ends_in_one_terminal_transition(plan: Plan
 def test_a_budget_breach_on_postgres_ends_in_one_terminal_transition(
     pg_url: str, plan: Plan
 ) -> None:
-    with tempfile.TemporaryDirectory(prefix="limits-") as tmp:
-        with play(plan, Path(tmp), pg_url) as runner:
-            _check_budget_run(runner)
+    with (
+        tempfile.TemporaryDirectory(prefix="limits-") as tmp,
+        play(plan, Path(tmp), pg_url) as runner,
+    ):
+        _check_budget_run(runner)
