@@ -10,7 +10,10 @@ point of a random plan.
 
 from __future__ import annotations
 
+import asyncio
 import tempfile
+import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
@@ -20,7 +23,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from langchain_core.messages import HumanMessage
+from langchain_core.messages import AIMessage, HumanMessage
 
 from chaos_harness import CallSpec, Plan, Runner, open_saver
 from chaos_strategies import turns_strategy
@@ -101,8 +104,6 @@ def test_a_reason_names_its_limit() -> None:
 
 
 def test_tokens_are_the_reported_usage_else_the_words() -> None:
-    from langchain_core.messages import AIMessage
-
     reported = AIMessage(
         "a b c", usage_metadata={"input_tokens": 7, "output_tokens": 3, "total_tokens": 10}
     )
@@ -337,3 +338,128 @@ def test_a_budget_breach_on_postgres_ends_in_one_terminal_transition(
         play(plan, Path(tmp), pg_url) as runner,
     ):
         _check_budget_run(runner)
+
+
+# ------------------------------------------------------- create_agent middleware
+def _agent_tools(sent: list[str], *, delay: float = 0.0) -> list[Any]:
+    from langchain_core.tools import tool
+
+    from langgraph_cancel import EffectKind, effect
+
+    @effect(EffectKind.IRREVERSIBLE, requires_approval=False)
+    @tool
+    def send_note(to: str) -> str:
+        """Send a note (permanent)."""
+        time.sleep(delay)
+        sent.append(to)
+        return f"sent to {to}"
+
+    @effect(EffectKind.READ_ONLY)
+    @tool
+    def find(name: str) -> str:
+        """Find a person."""
+        return f"{name}@example.com"
+
+    return [send_note, find]
+
+
+def _run_agent(agent: Any, thread: str, *, use_async: bool) -> dict[str, Any]:
+    inp = {"messages": [HumanMessage("go")]}
+    cfg = {"configurable": {"thread_id": thread}}
+    if use_async:
+        out: dict[str, Any] = asyncio.run(agent.ainvoke(inp, cfg))
+        return out
+    result: dict[str, Any] = agent.invoke(inp, cfg)
+    return result
+
+
+@pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])
+def test_middleware_tool_call_budget(db_url: str, use_async: bool) -> None:
+    from langchain.agents import create_agent
+
+    from graphs import open_saver as open_url_saver
+    from langgraph_cancel.middleware import EffectMiddleware
+    from langgraph_cancel.testing import ScriptedChatModel, tool_call
+
+    sent: list[str] = []
+    model = ScriptedChatModel(
+        [
+            AIMessage(
+                "",
+                tool_calls=[
+                    tool_call("find", {"name": "ann"}),
+                    tool_call("send_note", {"to": "ann"}),
+                ],
+            ),
+            AIMessage("", tool_calls=[tool_call("send_note", {"to": "bob"})]),
+            AIMessage("done"),
+        ]
+    )
+    thread = f"mw-budget-{uuid.uuid4().hex[:8]}"
+    with open_url_saver(db_url) as saver:
+        agent = create_agent(
+            model,
+            _agent_tools(sent),
+            middleware=[EffectMiddleware(approval=False, limits=Limits(max_tool_calls=2))],
+            checkpointer=saver,
+        )
+        out = _run_agent(agent, thread, use_async=use_async)
+        run = saver.ledger.latest_run(thread)
+        effects = {e.tool_call_id: e for e in saver.ledger.run_effects(run.run_id)}
+    assert sent == ["ann"], "the call past the budget never went out"
+    assert run.status is RunStatus.CANCELLED
+    assert run.reason == "limit: tool_calls 3 > 2"
+    assert out["cancellation_report"]["limit"] == "tool_calls"
+    assert sorted(e.status.value for e in effects.values()) == ["committed", "committed", "dropped"]
+    assert model.calls == 2, "no model call after the breach"
+
+
+@pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])
+def test_middleware_token_budget_and_deadline(db_url: str, use_async: bool) -> None:
+    from langchain.agents import create_agent
+
+    from graphs import open_saver as open_url_saver
+    from langgraph_cancel.middleware import EffectMiddleware
+    from langgraph_cancel.testing import ScriptedChatModel, tool_call
+
+    def looping_model() -> ScriptedChatModel:
+        turns = [
+            AIMessage("let me write to ann", tool_calls=[tool_call("send_note", {"to": f"a{i}"})])
+            for i in range(5)
+        ]
+        return ScriptedChatModel([*turns, AIMessage("done")], report_usage=True)
+
+    with open_url_saver(db_url) as saver:
+        # Tokens: the model reports its usage; the run stops before a turn past 60.
+        sent: list[str] = []
+        model = looping_model()
+        thread = f"mw-tokens-{uuid.uuid4().hex[:8]}"
+        agent = create_agent(
+            model,
+            _agent_tools(sent),
+            middleware=[EffectMiddleware(approval=False, limits=Limits(max_tokens=60))],
+            checkpointer=saver,
+        )
+        out = _run_agent(agent, thread, use_async=use_async)
+        run = saver.ledger.latest_run(thread)
+        assert run.status is RunStatus.CANCELLED
+        assert out["cancellation_report"]["limit"] == "tokens"
+        assert run.tokens_used > 60
+        assert len(sent) < 5
+        # Deadline: every note takes 1 s; the stop comes inside the first one.
+        sent = []
+        thread = f"mw-deadline-{uuid.uuid4().hex[:8]}"
+        agent = create_agent(
+            looping_model(),
+            _agent_tools(sent, delay=1.0),
+            middleware=[EffectMiddleware(approval=False, limits=Limits(deadline=0.3))],
+            checkpointer=saver,
+        )
+        out = _run_agent(agent, thread, use_async=use_async)
+        run = saver.ledger.latest_run(thread)
+        note = saver.ledger.run_effects(run.run_id)[0]
+    assert run.status is RunStatus.CANCELLED
+    assert out["cancellation_report"]["limit"] == "deadline"
+    assert sent == ["a0"], "the note in flight was awaited; nothing after it went out"
+    assert run.requested_at is not None and note.settled_at is not None
+    assert run.requested_at < note.settled_at
