@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from langgraph_cancel.ledger import Ledger
 from langgraph_cancel.limits import LIMITS_REQUESTER, LimitNameLiteral, limit_of_reason
+from langgraph_cancel.ordering import irreversible_count, irreversible_first
 from langgraph_cancel.types import (
     TERMINAL_RUN_STATUSES,
     EffectKind,
@@ -82,6 +83,10 @@ class CancellationReport(BaseModel):
             ``reason`` gives the figure (``limit: tool_calls 12 > 10``).
         tokens_used: Model tokens counted for the run's token budget (0 when it
             has none).
+        irreversible_effects: How many irreversible calls of the run went out
+            (committed or maybe applied): what a stop could no longer undo.
+        irreversible_first: Irreversible effects that went out before read-only
+            or reversible work of the same run: the plan was not irreversible-last.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -110,6 +115,8 @@ class CancellationReport(BaseModel):
     orphans: int = 0
     tokens_after_cancel: int | None = None
     tokens_used: int = 0
+    irreversible_effects: int = 0
+    irreversible_first: list[ReportEffect] = Field(default_factory=list)
     summary: str = ""
 
     def entries(self) -> list[ReportEffect]:
@@ -205,6 +212,14 @@ def summarize(report: CancellationReport) -> str:
         parts.append(f"{len(report.rejected)} rejected at approval")
     n = len(report.not_run)
     parts.append(f"{n} step{'s' if n != 1 else ''} not run")
+    if report.irreversible_first:
+        early = len(report.irreversible_first)
+        parts.append(
+            f"{early} irreversible effect{'s' if early != 1 else ''} ran before "
+            "reversible or read-only work of the run"
+        )
+    if report.limit is not None and report.reason:
+        parts.insert(0, f"stopped by its {report.limit} limit ({report.reason})")
     return "; ".join(parts)
 
 
@@ -250,7 +265,8 @@ def build_report(
     # the reference: it is taken before the request commits, and a dispatch committing
     # in between (the ledger allows it: the run is still running) would look later.
     cutoff = run.observed_at or run.requested_at
-    for e, child in _tree_effects(ledger, run):
+    tree = _tree_effects(ledger, run)
+    for e, child in tree:
         if (
             child is None
             and cutoff is not None
@@ -259,6 +275,7 @@ def build_report(
         ):
             after_cancel += 1
         buckets[bucket_of(e)].append(_entry(e, child))
+    own = [e for e, child in tree if child is None]
     children = ledger.child_runs(run.run_id)
     orphans = sum(
         1 for c in children if c.status not in TERMINAL_RUN_STATUSES and c.observed_at is None
@@ -279,6 +296,8 @@ def build_report(
         orphans=orphans,
         tokens_after_cancel=run.tokens_after_cancel,
         tokens_used=run.tokens_used,
+        irreversible_effects=irreversible_count(own),
+        irreversible_first=[_entry(e) for e in irreversible_first(own)],
         **buckets,  # type: ignore[arg-type]
     )
     return report.model_copy(update={"summary": summarize(report)})
