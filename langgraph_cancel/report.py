@@ -212,14 +212,8 @@ def summarize(report: CancellationReport) -> str:
         parts.append(f"{len(report.rejected)} rejected at approval")
     n = len(report.not_run)
     parts.append(f"{n} step{'s' if n != 1 else ''} not run")
-    if report.irreversible_first:
-        early = len(report.irreversible_first)
-        parts.append(
-            f"{early} irreversible effect{'s' if early != 1 else ''} ran before "
-            "reversible or read-only work of the run"
-        )
     if report.limit is not None and report.reason:
-        parts.insert(0, f"stopped by its {report.limit} limit ({report.reason})")
+        parts.insert(0, f"stopped by its {report.reason}")
     return "; ".join(parts)
 
 

@@ -180,9 +180,11 @@ def run(args: argparse.Namespace) -> int:
             ledger.release_lease(thread, lease.owner)
         saver.delete_thread(thread)
         model_started = threading.Event()
-        graph = agent.build_builder(scenario.demo_model(step, model_started)).compile(
-            checkpointer=saver
-        )
+        graph = agent.build_builder(
+            scenario.demo_model(step, model_started),
+            compensate_on_cancel=step.compensate,
+            limits=step.limits,
+        ).compile(checkpointer=saver)
         # The stop button reads through a ledger of its own, as another process would.
         watch_ledger = ledger if db.url.is_memory else Ledger.from_url(db.url.url)
         spinner = (
