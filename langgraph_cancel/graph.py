@@ -745,8 +745,12 @@ class _Invocation:
         self._lease = LEASES.hold(self.ledger, self.scope.thread_id, owner, ttl=LEASE_TTL)
         self.token = current_scope.set(self.scope)
         self.watch = _PauseWatch()
-        if self.settings.limits is not None and not self.scope.run.terminal:
-            self.scope.enforce(LimitGuard(self.settings.limits, self.ledger, self.scope.run))
+        # An invocation nested in one of the run's nodes leaves the outer one's guard be.
+        limits = self.settings.limits
+        self._guarded = False
+        if limits is not None and self.scope.limits is None and not self.scope.run.terminal:
+            self.scope.enforce(LimitGuard(limits, self.ledger, self.scope.run))
+            self._guarded = True
 
     def watching(self, config: RunnableConfig | None) -> RunnableConfig:
         """``config`` with the handler that sees the graph pause.
@@ -797,7 +801,7 @@ class _Invocation:
         except ValueError:  # ended from another context (generator closed elsewhere)
             current_scope.set(None)
         self.scope.unsettled_at_start = None  # read for this invocation only
-        if self.scope.limits is not None:
+        if self._guarded:
             self.scope.enforce(None)  # a paused run's deadline is checked again on resume
         LEASES.let_go(self._lease)
         try:

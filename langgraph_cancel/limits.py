@@ -290,7 +290,8 @@ class LimitGuard:
         return self._breached
 
     def check(self) -> bool:
-        """Read the run's usage; on a breach, request cancel. True once breached.
+        """Read the run's usage; on a breach, request cancel. True once the run is asked
+        to stop (by this breach, or by anyone: the row was read anyway).
 
         Blocking (ledger reads): call it off the event loop.
         """
@@ -298,8 +299,10 @@ class LimitGuard:
             return True
         try:
             run = self.ledger.get_run(self.run_id)
-            if run.terminal or run.cancel_requested:
-                return False  # the stop is someone else's; the signal answers for it
+            if run.cancel_requested:
+                return True
+            if run.terminal:
+                return False
             breach = self.limits.breach(usage_of(run, self.ledger.run_effects(self.run_id)))
         except Exception:  # a lost database must not crash a check; the DB guard holds
             logger.warning("limit check failed for run %s", self.run_id, exc_info=True)
