@@ -26,13 +26,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from enum import Enum
-from typing import Any, Literal
-
-from langchain_core.messages import AIMessage, BaseMessage
+from typing import TYPE_CHECKING, Any, Literal
 
 from langgraph_cancel.errors import InvalidLimitsError
 from langgraph_cancel.ledger import Ledger
 from langgraph_cancel.types import EffectKind, EffectRecord, EffectStatus, RunRecord, utcnow
+
+if TYPE_CHECKING:
+    from langchain_core.messages import BaseMessage
 
 logger = logging.getLogger("langgraph_cancel.limits")
 
@@ -253,6 +254,9 @@ def tokens_of(messages: Sequence[BaseMessage]) -> int:
     ``usage_metadata.total_tokens`` when the provider reports it, else the words
     of the message's text (a floor, for models that report nothing).
     """
+    # Imported here: the command line's quick commands read reports without LangChain.
+    from langchain_core.messages import AIMessage
+
     total = 0
     for message in messages:
         if not isinstance(message, AIMessage):

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from datetime import datetime
-from typing import TypedDict
+
+from typing_extensions import TypedDict
 
 from langgraph_cancel.types import (
     MAYBE_APPLIED_STATUSES,
