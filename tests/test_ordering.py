@@ -67,7 +67,7 @@ def test_an_email_before_the_drafts_is_named(
     assert asked, "the ticket was put to a reviewer"
     note = asked[0]["ordering"]
     assert [e["tool"] for e in note["irreversible_already_ran"]] == ["cx_email"]
-    assert "reversible" in note["warning"] and "read-only" in note["warning"]
+    assert "went out before this read-only / reversible work" in note["warning"]
     assert [e.tool for e in report.irreversible_first] == ["cx_email"]
     assert report.irreversible_effects == 1
 
@@ -106,3 +106,56 @@ def test_a_stop_before_the_irreversible_turn_leaves_nothing_permanent() -> None:
     assert [e.tool for e in first_report.compensated] == ["cx_ticket"]
     # The irreversible turn was asked for and never ran.
     assert sorted(e.tool for e in first_report.not_run) == ["cx_email", "cx_refund"]
+
+
+@pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])
+def test_create_agent_review_names_what_already_went_out(db_url: str, use_async: bool) -> None:
+    """EffectMiddleware asks about a reversible call after a permanent one: it says so."""
+    import asyncio
+    import uuid
+
+    from langchain.agents import create_agent
+    from langchain_core.messages import AIMessage, HumanMessage
+    from langchain_core.tools import tool
+
+    from graphs import open_saver as open_url_saver
+    from langgraph_cancel import EffectKind, effect
+    from langgraph_cancel.middleware import EffectMiddleware
+    from langgraph_cancel.testing import ScriptedChatModel, tool_call
+
+    @effect(EffectKind.IRREVERSIBLE, requires_approval=False)
+    @tool
+    def send_note(to: str) -> str:
+        """Send a note (permanent)."""
+        return f"sent to {to}"
+
+    @effect(EffectKind.REVERSIBLE, requires_approval=True, compensate=lambda k, a, r: None)
+    @tool
+    def draft_order(order_id: str) -> str:
+        """Draft an order change (undoable; a person looks first)."""
+        return f"drafted {order_id}"
+
+    model = ScriptedChatModel(
+        [
+            AIMessage("", tool_calls=[tool_call("send_note", {"to": "ann"})]),
+            AIMessage("", tool_calls=[tool_call("draft_order", {"order_id": "o-1"})]),
+            AIMessage("done"),
+        ]
+    )
+    cfg: Any = {"configurable": {"thread_id": f"ordering-{uuid.uuid4().hex[:8]}"}}
+    inp: Any = {"messages": [HumanMessage("go")]}
+    with open_url_saver(db_url) as saver:
+        agent = create_agent(
+            model, [send_note, draft_order], middleware=[EffectMiddleware()], checkpointer=saver
+        )
+        if use_async:
+            asyncio.run(agent.ainvoke(inp, cfg))
+        else:
+            agent.invoke(inp, cfg)
+        interrupts = agent.get_state(cfg).interrupts
+    assert len(interrupts) == 1
+    question = interrupts[0].value
+    assert question["name"] == "draft_order"
+    ran = question["ordering"]["irreversible_already_ran"]
+    assert [(e["tool"], e["status"]) for e in ran] == [("send_note", "committed")]
+    assert "went out before this reversible work" in question["ordering"]["warning"]
