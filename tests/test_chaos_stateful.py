@@ -18,8 +18,11 @@ step leaves behind is what the next one meets:
 
 After every step the persisted state alone must answer I7 (what was done, what
 was or may have been committed, what comes next) and no key may have reached a
-provider twice (I2); at rest, and at the end, all of I1-I8 are checked against
-the providers' truth with the same checks as the whole-plan property.
+provider twice (I2); at rest, every call asked for (of every run and of its
+sub-agents' runs) is in exactly one bucket of its run's report; at rest, and at
+the end, all of I1-I8 are checked against the providers' truth with the same
+checks as the whole-plan property. The machine runs on memory and SQLite, and
+on PostgreSQL in a test of its own.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from hypothesis.stateful import (
     initialize,
     invariant,
     rule,
+    run_state_machine_as_test,
 )
 from langchain_core.messages import HumanMessage
 
@@ -48,6 +52,7 @@ from chaos_harness import (
     Crash,
     Plan,
     Runner,
+    check_buckets_add_up,
     check_cancelled_run_starts_nothing,
     check_invariants,
     check_persisted_state_answers,
@@ -65,10 +70,19 @@ from langgraph_cancel.types import UNSETTLED_STATUSES, EffectRecord
 
 
 class OneThread(RuleBasedStateMachine):
-    """One thread on one saver, driven by the steps Hypothesis picks."""
+    """One thread on one saver, driven by the steps Hypothesis picks.
 
-    def __init__(self) -> None:
+    Args:
+        backends: The backends an example may run on.
+        pg_url: The PostgreSQL database (examples share it, each on its own thread).
+    """
+
+    def __init__(
+        self, backends: tuple[str, ...] = ("memory", "sqlite"), pg_url: str | None = None
+    ) -> None:
         super().__init__()
+        self.backends = backends
+        self.pg_url = pg_url
         self._stack = contextlib.ExitStack()
         self.runner: Runner | None = None
         self.refs: list[str] = []  # every refund ref asked for so far
@@ -77,7 +91,7 @@ class OneThread(RuleBasedStateMachine):
 
     # ------------------------------------------------------------------ set-up
     @initialize(
-        backend=st.sampled_from(("memory", "sqlite")),
+        data=st.data(),
         effect_concurrency=st.integers(1, 3),
         use_async=st.booleans(),
         compensate_on_cancel=st.booleans(),
@@ -85,14 +99,15 @@ class OneThread(RuleBasedStateMachine):
     )
     def open_thread(
         self,
-        backend: str,
+        data: st.DataObject,
         effect_concurrency: int,
         use_async: bool,
         compensate_on_cancel: bool,
         reconcile_interactive: bool,
     ) -> None:
+        backend = data.draw(st.sampled_from(self.backends), label="backend")
         root = Path(self._stack.enter_context(tempfile.TemporaryDirectory(prefix="chaos-sm-")))
-        saver = self._stack.enter_context(open_saver(backend, root))
+        saver = self._stack.enter_context(open_saver(backend, root, self.pg_url))
         self.base = Plan(
             turns=(),
             effect_concurrency=effect_concurrency,
@@ -101,7 +116,7 @@ class OneThread(RuleBasedStateMachine):
             compensate_on_cancel=compensate_on_cancel,
             reconcile_interactive=reconcile_interactive,
         )
-        self.runner = Runner(self.base, root, saver, url=db_url_of(backend, root))
+        self.runner = Runner(self.base, root, saver, url=db_url_of(backend, root, self.pg_url))
 
     def teardown(self) -> None:
         try:
@@ -299,6 +314,12 @@ class OneThread(RuleBasedStateMachine):
             check_persisted_state_answers(self.runner)
 
     @invariant()
+    def every_call_in_exactly_one_bucket(self) -> None:
+        """At rest: each call asked for, of every run and sub-agent, in one report bucket."""
+        if self.runner is not None and self.messages > 0 and self.resting:
+            check_buckets_add_up(self.runner)
+
+    @invariant()
     def no_key_reached_a_provider_twice(self) -> None:
         """I2 after every step: each key applied at most once, by every provider."""
         if self.runner is None:
@@ -318,3 +339,21 @@ OneThread.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 test_one_thread_through_messages_chaos_and_operators = pytest.mark.timeout(1500)(OneThread.TestCase)
+
+
+@pytest.mark.timeout(1500)
+def test_one_thread_on_postgres(pg_url: str) -> None:
+    """The same machine on PostgreSQL (fewer examples: each opens its own pools)."""
+
+    class OnPostgres(OneThread):
+        def __init__(self) -> None:
+            super().__init__(backends=("postgres",), pg_url=pg_url)
+
+    run_state_machine_as_test(
+        OnPostgres,
+        settings=settings(
+            max_examples=examples(ci=8, dev=3),
+            stateful_step_count=8,
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+        ),
+    )

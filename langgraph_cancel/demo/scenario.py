@@ -30,6 +30,12 @@ Steps (``--cancel-at``):
            a draft ticket first, then the refund (120.00, approval) and the
            emails. Stop is pressed while the refund waits for approval ("minute
            three"). Result: nothing permanent; the hold and the ticket undone.
+``subagent`` the refund is made by a sub-agent on its own thread
+           (:mod:`langgraph_cancel.demo.subagent`); stop is pressed on the parent's
+           thread while the child's ``issue_refund(o-88, 40.00)`` is in flight.
+           Result: the parent's report lists the child's refund as permanent,
+           marked with the child's run; the child's email and the parent's
+           wrap-up not run.
 ``none``   stop is never pressed: the run completes; every call ran.
 ========== =====================================================================
 """
@@ -74,6 +80,8 @@ class Step:
         ordered: Play the irreversible-last plan (``ordered_script``), not the seed's.
         limits: The run's budget, if any (a breach stops it, not the stop button).
         compensate: Undo committed reversible effects when the run is cancelled.
+        in_child: The run is the sub-agent scenario: the triggering call is the
+            child's, stop is pressed on the parent's thread.
     """
 
     name: str
@@ -87,6 +95,7 @@ class Step:
     ordered: bool = False
     limits: Limits | None = None
     compensate: bool = False
+    in_child: bool = False
 
     def script(self) -> list[AIMessage]:
         """The model's turns for this step."""
@@ -151,6 +160,16 @@ STEPS: dict[str, Step] = {
             ordered=True,
             compensate=True,
             expect="nothing permanent; the hold on o-88 and the draft ticket undone",
+        ),
+        Step(
+            "subagent",
+            "at the parent while its refunds sub-agent's issue_refund(o-88, 40.00) is in flight",
+            operation="refund",
+            tool="issue_refund",
+            match={"order_id": "o-88"},
+            expect="the child's refund is permanent, marked with the child run; its email "
+            "not run; the parent stops before its wrap-up",
+            in_child=True,
         ),
         Step("none", "never: the run completes", expect="every call ran; nothing dropped"),
     )
