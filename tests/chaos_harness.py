@@ -1122,7 +1122,10 @@ def check_invariants(runner: Runner) -> None:
     # ---- I1: nothing dispatched after the signal
     run_of = {e.effect_id: e.run_id for e in effects}
     for mark, run_id in runner.world.cancel_marks:
-        late_ids = [eid for tick, eid in runner.dispatches if tick > mark and run_of[eid] == run_id]
+        # Dispatches of other threads on the same ledger (a sub-agent's) are not this run's.
+        late_ids = [
+            eid for tick, eid in runner.dispatches if tick > mark and run_of.get(eid) == run_id
+        ]
         assert not late_ids, (
             f"I1: dispatched after the stop request was committed: {late_ids}{context}"
         )
