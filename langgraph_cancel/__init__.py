@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     )
     from langgraph_cancel.graph import CancellableGraph, add_cancellation
     from langgraph_cancel.ledger import AsyncLedger, Ledger
+    from langgraph_cancel.limits import LimitName, Limits, Prices
     from langgraph_cancel.nodes import ApprovalGate, EffectToolNode
     from langgraph_cancel.report import CancellationReport
     from langgraph_cancel.runtime import is_cancelled
@@ -68,6 +69,9 @@ _EXPORTS: dict[str, str] = {
     "add_cancellation": "langgraph_cancel.graph",
     "AsyncLedger": "langgraph_cancel.ledger",
     "Ledger": "langgraph_cancel.ledger",
+    "LimitName": "langgraph_cancel.limits",
+    "Limits": "langgraph_cancel.limits",
+    "Prices": "langgraph_cancel.limits",
     "ApprovalGate": "langgraph_cancel.nodes",
     "EffectToolNode": "langgraph_cancel.nodes",
     "CancellationReport": "langgraph_cancel.report",
@@ -109,7 +113,10 @@ __all__ = [
     "InvalidDecisionError",
     "LangGraphCancelError",
     "Ledger",
+    "LimitName",
+    "Limits",
     "Outcome",
+    "Prices",
     "RunStatus",
     "ThreadBusy",
     "ThreadBusyError",

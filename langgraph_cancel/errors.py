@@ -28,6 +28,11 @@ class DurabilityError(ConfigurationError):
     """The graph was started with a durability mode that loses tool batches."""
 
 
+class InvalidLimitsError(ConfigurationError):
+    """A ``Limits`` record that cannot be enforced (a negative maximum, a cost cap
+    without prices)."""
+
+
 class InvalidURLError(ConfigurationError):
     """A database URL is not one of ``sqlite:///...``, ``postgresql://...`` or ``memory://``."""
 
@@ -239,6 +244,7 @@ __all__ = [
     "HookError",
     "IllegalTransitionError",
     "InvalidDecisionError",
+    "InvalidLimitsError",
     "InvalidURLError",
     "LangGraphCancelError",
     "LedgerError",

@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from langgraph_cancel.ledger import Ledger
     from langgraph_cancel.ledger.queries import RunTree
 
+
 class Distribution(BaseModel):
     """Percentiles of a set of values (nearest rank), ``None`` when there is none.
 

@@ -19,7 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from langchain_core.messages import HumanMessage
+from langchain_core.messages import AIMessage, HumanMessage
+from langchain_core.runnables import RunnableConfig
+from langgraph.graph import END, START, MessagesState, StateGraph
 
 from cli_util import cli_env, flat, run_main
 from graphs import (
@@ -38,9 +40,17 @@ from graphs import (
     scripted,
     wait_until,
 )
-from langgraph_cancel import CancellationReport, EffectKind, EffectStatus, EffectToolNode
+from langgraph_cancel import (
+    CancellationReport,
+    EffectKind,
+    EffectStatus,
+    EffectToolNode,
+    add_cancellation,
+    request_cancel,
+)
 from langgraph_cancel.follow import follow
 from langgraph_cancel.progress import ProgressEvent, ProgressKind
+from langgraph_cancel.subagents import child_config
 from module_fixtures import (  # noqa: F401 (fixtures: pytest finds them by name)
     db_url_fixture,
     log_fixture,
@@ -299,3 +309,98 @@ def test_follow_needs_follow_for_timeout_and_is_a_no_op_on_a_finished_run(
     assert done.returncode == 0
     answer = json.loads(done.stdout)
     assert answer["accepted"] is False and answer["status"] == "completed"
+
+
+def test_following_a_parent_shows_its_sub_agents_calls(saver: Any, log: ExecutionLog) -> None:
+    """A stop pressed at the parent reaches its sub-agent: the follower sees the child's calls.
+
+    The sub-agent (``child_config``) refunds on its own thread; stop is pressed at the
+    parent while that refund is in flight. Following the parent's run shows the stop
+    waiting for the child's refund, its outcome, the child's queued call dropped, and
+    ends with the parent's report, which lists the child's refund as permanent.
+    """
+    parent_thread = new_thread()
+    child_thread = f"{parent_thread}-refunds"
+    child_tools = [
+        counting_tool(log, "child_refund", EffectKind.IRREVERSIBLE),
+        counting_tool(log, "child_notify", EffectKind.IRREVERSIBLE),
+    ]
+    child_model = scripted(calls(("child_refund", "o-88", "k1"), ("child_notify", "dana", "k2")))
+    child = cancellable(agent_builder(child_model, EffectToolNode(child_tools)), saver)
+
+    def delegate(state: MessagesState, config: RunnableConfig) -> dict[str, Any]:
+        out = child.invoke(
+            {"messages": [HumanMessage("refund o-88")]}, child_config(config, child_thread)
+        )
+        return {"messages": [AIMessage(f"sub-agent: {out['messages'][-1].text}")]}
+
+    def wrap_up(state: MessagesState) -> dict[str, Any]:
+        return {"messages": [AIMessage("wrapped up")]}
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("delegate", delegate)
+    builder.add_node("wrap_up", wrap_up)
+    builder.add_edge(START, "delegate")
+    builder.add_edge("delegate", "wrap_up")
+    builder.add_edge("wrap_up", END)
+    parent = add_cancellation(builder).compile(checkpointer=saver)
+    log.arm("child_refund")
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            parent.invoke({"messages": [HumanMessage("go")]}, config_for(parent_thread))
+        except BaseException as exc:  # handed to the test thread
+            errors.append(exc)
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+
+    def refund_in_flight() -> bool:
+        found = saver.ledger.find_effect(child_thread, "k1")
+        return found is not None and found.status is EffectStatus.DISPATCHED
+
+    wait_until(refund_in_flight, timeout=TIMEOUT, what="the sub-agent's refund in flight")
+    answer = request_cancel(saver, parent_thread, reason="wrong order", requested_by="dana")
+    assert answer.accepted and answer.run_id is not None
+    run_id = answer.run_id
+    followed: list[ProgressEvent] = []
+    follower = threading.Thread(
+        target=lambda: followed.extend(follow(saver.ledger, run_id, timeout=TIMEOUT)),
+        daemon=True,
+    )
+    follower.start()
+
+    def child_observed() -> bool:
+        found = saver.ledger.latest_run(child_thread)
+        return found is not None and found.observed_at is not None
+
+    wait_until(child_observed, timeout=TIMEOUT, what="the sub-agent to observe the stop")
+    log.release("child_refund")
+    follower.join(TIMEOUT)
+    worker.join(TIMEOUT)
+    assert not follower.is_alive() and not worker.is_alive() and not errors, errors
+
+    child_run = saver.ledger.latest_run(child_thread)
+    assert child_run is not None and child_run.parent_run_id == run_id
+    assert child_run.status.value == "cancelled"
+    # Each step once; the parent's request first, its report last.
+    assert len(
+        {(e.event, e.run_id, e.effect.effect_id if e.effect else None) for e in followed}
+    ) == len(followed)
+    assert followed[0].event is ProgressKind.REQUESTED and followed[0].run_id == run_id
+    assert followed[-1].event is ProgressKind.CANCELLED and followed[-1].run_id == run_id
+    # The sub-agent's calls, in the order the stop handled them, each marked with its run.
+    of_child = [e for e in followed if e.effect is not None]
+    assert steps(of_child) == [
+        (ProgressKind.WAITING, "k1", "dispatched"),
+        (ProgressKind.SETTLED, "k1", "committed"),
+        (ProgressKind.DROPPED, "k2", "dropped"),
+    ]
+    assert {(e.run_id, e.thread_id) for e in of_child} == {(child_run.run_id, child_thread)}
+    assert [e.at for e in followed] == sorted(e.at for e in followed)
+    report = CancellationReport.model_validate(followed[-1].report)
+    (refund,) = report.permanent
+    assert (refund.tool_call_id, refund.child_run_id) == ("k1", child_run.run_id)
+    assert [e.tool_call_id for e in report.not_run] == ["k2"]
+    assert log.applied("child_refund") == 1 and log.attempts("child_notify") == 0

@@ -32,6 +32,8 @@ DEMO_STEPS: tuple[str, ...] = (
     "email",
     "plan",
     "approval",
+    "budget",
+    "ordered",
     "subagent",
     "none",
 )
@@ -271,9 +273,11 @@ def build_parser() -> Parser:
         help="when to press stop: update (default: while update_order(o-88) is in flight, "
         "four calls queued), refund (while the refund is in flight), email (while the email "
         "to the customer is in flight), plan (while the model writes turn 2), approval "
-        "(while a 120.00 refund waits at the approval gate), subagent (at the parent, while "
-        "the refund its sub-agent makes on a thread of its own is in flight), none (never: "
-        "the run completes)",
+        "(while a 120.00 refund waits at the approval gate), budget (never by hand: a "
+        "budget of 6 tool calls stops the run, and the report names the limit), ordered "
+        "(the plan put irreversible calls last: stop while the refund waits for approval "
+        "leaves nothing permanent), subagent (at the parent, while the refund its sub-agent "
+        "makes on a thread of its own is in flight), none (never: the run completes)",
     )
     demo.add_argument(
         "--thread",

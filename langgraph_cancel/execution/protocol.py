@@ -97,6 +97,7 @@ from langgraph_cancel.execution.steps import (
     ledger_call,
 )
 from langgraph_cancel.ledger import Ledger
+from langgraph_cancel.ordering import OrderingNote, ordering_note
 from langgraph_cancel.progress import ProgressKind, announce_effect
 from langgraph_cancel.runtime import RunScope
 from langgraph_cancel.types import (
@@ -423,10 +424,16 @@ def _review(ctx: CallContext, plan: CallPlan, rec: EffectRecord) -> Protocol[Eff
             if rec.status is not EffectStatus.PENDING_APPROVAL:
                 return rec
     error: str | None = None
+    ordering: OrderingNote | None = None
+    if rec.kind is not EffectKind.IRREVERSIBLE:
+        ran = yield from ledger_call(Ledger.run_effects, ctx.scope.run_id)
+        ordering = ordering_note(ran, [rec.kind])
     while True:
         # On resume LangGraph re-runs the node and hands the saved answers back in
         # order, so this loop replays the invalid ones up to the new answer.
         question = review_request(plan.tool, plan.spec, rec, plan.call_id)
+        if ordering is not None:
+            question["ordering"] = ordering
         if error is not None:
             question["error"] = error
             question["description"] = (

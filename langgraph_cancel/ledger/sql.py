@@ -101,6 +101,8 @@ def _tables(ts: str, js: str, serial: str) -> list[str]:
 # v1: runs carry a write token, as effects do: a retried cancel request or terminal
 # transition whose first attempt committed (its acknowledgement lost) knows it won.
 _RUN_TOKEN = "ALTER TABLE lgc_runs ADD COLUMN last_token TEXT"
+# v3: runs count the model tokens they used, so that a token budget survives a resume.
+_RUN_TOKENS_USED = "ALTER TABLE lgc_runs ADD COLUMN tokens_used INTEGER NOT NULL DEFAULT 0"
 
 
 # v2: the audit trail of leases taken from a holder that had not let go (a dead worker
@@ -130,6 +132,7 @@ SQLITE_MIGRATIONS: list[list[str]] = [
     ],
     [_RUN_TOKEN],
     _lease_takeovers("TEXT", "INTEGER PRIMARY KEY AUTOINCREMENT"),
+    [_RUN_TOKENS_USED],
 ]
 
 POSTGRES_MIGRATIONS: list[list[str]] = [
@@ -149,6 +152,7 @@ POSTGRES_MIGRATIONS: list[list[str]] = [
     ],
     [_RUN_TOKEN],
     _lease_takeovers("TIMESTAMPTZ", "BIGSERIAL PRIMARY KEY"),
+    [_RUN_TOKENS_USED],
 ]
 
 SELECT_VERSION = "SELECT MAX(v) FROM lgc_migrations"
@@ -156,7 +160,8 @@ INSERT_VERSION = "INSERT INTO lgc_migrations (v) VALUES (%(v)s) ON CONFLICT (v) 
 
 RUN_COLUMNS = (
     "run_id, thread_id, status, created_at, updated_at, owner, parent_run_id, requested_at, "
-    "requested_by, reason, observed_at, quiesced_at, tokens_after_cancel, report, last_token"
+    "requested_by, reason, observed_at, quiesced_at, tokens_after_cancel, report, last_token, "
+    "tokens_used"
 )
 EFFECT_COLUMNS = (
     "effect_id, thread_id, run_id, tool_call_id, tool, kind, status, idempotency_key, args, seq, "
@@ -218,6 +223,11 @@ RETURNING {RUN_COLUMNS}"""
 ADD_TOKENS_AFTER_CANCEL = """
 UPDATE lgc_runs SET tokens_after_cancel = COALESCE(tokens_after_cancel, 0) + %(tokens)s
 WHERE run_id = %(run_id)s"""
+
+ADD_TOKENS_USED = """
+UPDATE lgc_runs SET tokens_used = tokens_used + %(tokens)s
+WHERE run_id = %(run_id)s
+RETURNING tokens_used"""
 
 # One new effect row; ``INSERT_EFFECT`` returns it, SQLite's ``plan_many`` runs the
 # bare insert for a whole batch (executemany) and reads the rows back once.

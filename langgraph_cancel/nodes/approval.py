@@ -83,6 +83,7 @@ from langgraph_cancel.execution.review import (
     schema_problem,
 )
 from langgraph_cancel.ledger import Ledger, derive_idempotency_key
+from langgraph_cancel.ordering import OrderingNote, ordering_note
 from langgraph_cancel.runtime import RunScope, scope_for
 from langgraph_cancel.types import EffectRecord, EffectStatus
 
@@ -135,6 +136,9 @@ class ApprovalRequest(TypedDict):
     errors: NotRequired[list[ApprovalError]]
     error: NotRequired[str]
     """Why the last answer as a whole was refused (only when asking again)."""
+    ordering: NotRequired[OrderingNote]
+    """Irreversible effects of this run that already went out although read-only or
+    reversible work of the batch is still to come (the plan is not irreversible-last)."""
 
 
 class ApproveDecision(TypedDict):
@@ -252,6 +256,8 @@ class _Batch:
     asked: list[_Gated] = field(default_factory=list)
     #: Calls edited in an earlier pass, by tool-call id, with their approved args.
     decided_args: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: The run's irreversible effects that went out before this batch's other work.
+    ordering: OrderingNote | None = None
 
     @property
     def pending(self) -> list[_Gated]:
@@ -350,6 +356,13 @@ class ApprovalGate(RunnableCallable):
                 # Edited in an earlier pass whose state update was lost (a crash after
                 # the ledger write): keep the message in step with what will run.
                 batch.decided_args[call_id] = dict(runs.args)
+        if batch.pending:
+            upcoming = [
+                self.specs[str(call.get("name"))].kind
+                for call in message.tool_calls
+                if call.get("id") not in answered and call.get("name") in self.specs
+            ]
+            batch.ordering = ordering_note(scope.ledger.run_effects(scope.run_id), upcoming)
         return batch
 
     def _gate(self, index: int, call: ToolCall, scope: RunScope) -> _Gated | None:
@@ -426,7 +439,10 @@ class ApprovalGate(RunnableCallable):
         refused: str | None = None
         schema = _response_schema()
         while True:
-            answer = interrupt(self._request(batch.asked, errors, refused), response_schema=schema)
+            request = self._request(batch.asked, errors, refused)
+            if batch.ordering is not None:
+                request["ordering"] = batch.ordering
+            answer = interrupt(request, response_schema=schema)
             try:
                 parsed = self._parse(answer, batch.asked)
             except InvalidDecisionError as exc:
