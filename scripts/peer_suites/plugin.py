@@ -231,7 +231,7 @@ def pytest_configure(config: pytest.Config) -> None:
     deselect_file = os.environ.get("LGC_PEER_DESELECT")
     deselect: dict[str, str] = {}
     if deselect_file:
-        for entry in tomllib.loads(Path(deselect_file).read_text())["deselect"]:
+        for entry in tomllib.loads(Path(deselect_file).read_text()).get("deselect", []):
             deselect[entry["test"]] = entry["reason"]
     results = Path(os.environ["LGC_PEER_RESULTS"])
     config.pluginmanager.register(Recorder(results, deselect), "lgc-peer-recorder")
