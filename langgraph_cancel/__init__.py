@@ -36,7 +36,7 @@ if TYPE_CHECKING:
         UnknownThreadError,
     )
     from langgraph_cancel.graph import CancellableGraph, add_cancellation
-    from langgraph_cancel.ledger import Ledger
+    from langgraph_cancel.ledger import AsyncLedger, Ledger
     from langgraph_cancel.nodes import ApprovalGate, EffectToolNode
     from langgraph_cancel.report import CancellationReport
     from langgraph_cancel.runtime import is_cancelled
@@ -66,6 +66,7 @@ _EXPORTS: dict[str, str] = {
     "UnknownThreadError": "langgraph_cancel.errors",
     "CancellableGraph": "langgraph_cancel.graph",
     "add_cancellation": "langgraph_cancel.graph",
+    "AsyncLedger": "langgraph_cancel.ledger",
     "Ledger": "langgraph_cancel.ledger",
     "ApprovalGate": "langgraph_cancel.nodes",
     "EffectToolNode": "langgraph_cancel.nodes",
@@ -94,6 +95,7 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "ApprovalGate",
+    "AsyncLedger",
     "CancelPolicy",
     "CancellableGraph",
     "CancellationReport",

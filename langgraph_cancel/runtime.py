@@ -25,6 +25,7 @@ from langchain_core.runnables import RunnableConfig
 
 from langgraph_cancel.errors import ConfigurationError, DurabilityError
 from langgraph_cancel.ledger import Ledger, SqliteBackend, default_owner
+from langgraph_cancel.ledger.aio import async_twin_of
 from langgraph_cancel.ledgers import (
     CONFIG_KEY_LEDGER,
     ENV_DB,
@@ -163,12 +164,21 @@ class CancelSignal:
         return self._claim_poll() and self._poll()
 
     async def acancel_called(self) -> bool:
-        """``cancel_called`` for event loops: the flag inline, a due poll in a thread."""
+        """``cancel_called`` for event loops: the flag inline; a due poll through the
+        ledger's async twin on this loop, else in a thread."""
         if self._event.is_set():
             return True
         if not self._claim_poll():
             return False
-        return await asyncio.to_thread(self._poll)
+        native = async_twin_of(self.ledger)
+        if native is None:
+            return await asyncio.to_thread(self._poll)
+        try:
+            run = await native.aget_run(self.run_id)
+        except Exception:  # a lost database must not crash a check; the DB guard holds
+            logger.warning("cancel poll failed for run %s", self.run_id, exc_info=True)
+            return False
+        return self._polled(run)
 
     def _claim_poll(self) -> bool:
         """Whether a poll is due; the caller that gets True makes it.
@@ -189,6 +199,9 @@ class CancelSignal:
         except Exception:  # a lost database must not crash a check; the DB guard holds
             logger.warning("cancel poll failed for run %s", self.run_id, exc_info=True)
             return False
+        return self._polled(run)
+
+    def _polled(self, run: RunRecord) -> bool:
         if run.cancel_requested:
             self._event.set()
             return True
@@ -196,11 +209,29 @@ class CancelSignal:
 
     def observe(self) -> RunRecord | None:
         """Record, once, that the run saw its signal (``cancel_requested -> cancelling``)."""
+        if not self._claim_observe():
+            return None
+        return self._observed_run(self.ledger.mark_observed(self.run_id))
+
+    async def aobserve(self) -> RunRecord | None:
+        """``observe`` for event loops: through the ledger's async twin on this loop, else
+        in a thread."""
+        native = async_twin_of(self.ledger)
+        if native is None:
+            return await asyncio.to_thread(self.observe)
+        if not self._claim_observe():
+            return None
+        return self._observed_run(await native.amark_observed(self.run_id))
+
+    def _claim_observe(self) -> bool:
+        """Whether this caller is the one to record the observation (once per signal)."""
         with self._lock:
             if self._observed:
-                return None
+                return False
             self._observed = True
-        run = self.ledger.mark_observed(self.run_id)
+            return True
+
+    def _observed_run(self, run: RunRecord) -> RunRecord:
         if run.requested_at is not None:
             announce_observed(run)
         return run

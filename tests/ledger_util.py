@@ -1,14 +1,21 @@
-"""Helpers shared by the ledger tests: building effects in any status, raw SQL errors."""
+"""Helpers shared by the ledger tests: building effects in any status, raw SQL errors, the
+async ledger behind the sync interface."""
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
+import threading
 import uuid
 from collections import deque
-from typing import Any
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
 
 from langgraph_cancel.ledger import Ledger
+from langgraph_cancel.ledger.aio import AsyncLedger
 from langgraph_cancel.types import EFFECT_TRANSITIONS, EffectKind, EffectRecord, EffectStatus
+
+T = TypeVar("T")
 
 OWNER = "ops-oncall"
 NEXT_ACTION = "check the payment provider dashboard"
@@ -89,3 +96,52 @@ def integrity_errors() -> tuple[type[BaseException], ...]:
 def new_id(prefix: str) -> str:
     """A short unique id for threads, runs and tool calls."""
     return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+class BlockingAsyncLedger:
+    """An ``AsyncLedger`` behind the sync ``Ledger``'s method names, for the sync ledger tests.
+
+    Each call ``name(...)`` awaits the async ledger's ``aname(...)`` on an event loop
+    of its own (in a helper thread) and returns its result, so a test written
+    against ``Ledger`` runs unchanged against the async ledger on the same
+    database. ``backend`` is a sync ledger's on that database, for the tests that
+    write raw SQL (in memory it is the very database the async ledger uses).
+
+    Args:
+        url: The database.
+    """
+
+    def __init__(self, url: str) -> None:
+        self.raw = Ledger.from_url(url)
+        self.backend = self.raw.backend
+        self.url = url
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._thread.start()
+        self.async_ledger: AsyncLedger = self.run(AsyncLedger.twin_of(self.raw))
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Await ``coro`` on the async ledger's loop and return its result."""
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def add_cancel_listener(self, listener: Callable[[str, str], None]) -> None:
+        """The async ledger's own (a plain method there too)."""
+        self.async_ledger.add_cancel_listener(listener)
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        twin = getattr(self.async_ledger, f"a{name}")
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return self.run(twin(*args, **kwargs))
+
+        return call
+
+    def close(self) -> None:
+        """Close the async ledger, its loop and the sync one."""
+        try:
+            self.run(self.async_ledger.aclose())
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join()
+            self._loop.close()
+            self.raw.close()

@@ -1,10 +1,10 @@
 """Each cancel-aware saver is a real LangGraph checkpointer and owns a working ledger.
 
 Runs the public ``langgraph-checkpoint-conformance`` suite against
-``MemoryCancelSaver``, ``SqliteCancelSaver``, ``PostgresCancelSaver`` and
-``AsyncPostgresCancelSaver`` (a fresh PostgreSQL database per registration), and
-checks that every saver's ledger works, ``setup()`` is idempotent and
-``delete_thread`` forgets the thread's ledger rows too.
+``MemoryCancelSaver``, ``SqliteCancelSaver``, ``AsyncSqliteCancelSaver``,
+``PostgresCancelSaver`` and ``AsyncPostgresCancelSaver`` (a fresh PostgreSQL
+database per registration), and checks that every saver's ledger works,
+``setup()`` is idempotent and ``delete_thread`` forgets the thread's ledger rows too.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from langgraph.checkpoint.conformance.capabilities import BASE_CAPABILITIES, Cap
 
 from langgraph_cancel.checkpointers.base import LedgerOwner
 from langgraph_cancel.checkpointers.memory import MemoryCancelSaver
-from langgraph_cancel.checkpointers.sqlite import SqliteCancelSaver
+from langgraph_cancel.checkpointers.sqlite import AsyncSqliteCancelSaver, SqliteCancelSaver
 from langgraph_cancel.errors import UnknownThreadError
 from langgraph_cancel.ledger import Ledger
 from langgraph_cancel.ledger.sql import POSTGRES_MIGRATIONS, SQLITE_MIGRATIONS
@@ -57,6 +57,17 @@ def _factory(request: pytest.FixtureRequest, kind: str, tmp_path: Path) -> Saver
                 yield saver
 
         return sqlite
+
+    if kind == "asqlite":
+
+        @asynccontextmanager
+        async def asqlite() -> AsyncIterator[BaseCheckpointSaver[Any]]:
+            path = tmp_path / f"saver-{next(_counter)}.db"
+            async with AsyncSqliteCancelSaver.from_conn_string(str(path)) as saver:
+                await saver.setup()
+                yield saver
+
+        return asqlite
 
     url: str = request.getfixturevalue("pg_url")
     from langgraph_cancel.checkpointers.postgres import (
@@ -95,6 +106,8 @@ def _saver_class(kind: str) -> type[BaseCheckpointSaver[Any]]:
         return MemoryCancelSaver
     if kind == "sqlite":
         return SqliteCancelSaver
+    if kind == "asqlite":
+        return AsyncSqliteCancelSaver
     from langgraph_cancel.checkpointers.postgres import (
         AsyncPostgresCancelSaver,
         PostgresCancelSaver,
@@ -106,6 +119,7 @@ def _saver_class(kind: str) -> type[BaseCheckpointSaver[Any]]:
 SAVERS = [
     pytest.param("memory", id="MemoryCancelSaver"),
     pytest.param("sqlite", id="SqliteCancelSaver"),
+    pytest.param("asqlite", id="AsyncSqliteCancelSaver"),
     pytest.param("postgres", id="PostgresCancelSaver", marks=pytest.mark.postgres),
     pytest.param("apostgres", id="AsyncPostgresCancelSaver", marks=pytest.mark.postgres),
 ]
@@ -155,7 +169,7 @@ async def test_saver_owns_a_working_ledger(
         ledger = saver.ledger
         # setup() again is harmless, on the saver and on its ledger.
         setup_result = getattr(saver, "setup")()  # noqa: B009 - not on the base class
-        if kind == "apostgres":
+        if kind in ("apostgres", "asqlite"):
             await setup_result
         ledger.setup()
 

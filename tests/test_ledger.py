@@ -3,13 +3,15 @@
 Covers the lifecycle state machine (every legal and every illegal transition),
 the audit trail, status parsing, idempotency keys, queries, the run lifecycle
 (first reason wins, one terminal transition enforced by the database, no dispatch
-after a cancel request) and thread leases, plus async twins.
+after a cancel request) and thread leases, plus the async methods of both ledgers
+(the sync one's threaded twins and ``AsyncLedger``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator
 from datetime import datetime
 from typing import Any
 
@@ -27,6 +29,7 @@ from langgraph_cancel.errors import (
     UnknownThreadError,
 )
 from langgraph_cancel.ledger import Ledger, derive_effect_id, derive_idempotency_key
+from langgraph_cancel.ledger.aio import AsyncLedger
 from langgraph_cancel.types import (
     EFFECT_TRANSITIONS,
     TERMINAL_RUN_STATUSES,
@@ -665,7 +668,23 @@ def test_expired_lease_can_be_taken_by_another_owner(ledger: Ledger) -> None:
 # ---------------------------------------------------------------------- async twins
 
 
-async def test_async_lifecycle(ledger: Ledger) -> None:
+@pytest.fixture(params=["threaded", "native"])
+async def either_ledger(
+    request: pytest.FixtureRequest, ledger: Ledger
+) -> AsyncIterator[Ledger | AsyncLedger]:
+    """The sync ledger's ``a*`` twins (in threads), then the ``AsyncLedger`` on its database."""
+    if request.param == "threaded":
+        yield ledger
+        return
+    native = await AsyncLedger.twin_of(ledger)
+    try:
+        yield native
+    finally:
+        await native.aclose()
+
+
+async def test_async_lifecycle(either_ledger: Ledger | AsyncLedger) -> None:
+    ledger = either_ledger
     thread = new_id("t")
     run = await ledger.astart_run(thread)
     assert run == await ledger.aactive_run(thread)
@@ -717,7 +736,8 @@ async def test_async_lifecycle(ledger: Ledger) -> None:
         await ledger.arequest_cancel("nobody", reason="x", requested_by="y")
 
 
-async def test_async_concurrent_cancels_and_leases(ledger: Ledger) -> None:
+async def test_async_concurrent_cancels_and_leases(either_ledger: Ledger | AsyncLedger) -> None:
+    ledger = either_ledger
     thread = new_id("t")
     run = await ledger.astart_run(thread)
     answers = await asyncio.gather(

@@ -22,6 +22,7 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 from langgraph_cancel.checkpointers.base import LedgerOwner, ThreadedAsyncMixin
 from langgraph_cancel.checkpointers.durable import NotesSavedCheckpoints
 from langgraph_cancel.ledger import Ledger, PostgresBackend
+from langgraph_cancel.ledger.aio import AsyncLedger, bind_async_twin, unbind_async_twin
 
 #: Advisory lock key serializing checkpoint migrations across workers.
 _SETUP_LOCK = 7231900119
@@ -119,7 +120,9 @@ class PostgresCancelSaver(NotesSavedCheckpoints, ThreadedAsyncMixin, PostgresSav
 class AsyncPostgresCancelSaver(NotesSavedCheckpoints, AsyncPostgresSaver, LedgerOwner):
     """LangGraph's ``AsyncPostgresSaver`` plus the ledger, in the same database.
 
-    The ledger's own calls run on a small sync pool in worker threads.
+    Async graphs on it do their ledger I/O through an ``AsyncLedger`` (psycopg's
+    async pool) on their own loop, opened by ``setup()`` or ``from_conn_string``;
+    a small sync pool serves the sync parts of the package.
 
     Args:
         conn: A psycopg ``AsyncConnection`` or ``AsyncConnectionPool``.
@@ -140,6 +143,25 @@ class AsyncPostgresCancelSaver(NotesSavedCheckpoints, AsyncPostgresSaver, Ledger
         self.ledger = (
             ledger if ledger is not None else Ledger(PostgresBackend(_conninfo(conn), max_size=4))
         )
+        #: The ledger the graph's loop awaits (opened by ``setup()`` or ``aopen_ledger()``).
+        self.async_ledger: AsyncLedger | None = None
+        self._ledger_lock = asyncio.Lock()
+
+    async def aopen_ledger(self) -> AsyncLedger:
+        """Open the async ledger on this loop (once) and bind it to the sync one."""
+        async with self._ledger_lock:
+            if self.async_ledger is None:
+                twin = await AsyncLedger.twin_of(self.ledger)
+                bind_async_twin(self.ledger, twin)
+                self.async_ledger = twin
+            return self.async_ledger
+
+    async def aclose_ledger(self) -> None:
+        """Close the async ledger (the sync one is closed by its opener)."""
+        twin, self.async_ledger = self.async_ledger, None
+        if twin is not None:
+            unbind_async_twin(self.ledger, twin)
+            await twin.aclose()
 
     @classmethod
     @asynccontextmanager
@@ -155,13 +177,20 @@ class AsyncPostgresCancelSaver(NotesSavedCheckpoints, AsyncPostgresSaver, Ledger
             conn_string, autocommit=True, prepare_threshold=0, row_factory=dict_row
         ) as conn:
             ledger = Ledger(PostgresBackend(conn_string, max_size=4))
+            saver: AsyncPostgresCancelSaver | None = None
             try:
                 if pipeline:
                     async with conn.pipeline() as pipe:
-                        yield cls(conn, pipe, serde, ledger=ledger)
+                        saver = cls(conn, pipe, serde, ledger=ledger)
+                        await saver.aopen_ledger()
+                        yield saver
                 else:
-                    yield cls(conn, serde=serde, ledger=ledger)
+                    saver = cls(conn, serde=serde, ledger=ledger)
+                    await saver.aopen_ledger()
+                    yield saver
             finally:
+                if saver is not None:
+                    await saver.aclose_ledger()
                 ledger.close()
 
     async def setup(self) -> None:
@@ -176,9 +205,14 @@ class AsyncPostgresCancelSaver(NotesSavedCheckpoints, AsyncPostgresSaver, Ledger
                     break
                 await asyncio.sleep(0.05)
             await super().setup()
-        await self.ledger.asetup()
+        twin = await self.aopen_ledger()
+        await twin.asetup()
 
     async def adelete_thread(self, thread_id: str) -> None:
         """Delete a thread's checkpoints and its ledger rows."""
         await super().adelete_thread(thread_id)
-        await self.ledger.adelete_thread(thread_id)
+        twin = self.async_ledger
+        if twin is not None and twin.loop is asyncio.get_running_loop():
+            await twin.adelete_thread(thread_id)
+        else:
+            await self.ledger.adelete_thread(thread_id)

@@ -1,18 +1,30 @@
-"""``SqliteCancelSaver``: the embedded default, checkpoints and ledger in one SQLite file."""
+"""``SqliteCancelSaver`` and ``AsyncSqliteCancelSaver``: checkpoints and ledger in one
+SQLite file, the embedded default.
+
+The async saver is LangGraph's ``AsyncSqliteSaver`` (aiosqlite) plus the ledger in
+the same file: an ``AsyncLedger`` for the graph's own loop, and a sync ``Ledger``
+on the same file for the sync parts of the package.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
+import aiosqlite
 from langgraph.checkpoint.serde.base import SerializerProtocol
 from langgraph.checkpoint.sqlite import SqliteSaver
+from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 
 from langgraph_cancel.checkpointers.base import LedgerOwner, ThreadedAsyncMixin
 from langgraph_cancel.checkpointers.durable import NotesSavedCheckpoints
+from langgraph_cancel.errors import ConfigurationError
+from langgraph_cancel.execution.offloop import off_the_loop
 from langgraph_cancel.ledger import Ledger
+from langgraph_cancel.ledger.aio import AsyncLedger, bind_async_twin, unbind_async_twin
 from langgraph_cancel.ledger.backends import enable_wal
 
 DEFAULT_PATH = ".langgraph-cancel.db"
@@ -70,11 +82,7 @@ class SqliteCancelSaver(NotesSavedCheckpoints, ThreadedAsyncMixin, SqliteSaver, 
         Args:
             conn_string: A path, ``:memory:`` or a ``sqlite:///`` URL.
         """
-        path = (
-            conn_string[len("sqlite:///") :]
-            if conn_string.startswith("sqlite:///")
-            else conn_string
-        )
+        path = _strip_scheme(conn_string)
         conn = sqlite3.connect(path, check_same_thread=False, timeout=30)
         try:
             saver = cls(conn)
@@ -97,3 +105,108 @@ class SqliteCancelSaver(NotesSavedCheckpoints, ThreadedAsyncMixin, SqliteSaver, 
 
     def __getstate__(self) -> dict[str, Any]:  # pragma: no cover - not picklable
         raise TypeError("SqliteCancelSaver holds open connections and cannot be pickled")
+
+
+class AsyncSqliteCancelSaver(NotesSavedCheckpoints, AsyncSqliteSaver, LedgerOwner):
+    """LangGraph's ``AsyncSqliteSaver`` plus the ledger, in the same file (WAL mode).
+
+    Async graphs on it do their ledger I/O through an ``AsyncLedger`` on their own
+    loop (aiosqlite, as the checkpoints), opened by ``setup()`` (which the saver's
+    own methods call first, as LangGraph's do). Create it on the loop that will use it.
+
+    Args:
+        conn: An aiosqlite connection.
+        path: The file ``conn`` opened (``:memory:`` for an in-memory database, whose
+            ledger is then in memory too). Needed unless ``ledger`` is given:
+            aiosqlite does not say which file it opened.
+        ledger: The sync ledger to use; default: one on ``path``.
+        serde: Checkpoint serializer.
+
+    Raises:
+        ConfigurationError: Neither ``path`` nor ``ledger`` was given.
+    """
+
+    def __init__(
+        self,
+        conn: aiosqlite.Connection,
+        *,
+        path: str | None = None,
+        ledger: Ledger | None = None,
+        serde: SerializerProtocol | None = None,
+    ) -> None:
+        super().__init__(conn, serde=serde)
+        if ledger is None:
+            if path is None:
+                raise ConfigurationError(
+                    "AsyncSqliteCancelSaver needs the file of its connection: pass path= "
+                    "(or ledger=), or open it with AsyncSqliteCancelSaver.from_conn_string"
+                )
+            path = _strip_scheme(path)
+            ledger = Ledger.from_url(
+                "memory://" if path == ":memory:" else f"sqlite:///{path}", setup=False
+            )
+            # Its tables exist before the saver's first use: a run starts (in the sync
+            # ledger) before LangGraph sets the saver up. Migrated off the loop's thread.
+            off_the_loop(ledger.setup)
+        self.path = path
+        self.ledger = ledger
+        #: The ledger the graph's loop awaits (opened by ``setup()``).
+        self.async_ledger: AsyncLedger | None = None
+        self._ledger_lock = asyncio.Lock()
+
+    @classmethod
+    @asynccontextmanager
+    async def from_conn_string(
+        cls, conn_string: str = DEFAULT_PATH
+    ) -> AsyncIterator[AsyncSqliteCancelSaver]:
+        """Open a saver on a file path (or ``sqlite:///path`` URL), closing it at exit.
+
+        Args:
+            conn_string: A path, ``:memory:`` or a ``sqlite:///`` URL.
+        """
+        path = _strip_scheme(conn_string)
+        async with aiosqlite.connect(path, timeout=30) as conn:
+            saver = cls(conn, path=path)
+            try:
+                yield saver
+            finally:
+                await saver.aclose_ledger()
+
+    async def setup(self) -> None:
+        """Create checkpoint and ledger tables (idempotent); open the async ledger."""
+        await super().setup()
+        async with self._ledger_lock:
+            if self.async_ledger is not None:
+                return
+            if self.path not in (None, ":memory:"):
+                # As SqliteCancelSaver: the checkpoints' durability is the ledger's.
+                await self.conn.execute("PRAGMA busy_timeout = 30000")
+                await self.conn.execute("PRAGMA synchronous = NORMAL")
+            twin = await AsyncLedger.twin_of(self.ledger)
+            bind_async_twin(self.ledger, twin)
+            self.async_ledger = twin
+
+    async def aclose_ledger(self) -> None:
+        """Close both ledgers (the connection ``conn`` is the caller's)."""
+        twin, self.async_ledger = self.async_ledger, None
+        if twin is not None:
+            unbind_async_twin(self.ledger, twin)
+            await twin.aclose()
+        self.ledger.close()
+
+    async def adelete_thread(self, thread_id: str) -> None:
+        """Delete a thread's checkpoints and its ledger rows."""
+        await super().adelete_thread(thread_id)
+        await self.setup()
+        assert self.async_ledger is not None
+        await self.async_ledger.adelete_thread(thread_id)
+
+    def __getstate__(self) -> dict[str, Any]:  # pragma: no cover - not picklable
+        raise TypeError("AsyncSqliteCancelSaver holds open connections and cannot be pickled")
+
+
+def _strip_scheme(conn_string: str) -> str:
+    """A file path from a path or a ``sqlite:///`` URL."""
+    if conn_string.startswith("sqlite:///"):
+        return conn_string[len("sqlite:///") :]
+    return conn_string

@@ -13,6 +13,7 @@ from typing import Any, TypeVar, cast
 
 from langgraph_cancel.execution.steps import LedgerCall, Protocol, Step
 from langgraph_cancel.ledger import Ledger
+from langgraph_cancel.ledger.aio import async_twin_of
 
 T = TypeVar("T")
 
@@ -56,9 +57,11 @@ def call_ledger(ledger: Ledger, step: LedgerCall[Any]) -> Any:
 
 
 async def acall_ledger(ledger: Ledger, step: LedgerCall[Any]) -> Any:
-    """Answer a ``LedgerCall`` with the method's ``a*`` twin."""
-    twin = getattr(ledger, "a" + step.method.__name__)
-    return await twin(*step.args, **step.kwargs)
+    """Answer a ``LedgerCall`` with the method's ``a*`` twin: the bound ``AsyncLedger``'s
+    (on this loop, no thread), else the sync ledger's (in a thread)."""
+    native = async_twin_of(ledger)
+    method = getattr(ledger if native is None else native, "a" + step.method.__name__)
+    return await method(*step.args, **step.kwargs)
 
 
 def drive_ledger(ledger: Ledger, protocol: Protocol[T]) -> T:

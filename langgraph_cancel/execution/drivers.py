@@ -234,7 +234,7 @@ class AsyncDriver:
         if isinstance(step, CancelCheck):
             return await scope.signal.acancel_called()
         if isinstance(step, Observe):
-            await asyncio.to_thread(scope.signal.observe)
+            await scope.signal.aobserve()
             return None
         if isinstance(step, Dispatch):
             return await self._dispatch(step)
@@ -291,7 +291,7 @@ class AsyncDriver:
             if task.done():
                 break
             if deadline is None and await signal.acancel_called():
-                await asyncio.to_thread(signal.observe)
+                await signal.aobserve()
                 if step.abandon:
                     task.cancel()
                     raise Abandoned

@@ -27,6 +27,7 @@ from typing import Any
 
 from langgraph_cancel.errors import LedgerError
 from langgraph_cancel.ledger import Ledger
+from langgraph_cancel.ledger.aio import async_twin_of
 from langgraph_cancel.types import EffectRecord, EffectStatus, TransitionRequest
 
 #: Longest an outcome of a concurrent batch waits to share its write with the
@@ -237,7 +238,10 @@ def _write_group(ledger: Ledger, requests: list[TransitionRequest]) -> list[Writ
 
 
 async def _awrite_group(ledger: Ledger, requests: list[TransitionRequest]) -> list[Written]:
+    native = async_twin_of(ledger)
     try:
+        if native is not None:  # on this loop, no thread
+            return list(await native.atransition_many(requests))
         return list(await ledger.atransition_many(requests))
     except Exception as exc:  # the whole group failed: each waiter is told
         return [exc] * len(requests)

@@ -1,5 +1,6 @@
 """The effect ledger: what every tool call of every run did, durably."""
 
+from langgraph_cancel.ledger.aio import AsyncLedger
 from langgraph_cancel.ledger.backends import (
     Backend,
     PostgresBackend,
@@ -14,6 +15,7 @@ from langgraph_cancel.ledger.core import (
 )
 
 __all__ = [
+    "AsyncLedger",
     "Backend",
     "Ledger",
     "PostgresBackend",

@@ -491,29 +491,49 @@ def _full_conninfo(conn: Any) -> str:
     return dsn
 
 
-def backend_from_url(url: str) -> Backend:
-    """Open the backend a URL names: ``memory://``, ``sqlite:///path``, ``postgresql://...``."""
+def parse_url(url: str) -> tuple[Literal["memory", "sqlite", "postgres"], str]:
+    """What a ledger URL names, without opening it: the kind and its path or conninfo.
+
+    Raises:
+        InvalidURLError: For anything but ``memory://``, ``sqlite:///path`` or
+            ``postgresql://...`` (or a bare ``*.db`` path).
+    """
     from langgraph_cancel.errors import InvalidURLError
 
     if not isinstance(url, str) or not url:
         raise InvalidURLError(f"not a database URL: {url!r}")
     if url in ("memory://", "memory", ":memory:", "sqlite://", "sqlite:///:memory:"):
-        return SqliteBackend(":memory:")
+        return "memory", ":memory:"
     if url.startswith("sqlite:///"):
-        return SqliteBackend(url[len("sqlite:///") :] or ":memory:", url=url)
+        path = url[len("sqlite:///") :]
+        return ("sqlite", path) if path else ("memory", ":memory:")
     if url.startswith(("postgresql://", "postgres://", "postgresql+psycopg://")):
-        try:
-            return PostgresBackend(url.replace("postgresql+psycopg://", "postgresql://", 1))
-        except ImportError as exc:  # pragma: no cover - extra missing
-            raise InvalidURLError(
-                "PostgreSQL support needs the extra: pip install 'langgraph-cancel[postgres]'"
-            ) from exc
+        return "postgres", url.replace("postgresql+psycopg://", "postgresql://", 1)
     if "://" not in url and url.endswith((".db", ".sqlite", ".sqlite3")):
-        return SqliteBackend(url, url=f"sqlite:///{url}")
+        return "sqlite", url
     raise InvalidURLError(
         f"unsupported database URL {url!r}: use memory://, sqlite:///path/to/file.db "
         "or postgresql://user@host:port/dbname"
     )
+
+
+def backend_from_url(url: str) -> Backend:
+    """Open the backend a URL names: ``memory://``, ``sqlite:///path``, ``postgresql://...``."""
+    from langgraph_cancel.errors import InvalidURLError
+
+    kind, target = parse_url(url)
+    if kind == "memory":
+        return SqliteBackend(":memory:")
+    if kind == "sqlite":
+        return SqliteBackend(
+            target, url=url if url.startswith("sqlite:///") else f"sqlite:///{url}"
+        )
+    try:
+        return PostgresBackend(target)
+    except ImportError as exc:  # pragma: no cover - extra missing
+        raise InvalidURLError(
+            "PostgreSQL support needs the extra: pip install 'langgraph-cancel[postgres]'"
+        ) from exc
 
 
 def raise_transient(exc: BaseException, attempts: int | None = None) -> TransientDatabaseError:

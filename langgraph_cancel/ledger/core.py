@@ -14,10 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import hashlib
-import os
-import socket
-import sqlite3
+import logging
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
@@ -29,11 +26,11 @@ from langgraph_cancel.errors import (
     IllegalTransitionError,
     LedgerError,
     ThreadBusyError,
-    TransitionConflictError,
     UnknownEffectError,
     UnknownRunError,
     UnknownThreadError,
 )
+from langgraph_cancel.ledger import decisions as d
 from langgraph_cancel.ledger import sql as q
 from langgraph_cancel.ledger.backends import (
     Backend,
@@ -43,16 +40,19 @@ from langgraph_cancel.ledger.backends import (
     json_text,
     transient_retry,
 )
+from langgraph_cancel.ledger.decisions import (
+    default_owner,
+    derive_effect_id,
+    derive_idempotency_key,
+)
 from langgraph_cancel.types import (
-    EFFECT_TRANSITIONS,
-    RUN_TRANSITIONS,
-    TERMINAL_RUN_STATUSES,
-    UNSETTLED_STATUSES,
     CancelRequestResult,
     EffectKind,
     EffectRecord,
     EffectStatus,
     LeaseRecord,
+    LeaseTakeover,
+    LeaseTakeoverCause,
     NewEffect,
     RunRecord,
     RunStatus,
@@ -63,45 +63,14 @@ from langgraph_cancel.types import (
     run_status,
     utcnow,
 )
+from langgraph_cancel.workers import holder_is_gone
 
 P = ParamSpec("P")
 R = TypeVar("R")
 
 CancelListener = Callable[[str, str], None]
 
-
-def default_owner() -> str:
-    """A worker identity: host, pid and a random suffix."""
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
-
-
-def derive_effect_id(thread_id: str, tool_call_id: str) -> str:
-    """The stable id of a tool call's effect: the same call always maps to the same row."""
-    return f"{thread_id}:{tool_call_id}"
-
-
-def derive_idempotency_key(thread_id: str, tool_call_id: str) -> str:
-    """The default idempotency key: derived from the thread and the tool-call id."""
-    digest = hashlib.sha256(f"{thread_id}\x00{tool_call_id}".encode()).hexdigest()[:32]
-    return f"lgc-{digest}"
-
-
-def _predecessors(to: EffectStatus) -> frozenset[EffectStatus]:
-    return frozenset(s for s, nxt in EFFECT_TRANSITIONS.items() if to in nxt)
-
-
-_PREDECESSORS = {s: _predecessors(s) for s in EffectStatus}
-_INITIAL_STATUSES = frozenset(
-    {
-        EffectStatus.PLANNED,
-        EffectStatus.PENDING_APPROVAL,
-        EffectStatus.COMMITTED,
-        EffectStatus.FAILED,
-        EffectStatus.DROPPED,
-        EffectStatus.REJECTED,
-    }
-)
-_SETTLING = frozenset(EffectStatus) - UNSETTLED_STATUSES
+logger = logging.getLogger("langgraph_cancel")
 
 
 def _to_thread(fn: Callable[P, R]) -> Callable[P, Any]:
@@ -189,58 +158,13 @@ class Ledger:
     # ------------------------------------------------------------- decoding
     # Rows the ledger wrote itself: records are built without re-validating them.
     def _run(self, row: dict[str, Any]) -> RunRecord:
-        b = self.backend
-        return RunRecord.model_construct(
-            run_id=row["run_id"],
-            thread_id=row["thread_id"],
-            status=run_status(row["status"]),
-            created_at=_required(b.ts_out(row["created_at"])),
-            updated_at=_required(b.ts_out(row["updated_at"])),
-            owner=row["owner"],
-            parent_run_id=row["parent_run_id"],
-            requested_at=b.ts_out(row["requested_at"]),
-            requested_by=row["requested_by"],
-            reason=row["reason"],
-            observed_at=b.ts_out(row["observed_at"]),
-            quiesced_at=b.ts_out(row["quiesced_at"]),
-            tokens_after_cancel=row["tokens_after_cancel"],
-            report=b.json_out(row["report"]),
-        )
+        return d.run_record(row, self.backend)
 
     def _effect(self, row: dict[str, Any]) -> EffectRecord:
-        b = self.backend
-        return EffectRecord.model_construct(
-            effect_id=row["effect_id"],
-            thread_id=row["thread_id"],
-            run_id=row["run_id"],
-            tool_call_id=row["tool_call_id"],
-            tool=row["tool"],
-            kind=effect_kind(row["kind"]),
-            status=effect_status(row["status"]),
-            idempotency_key=row["idempotency_key"],
-            args=b.json_out(row["args"]) or {},
-            seq=row["seq"],
-            result=b.json_out(row["result"]),
-            error=row["error"],
-            owner=row["owner"],
-            next_action=row["next_action"],
-            approval=b.json_out(row["approval"]),
-            version=row["version"],
-            created_at=_required(b.ts_out(row["created_at"])),
-            updated_at=_required(b.ts_out(row["updated_at"])),
-            dispatched_at=b.ts_out(row["dispatched_at"]),
-            settled_at=b.ts_out(row["settled_at"]),
-        )
+        return d.effect_record(row, self.backend)
 
     def _lease(self, row: dict[str, Any]) -> LeaseRecord:
-        b = self.backend
-        return LeaseRecord.model_construct(
-            thread_id=row["thread_id"],
-            owner=row["owner"],
-            acquired_at=_required(b.ts_out(row["acquired_at"])),
-            heartbeat_at=_required(b.ts_out(row["heartbeat_at"])),
-            expires_at=_required(b.ts_out(row["expires_at"])),
-        )
+        return d.lease_record(row, self.backend)
 
     def _one(self, sql: str, params: dict[str, Any]) -> dict[str, Any] | None:
         with self.backend.read() as cur:
@@ -453,51 +377,27 @@ class Ledger:
                 latest = cur.fetchone()
                 if latest is None:
                     raise UnknownThreadError(thread_id)
-                run = self._run(latest)
-                return _cancel_answer(
-                    run,
-                    accepted=False,
-                    first=False,
-                    message=f"nothing to cancel: run {run.run_id} is already {run.status.value}",
-                )
+                return d.nothing_to_cancel(self._run(latest))
             cur.execute(
                 q.REQUEST_CANCEL,
-                {
-                    "run_id": active["run_id"],
-                    "now": self.backend.ts_in(now),
-                    "reason": reason,
-                    "requested_by": requested_by,
-                    "token": token,
-                },
+                d.cancel_params(
+                    active["run_id"],
+                    reason=reason,
+                    requested_by=requested_by,
+                    token=token,
+                    now=now,
+                    codec=self.backend,
+                ),
             )
             updated = cur.fetchone()
             if updated is not None and self.backend.dialect == "postgres":
-                cur.execute(q.NOTIFY_CANCEL, {"payload": f"{thread_id}\x1f{active['run_id']}"})
+                cur.execute(q.NOTIFY_CANCEL, d.cancel_notice(thread_id, active["run_id"]))
             elif updated is None:
                 # Another writer moved the run since our SELECT (PostgreSQL, READ
                 # COMMITTED): answer with its current state, not the stale snapshot.
                 cur.execute(q.SELECT_RUN, {"run_id": active["run_id"]})
                 active = cur.fetchone() or active
-        if updated is not None or active.get("last_token") == token:
-            # Made now, or by our own earlier attempt whose acknowledgement was lost.
-            run = self._run(updated if updated is not None else active)
-            return _cancel_answer(
-                run, accepted=True, first=True, message=f"cancel requested for run {run.run_id}"
-            )
-        run = self._run(active)
-        if run.terminal:  # finished between our SELECT and our UPDATE
-            return _cancel_answer(
-                run,
-                accepted=False,
-                first=False,
-                message=f"nothing to cancel: run {run.run_id} is already {run.status.value}",
-            )
-        return _cancel_answer(
-            run,
-            accepted=True,
-            first=False,
-            message=f"cancel already requested for run {run.run_id} ({run.reason!r} wins)",
-        )
+        return d.cancel_verdict(updated, active, token, self.backend)
 
     @transient_retry()
     def mark_observed(self, run_id: str) -> RunRecord:
@@ -537,8 +437,7 @@ class Ledger:
                 current status cannot reach (e.g. ``completed`` after a cancel request).
         """
         target = run_status(status)
-        if target not in TERMINAL_RUN_STATUSES:
-            raise IllegalTransitionError(run_id, "?", target.value, "not a terminal status")
+        d.check_finish_target(run_id, target)
         return self._finish_run(
             run_id,
             target,
@@ -561,20 +460,19 @@ class Ledger:
         token: str,
         release_lease: str | None = None,
     ) -> bool:
-        allowed = [s for s, nxt in RUN_TRANSITIONS.items() if target in nxt]
-        placeholders = ", ".join(f"'{s.value}'" for s in allowed)
         b = self.backend
-        finish = q.FINISH_RUN.format(allowed=placeholders)
-        params = {
-            "run_id": run_id,
-            "status": target.value,
-            "now": b.ts_in(utcnow()),
-            "quiesced_at": b.ts_in(quiesced_at),
-            "tokens_after_cancel": tokens_after_cancel,
-            "report": b.json_in(report),
-            "token": token,
-            "lease_owner": release_lease,
-        }
+        finish = d.finish_statement(target)
+        params = d.finish_params(
+            run_id,
+            target,
+            report=report,
+            quiesced_at=quiesced_at,
+            tokens_after_cancel=tokens_after_cancel,
+            token=token,
+            release_lease=release_lease,
+            now=utcnow(),
+            codec=b,
+        )
         if release_lease is None:
             with b.statement() as cur:
                 cur.execute(finish, params)
@@ -586,11 +484,7 @@ class Ledger:
         row = self._one(q.SELECT_RUN, {"run_id": run_id})
         if row is None:
             raise UnknownRunError(run_id)
-        current = run_status(row["status"])
-        if current in TERMINAL_RUN_STATUSES:
-            # Our own earlier attempt, whose acknowledgement was lost, or another writer.
-            return bool(current is target and row["last_token"] == token)
-        raise IllegalTransitionError(run_id, current.value, target.value)
+        return d.finish_verdict(row, target, token)
 
     @transient_retry()
     def add_tokens_after_cancel(self, run_id: str, tokens: int) -> None:
@@ -629,7 +523,7 @@ class Ledger:
             DuplicateIdempotencyKeyError: When another effect already owns the key.
         """
         st = effect_status(status)
-        if st not in _INITIAL_STATUSES:
+        if st not in d.INITIAL_STATUSES:
             raise IllegalTransitionError(tool_call_id, "(new)", st.value, "not an initial status")
         return self._plan(
             thread_id=thread_id,
@@ -668,31 +562,25 @@ class Ledger:
     ) -> tuple[EffectRecord, bool]:
         b = self.backend
         effect_id = derive_effect_id(thread_id, tool_call_id)
-        now = utcnow()
-        settles = status not in UNSETTLED_STATUSES
-        params = {
-            "effect_id": effect_id,
-            "thread_id": thread_id,
-            "run_id": run_id,
-            "tool_call_id": tool_call_id,
-            "tool": tool,
-            "kind": kind.value,
-            "status": status.value,
-            "idempotency_key": key,
-            "args": b.json_in(args),
-            "seq": seq,
-            "result": b.json_in(result),
-            "error": error,
-            "owner": owner,
-            "next_action": None,
-            "approval": None,
-            "token": None,
-            "now": b.ts_in(now),
-            "dispatched_at": None,
-            "settled_at": b.ts_in(now) if settles else None,
-            "actor": actor,
-            "detail": b.json_in(detail or {}),
-        }
+        params = d.plan_params(
+            effect_id=effect_id,
+            thread_id=thread_id,
+            run_id=run_id,
+            tool_call_id=tool_call_id,
+            tool=tool,
+            kind=kind.value,
+            status=status,
+            key=key,
+            args=args,
+            seq=seq,
+            result=result,
+            error=error,
+            owner=owner,
+            actor=actor,
+            detail=detail,
+            now=utcnow(),
+            codec=b,
+        )
         try:
             if b.dialect == "postgres":
                 with b.statement() as cur:
@@ -712,20 +600,10 @@ class Ledger:
                     existing = cur.fetchone()
                     assert existing is not None
                     return self._effect(existing), False
-                cur.execute(
-                    q.INSERT_TRANSITION,
-                    {
-                        "effect_id": effect_id,
-                        "from_status": None,
-                        "to_status": status.value,
-                        "now": b.ts_in(now),
-                        "actor": actor,
-                        "detail": params["detail"],
-                    },
-                )
+                cur.execute(q.INSERT_TRANSITION, d.plan_audit(params))
                 return self._effect(row), True
         except Exception as exc:
-            if _is_unique_violation(exc):
+            if d.is_unique_violation(exc):
                 other = self._one(q.SELECT_EFFECT_BY_KEY, {"key": key})
                 if other is not None and other["effect_id"] == effect_id:
                     # The same tool call planned concurrently: on PostgreSQL ON CONFLICT
@@ -776,9 +654,7 @@ class Ledger:
     def _release_unsent_key(self, key: str, taker: str) -> bool:
         """Free ``key`` if its holder was never dispatched (dropped or rejected)."""
         with self.backend.statement() as cur:
-            cur.execute(
-                q.RELEASE_UNSENT_KEY, {"key": key, "released": f"{key}#released-to:{taker}"}
-            )
+            cur.execute(q.RELEASE_UNSENT_KEY, d.released_key(key, taker))
             return cur.fetchone() is not None
 
     _plan = transient_retry()(_plan_once)
@@ -805,16 +681,16 @@ class Ledger:
         Raises:
             IllegalTransitionError: An item's status is not an initial one.
         """
-        _check_initial(items)
+        d.check_initial(items)
         if not items:
             return []
         try:
             found = self._plan_many(thread_id, run_id, items, owner, actor, read_back=True)
         except Exception as exc:
-            if not (isinstance(exc, DuplicateIdempotencyKeyError) or _is_unique_violation(exc)):
+            if not (isinstance(exc, DuplicateIdempotencyKeyError) or d.is_unique_violation(exc)):
                 raise
             return self._plan_each(thread_id, run_id, items, owner, actor)
-        return _first_created_once(items, [found[item.tool_call_id] for item in items])
+        return d.first_created_once(items, [found[item.tool_call_id] for item in items])
 
     def record_many(
         self,
@@ -838,13 +714,13 @@ class Ledger:
         Raises:
             IllegalTransitionError: An item's status is not an initial one.
         """
-        _check_initial(items)
+        d.check_initial(items)
         if not items:
             return []
         try:
             self._plan_many(thread_id, run_id, items, owner, actor, read_back=False)
         except Exception as exc:
-            if not (isinstance(exc, DuplicateIdempotencyKeyError) or _is_unique_violation(exc)):
+            if not (isinstance(exc, DuplicateIdempotencyKeyError) or d.is_unique_violation(exc)):
                 raise
             entries = self._plan_each(thread_id, run_id, items, owner, actor)
             return [e if isinstance(e, DuplicateIdempotencyKeyError) else None for e in entries]
@@ -866,30 +742,14 @@ class Ledger:
                 continue
             try:
                 found[item.tool_call_id] = self._plan(
-                    **self._plan_fields(thread_id, run_id, item), owner=owner, actor=actor
+                    **d.plan_fields(thread_id, run_id, item), owner=owner, actor=actor
                 )
             except DuplicateIdempotencyKeyError as dup:
                 errors[item.tool_call_id] = dup
         out: list[tuple[EffectRecord, bool] | DuplicateIdempotencyKeyError] = []
         for item in items:
             out.append(errors.get(item.tool_call_id) or found[item.tool_call_id])
-        return _first_created_once(items, out)
-
-    def _plan_fields(self, thread_id: str, run_id: str, item: NewEffect) -> dict[str, Any]:
-        return {
-            "thread_id": thread_id,
-            "run_id": run_id,
-            "tool_call_id": item.tool_call_id,
-            "tool": item.tool,
-            "kind": effect_kind(item.kind),
-            "args": item.args,
-            "key": item.idempotency_key or derive_idempotency_key(thread_id, item.tool_call_id),
-            "seq": item.seq,
-            "status": item.status,
-            "result": item.result,
-            "error": item.error,
-            "detail": item.detail,
-        }
+        return d.first_created_once(items, out)
 
     @transient_retry()
     def _plan_many(
@@ -914,28 +774,10 @@ class Ledger:
             ((call_id, item),) = unique.items()
             return {
                 call_id: self._plan_once(
-                    **self._plan_fields(thread_id, run_id, item), owner=owner, actor=actor
+                    **d.plan_fields(thread_id, run_id, item), owner=owner, actor=actor
                 )
             }
-        rows = []
-        for item in unique.values():
-            f = self._plan_fields(thread_id, run_id, item)
-            rows.append(
-                {
-                    "effect_id": derive_effect_id(thread_id, item.tool_call_id),
-                    "tool_call_id": item.tool_call_id,
-                    "tool": f["tool"],
-                    "kind": f["kind"].value,
-                    "status": f["status"].value,
-                    "idempotency_key": f["key"],
-                    "args": f["args"],
-                    "seq": f["seq"],
-                    "result": f["result"],
-                    "error": f["error"],
-                    "settles": f["status"] not in UNSETTLED_STATUSES,
-                    "detail": f["detail"] or {},
-                }
-            )
+        rows = d.pg_plan_rows(thread_id, run_id, unique)
         params = {
             # One JSON document, not an array per column: psycopg quotes every array
             # element in Python, which cost more than the server's insert.
@@ -989,55 +831,21 @@ class Ledger:
                     list(ids.values()),
                 )
             }
-            rows: list[dict[str, Any]] = []
-            audits: list[dict[str, Any]] = []
+            new: dict[str, NewEffect] = {}
             for call_id, item in unique.items():
-                if ids[call_id] in known:
-                    if read_back:
-                        found[call_id] = (self._effect(known[ids[call_id]]), False)
-                    continue
-                f = self._plan_fields(thread_id, run_id, item)
-                status: EffectStatus = f["status"]
-                rows.append(
-                    {
-                        "effect_id": ids[call_id],
-                        "thread_id": thread_id,
-                        "run_id": run_id,
-                        "tool_call_id": call_id,
-                        "tool": f["tool"],
-                        "kind": f["kind"].value,
-                        "status": status.value,
-                        "idempotency_key": f["key"],
-                        "args": b.json_in(f["args"]),
-                        "seq": f["seq"],
-                        "result": b.json_in(f["result"]),
-                        "error": f["error"],
-                        "owner": owner,
-                        "next_action": None,
-                        "approval": None,
-                        "token": None,
-                        "now": now,
-                        "dispatched_at": None,
-                        "settled_at": now if status not in UNSETTLED_STATUSES else None,
-                    }
-                )
-                audits.append(
-                    {
-                        "effect_id": ids[call_id],
-                        "from_status": None,
-                        "to_status": status.value,
-                        "now": now,
-                        "actor": actor,
-                        "detail": b.json_in(f["detail"] or {}),
-                    }
-                )
+                if ids[call_id] not in known:
+                    new[call_id] = item
+                elif read_back:
+                    found[call_id] = (self._effect(known[ids[call_id]]), False)
+            rows, audits = d.sqlite_plan_rows(
+                thread_id, run_id, new, ids, owner=owner, actor=actor, now=now, codec=b
+            )
             if rows:
                 cur.executemany(q.INSERT_EFFECT_ROW, rows)
                 cur.executemany(q.INSERT_TRANSITION, audits)
         if read_back:
             for row in rows:
-                record = self._effect({**row, "version": 1, "created_at": now, "updated_at": now})
-                found[row["tool_call_id"]] = (record, True)
+                found[row["tool_call_id"]] = (d.inserted_record(row, now, b), True)
         return found
 
     @transient_retry()
@@ -1112,7 +920,7 @@ class Ledger:
             args=args,
             require_active_run=require_active_run,
         )
-        allowed, guard = _checked(req)
+        allowed, guard = d.checked(req)
         return self._transition(req, allowed, guard, uuid.uuid4().hex)
 
     def transition_many(
@@ -1129,7 +937,7 @@ class Ledger:
             IllegalTransitionError: A request the state machine forbids outright.
             ValueError: The same effect twice in one call.
         """
-        checked = [_checked(r) for r in requests]
+        checked = [d.checked(r) for r in requests]
         if len({r.effect_id for r in requests}) != len(requests):
             raise ValueError("transition_many: one request per effect")
         if not requests:
@@ -1193,29 +1001,7 @@ class Ledger:
             with b.statement() as cur:
                 cur.execute(*self._pg_cas(req, allowed, guard, token, utcnow()))
                 return [cur.fetchone()]
-        rows = [
-            {
-                "n": n,
-                "effect_id": req.effect_id,
-                "to": req.to.value,
-                "token": token,
-                "allowed": sorted(s.value for s in allowed),
-                "guard": guard,
-                "set_result": req.result is not ...,
-                "result": None if req.result is ... else req.result,
-                "set_error": req.error is not ...,
-                "error": None if req.error is ... else req.error,
-                "owner": req.owner,
-                "set_next_action": req.next_action is not ...,
-                "next_action": None if req.next_action is ... else req.next_action,
-                "approval": req.approval,
-                "args": req.args,
-                "settles": req.to in _SETTLING,
-                "actor": req.actor,
-                "detail": req.detail or {},
-            }
-            for n, (req, (allowed, guard), token) in enumerate(jobs)
-        ]
+        rows = d.pg_transition_rows(jobs)
         moved: list[dict[str, Any] | None] = [None] * len(jobs)
         with b.statement() as cur:
             cur.execute(
@@ -1239,35 +1025,9 @@ class Ledger:
         now: datetime,
     ) -> tuple[str, dict[str, Any]]:
         """PostgreSQL's compare-and-set with its audit row: one statement and its parameters."""
-        b = self.backend
-        names = sorted(s.value for s in allowed)
-        params: dict[str, Any] = {f"s{i}": v for i, v in enumerate(names)}
-        statuses = ", ".join(f"%(s{i})s" for i in range(len(names))) or "NULL"
-        params.update(self._cas_params(req, token, now))
-        params.update({"actor": req.actor, "detail": b.json_in(req.detail or {})})
-        sql = q.PG_TRANSITION_EFFECT.format(
-            statuses=statuses, guard=q.RUN_ACTIVE_GUARD if guard else ""
+        return d.cas_statement(
+            q.PG_TRANSITION_EFFECT, req, allowed, guard, token, now, self.backend
         )
-        return sql, params
-
-    def _cas_params(self, req: TransitionRequest, token: str, now: datetime) -> dict[str, Any]:
-        b = self.backend
-        return {
-            "effect_id": req.effect_id,
-            "to": req.to.value,
-            "token": token,
-            "now": b.ts_in(now),
-            "set_result": 0 if req.result is ... else 1,
-            "result": None if req.result is ... else b.json_in(req.result),
-            "set_error": 0 if req.error is ... else 1,
-            "error": None if req.error is ... else req.error,
-            "owner": req.owner,
-            "set_next_action": 0 if req.next_action is ... else 1,
-            "next_action": None if req.next_action is ... else req.next_action,
-            "approval": b.json_in(req.approval),
-            "args": b.json_in(req.args),
-            "settles": 1 if req.to in _SETTLING else 0,
-        }
 
     def _transition_once(
         self,
@@ -1290,19 +1050,13 @@ class Ledger:
             if before is None:
                 raise UnknownEffectError(f"no effect {effect_id!r} in the ledger")
             return self._lost_transition(before, req.to, allowed, guard, token)
-        names = sorted(s.value for s in allowed)
-        params: dict[str, Any] = {f"s{i}": v for i, v in enumerate(names)}
-        statuses = ", ".join(f"%(s{i})s" for i in range(len(names))) or "NULL"
-        params.update(self._cas_params(req, token, now))
-        params.update({"actor": req.actor, "detail": b.json_in(req.detail or {})})
-        guard_sql = q.RUN_ACTIVE_GUARD if guard else ""
+        audit, params = d.cas_statement(
+            q.SQLITE_AUDIT_TRANSITION, req, allowed, guard, token, now, b
+        )
+        update, _ = d.cas_statement(q.SQLITE_TRANSITION_EFFECT, req, allowed, guard, token, now, b)
         with b.transaction() as cur:
-            cur.execute(
-                q.SQLITE_AUDIT_TRANSITION.format(statuses=statuses, guard=guard_sql), params
-            )
-            cur.execute(
-                q.SQLITE_TRANSITION_EFFECT.format(statuses=statuses, guard=guard_sql), params
-            )
+            cur.execute(audit, params)
+            cur.execute(update, params)
             row = cur.fetchone()
             if row is not None:
                 return self._effect(row)
@@ -1323,18 +1077,12 @@ class Ledger:
         token: str,
     ) -> EffectRecord:
         """The compare-and-set did not apply: our own retry, a refusal, or a conflict."""
-        effect_id = before["effect_id"]
         current = self._effect(before)
-        if current.status is target and before["last_token"] == token:
-            return current  # our own earlier attempt committed; the ack was lost
-        if guard and current.status in allowed:
-            run = self.get_run(current.run_id)
-            raise DispatchRefusedError(effect_id, f"run {run.run_id} is {run.status.value}")
-        if current.status in _PREDECESSORS[target]:
-            raise TransitionConflictError(
-                effect_id, current.status.value, target.value, "moved by another writer"
-            )
-        raise IllegalTransitionError(effect_id, current.status.value, target.value)
+        verdict = d.lost_transition(current, before["last_token"], target, allowed, guard, token)
+        if verdict is d.LostCas.OWN_WRITE:
+            return current
+        run = self.get_run(current.run_id)
+        raise DispatchRefusedError(current.effect_id, f"run {run.run_id} is {run.status.value}")
 
     @transient_retry()
     def get_effect(self, effect_id: str) -> EffectRecord:
@@ -1358,8 +1106,9 @@ class Ledger:
     def find_moved(self, thread_id: str, tool_call_id: str) -> list[EffectRecord]:
         """Effects of calls that came under ``tool_call_id`` once it named another call's
         record, each recorded as ``<tool_call_id>~<digest>`` (oldest first)."""
-        escaped = tool_call_id.replace("!", "!!").replace("%", "!%").replace("_", "!_")
-        rows = self._all(q.SELECT_MOVED_EFFECTS, {"thread_id": thread_id, "prefix": f"{escaped}~%"})
+        rows = self._all(
+            q.SELECT_MOVED_EFFECTS, {"thread_id": thread_id, "prefix": d.moved_prefix(tool_call_id)}
+        )
         # SQLite's LIKE ignores ASCII case: keep exact matches only.
         prefix = f"{tool_call_id}~"
         return [self._effect(r) for r in rows if r["tool_call_id"].startswith(prefix)]
@@ -1399,62 +1148,89 @@ class Ledger:
     @transient_retry()
     def history(self, effect_id: str) -> list[TransitionRecord]:
         """The audit trail of an effect, oldest first."""
-        b = self.backend
-        return [
-            TransitionRecord(
-                effect_id=r["effect_id"],
-                from_status=None if r["from_status"] is None else effect_status(r["from_status"]),
-                to_status=effect_status(r["to_status"]),
-                at=_required(b.ts_out(r["at"])),
-                actor=r["actor"],
-                detail=b.json_out(r["detail"]) or {},
-            )
-            for r in self._all(q.SELECT_TRANSITIONS, {"effect_id": effect_id})
-        ]
+        rows = self._all(q.SELECT_TRANSITIONS, {"effect_id": effect_id})
+        return [d.transition_record(r, self.backend) for r in rows]
 
     # --------------------------------------------------------------- leases
     @transient_retry()
     def acquire_lease(self, thread_id: str, owner: str, *, ttl: float = 30.0) -> LeaseRecord:
         """Claim a thread for ``owner`` (re-entrant for the same owner).
 
+        A live lease whose holder is a process of this host that no longer runs (see
+        ``langgraph_cancel.ledger.workers``) is taken over at once, and the takeover
+        is written to the leases' audit trail (``lease_takeovers``).
+
         Raises:
             ThreadBusyError: Another owner holds a live lease.
         """
         b = self.backend
-        now = utcnow()
+        params = d.lease_params(thread_id, owner, utcnow(), ttl, b)
         with b.statement() as cur:
-            cur.execute(
-                q.ACQUIRE_LEASE,
-                {
-                    "thread_id": thread_id,
-                    "owner": owner,
-                    "now": b.ts_in(now),
-                    "expires_at": b.ts_in(now + timedelta(seconds=ttl)),
-                },
-            )
+            cur.execute(q.ACQUIRE_LEASE, params)
             row = cur.fetchone()
-            if row is None:
+            if row is not None:
+                return self._lease(row)
+            cur.execute(q.SELECT_LEASE, {"thread_id": thread_id})
+            held = cur.fetchone()
+            if held is None:  # released between our insert and our look
+                cur.execute(q.ACQUIRE_LEASE, params)
+                taken = cur.fetchone()
+                if taken is not None:
+                    return self._lease(taken)
                 cur.execute(q.SELECT_LEASE, {"thread_id": thread_id})
                 held = cur.fetchone()
-                if held is None:  # released between our insert and our look
-                    cur.execute(
-                        q.ACQUIRE_LEASE,
-                        {
-                            "thread_id": thread_id,
-                            "owner": owner,
-                            "now": b.ts_in(now),
-                            "expires_at": b.ts_in(now + timedelta(seconds=ttl)),
-                        },
-                    )
-                    taken = cur.fetchone()
-                    if taken is not None:
-                        return self._lease(taken)
-                    cur.execute(q.SELECT_LEASE, {"thread_id": thread_id})
-                    held = cur.fetchone()
-                    assert held is not None
-                lease = self._lease(held)
-                raise ThreadBusyError(thread_id, lease.owner, lease.expires_at.isoformat())
-            return self._lease(row)
+                assert held is not None
+        lease = self._lease(held)
+        if holder_is_gone(lease.owner):
+            took = self._take_over_lease(lease, owner, ttl, LeaseTakeoverCause.HOLDER_GONE)
+            if took is not None:
+                return took
+            return self.acquire_lease(thread_id, owner, ttl=ttl)  # someone else was first
+        raise ThreadBusyError(thread_id, lease.owner, lease.expires_at.isoformat())
+
+    def _take_over_lease(
+        self, held: LeaseRecord, owner: str, ttl: float, cause: LeaseTakeoverCause
+    ) -> LeaseRecord | None:
+        """Take ``held`` for ``owner`` if its holder still has it, with the audit row."""
+        b = self.backend
+        now = utcnow()
+        params = d.lease_params(held.thread_id, owner, now, ttl, b)
+        with b.transaction() as cur:
+            cur.execute(q.TAKE_OVER_LEASE, {**params, "previous_owner": held.owner})
+            row = cur.fetchone()
+            if row is None:
+                return None
+            cur.execute(
+                q.INSERT_LEASE_TAKEOVER,
+                {**params, "previous_owner": held.owner, "cause": cause.value},
+            )
+        logger.info(
+            "took over the lease on thread %s from %s (%s)", held.thread_id, held.owner, cause.value
+        )
+        return self._lease(row)
+
+    @transient_retry()
+    def break_lease(self, thread_id: str, owner: str, *, ttl: float = 30.0) -> LeaseRecord | None:
+        """Take the thread's lease for ``owner`` whoever holds it (``resume --force``).
+
+        Returns:
+            The lease taken, or None when nobody held one (then nothing was written).
+        """
+        held = self.lease(thread_id)
+        if held is None or held.owner == owner:
+            return None
+        return self._take_over_lease(held, owner, ttl, LeaseTakeoverCause.FORCED)
+
+    @transient_retry()
+    def lease_takeovers(self, thread_id: str) -> list[LeaseTakeover]:
+        """The leases' audit trail for a thread: who took it from whom, why, when."""
+        rows = self._all(q.SELECT_LEASE_TAKEOVERS, {"thread_id": thread_id})
+        return [d.lease_takeover_record(r, self.backend) for r in rows]
+
+    @transient_retry()
+    def leases(self) -> list[LeaseRecord]:
+        """Every lease, live or expired."""
+        return [self._lease(r) for r in self._all(q.SELECT_LEASES, {})]
 
     @transient_retry()
     def heartbeat(self, thread_id: str, owner: str, *, ttl: float = 30.0) -> bool:
@@ -1534,99 +1310,13 @@ class Ledger:
     aadd_tokens_after_cancel = _to_thread(add_tokens_after_cancel)
 
 
-def _cancel_answer(
-    run: RunRecord, *, accepted: bool, first: bool, message: str
-) -> CancelRequestResult:
-    return CancelRequestResult(
-        thread_id=run.thread_id,
-        run_id=run.run_id,
-        accepted=accepted,
-        first=first,
-        status=run.status,
-        reason=run.reason,
-        message=message,
-    )
-
-
-def _checked(req: TransitionRequest) -> tuple[frozenset[EffectStatus], bool]:
-    """The statuses a transition may start from, and whether the run guard applies.
-
-    Raises:
-        IllegalTransitionError: The state machine forbids the move outright.
-    """
-    target = req.to
-    legal = _PREDECESSORS[target]
-    # A repeat dispatch (dispatched -> dispatched) must be asked for explicitly, or two
-    # workers dispatching the same effect would both win the compare-and-set.
-    default = legal - {target} if target is EffectStatus.DISPATCHED else legal
-    allowed = default if req.expected is None else req.expected
-    illegal = allowed - legal
-    if illegal:
-        raise IllegalTransitionError(
-            req.effect_id, ",".join(sorted(s.value for s in illegal)), target.value
-        )
-    if target is EffectStatus.UNKNOWN and (req.owner is None or req.next_action in (None, ...)):
-        raise IllegalTransitionError(
-            req.effect_id, "?", target.value, "unknown needs an owner and a next_action"
-        )
-    guard = (
-        req.require_active_run
-        if req.require_active_run is not None
-        else target is EffectStatus.DISPATCHED
-    )
-    return allowed, guard
-
-
-# SQLite binds at most 32766 parameters per statement (fewer before 3.32).
-_IN_CHUNK = 500
-
-
 def _select_in(cur: Cursor, template: str, ids: list[str]) -> list[dict[str, Any]]:
     """SQLite: the rows of ``template`` (an ``IN ({ids})`` query) for many ids."""
     rows: list[dict[str, Any]] = []
-    for start in range(0, len(ids), _IN_CHUNK):
-        chunk = ids[start : start + _IN_CHUNK]
-        params = {f"i{n}": effect_id for n, effect_id in enumerate(chunk)}
-        cur.execute(template.format(ids=", ".join(f"%({k})s" for k in params)), params)
+    for sql, params in d.in_chunks(template, ids):
+        cur.execute(sql, params)
         rows.extend(cur.fetchall())
     return rows
-
-
-def _check_initial(items: Sequence[NewEffect]) -> None:
-    for item in items:
-        if item.status not in _INITIAL_STATUSES:
-            raise IllegalTransitionError(
-                item.tool_call_id, "(new)", item.status.value, "not an initial status"
-            )
-
-
-def _first_created_once(
-    items: Sequence[NewEffect],
-    out: list[tuple[EffectRecord, bool] | DuplicateIdempotencyKeyError],
-) -> list[tuple[EffectRecord, bool] | DuplicateIdempotencyKeyError]:
-    """A tool-call id repeated in one batch is created once: later slots say ``False``."""
-    seen: set[str] = set()
-    for n, (item, entry) in enumerate(zip(items, out, strict=True)):
-        if item.tool_call_id in seen and isinstance(entry, tuple):
-            out[n] = (entry[0], False)
-        seen.add(item.tool_call_id)
-    return out
-
-
-def _required(value: datetime | None) -> datetime:
-    if value is None:  # the schema says NOT NULL; a NULL here is a corrupt row
-        raise ValueError("missing timestamp in a ledger row")
-    return value
-
-
-def _is_unique_violation(exc: BaseException) -> bool:
-    if isinstance(exc, sqlite3.IntegrityError):
-        return "UNIQUE" in str(exc).upper()
-    try:
-        from psycopg import errors as pge
-    except ImportError:  # pragma: no cover
-        return False
-    return isinstance(exc, pge.UniqueViolation)
 
 
 __all__ = ["Ledger", "default_owner", "derive_effect_id", "derive_idempotency_key"]
