@@ -122,6 +122,19 @@ def _db_bytes(url: str) -> int:
     return int(row[0]) if row else 0
 
 
+def _commits_and_wal(url: str) -> tuple[int, int]:
+    """Transactions committed in the database so far, and the server's WAL position."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("SELECT pg_stat_force_next_flush()")
+        row = conn.execute(
+            "SELECT xact_commit, pg_current_wal_lsn() - '0/0'::pg_lsn"
+            " FROM pg_stat_database WHERE datname = current_database()"
+        ).fetchone()
+    return (int(row[0]), int(row[1])) if row else (0, 0)
+
+
 def _ledger_rows(url: str) -> dict[str, int]:
     import psycopg
 
@@ -180,6 +193,7 @@ def measure(variant: str, workers: int, runs: int, dsn: str) -> dict[str, Any]:
             time.sleep(0.05)
         bytes_before = _db_bytes(url)
         rows_before = _ledger_rows(url)
+        commits_before, wal_before = _commits_and_wal(url)
         samples: list[dict[str, int]] = []
         stop = threading.Event()
         sampler = threading.Thread(target=_sample, args=(url, stop, samples), daemon=True)
@@ -190,6 +204,8 @@ def measure(variant: str, workers: int, runs: int, dsn: str) -> dict[str, Any]:
         stop.set()
         sampler.join(5)
         done = [json.loads(Path(r).read_text()) for r in results]
+        time.sleep(1.0)  # idle backends report their transaction counts within a second
+        commits_after, wal_after = _commits_and_wal(url)
         bytes_after = _db_bytes(url)
         rows_after = _ledger_rows(url)
     wall = max(d["ended"] for d in done) - min(d["started"] for d in done)
@@ -208,6 +224,8 @@ def measure(variant: str, workers: int, runs: int, dsn: str) -> dict[str, Any]:
         "wall_s": rnd(wall),
         "runs_per_s": rnd(total / wall, 2),
         "calls_per_s": rnd(total * CALLS / wall, 1),
+        "commits_per_run": rnd((commits_after - commits_before) / total, 1),
+        "wal_bytes_per_run": rnd((wal_after - wal_before) / total, 0),
         "worker_cpu_s": rnd(cpu),
         "worker_cpu_share_of_wall": rnd(cpu / (wall * workers), 3),
         "mean_lock_waits": mean("lock_waits"),
@@ -289,9 +307,9 @@ def table(result: dict[str, Any]) -> str:
     cells = {(c["variant"], c["workers"]): c for c in result["cells"]}
     lines = [
         "| workers | plain runs/s | ours runs/s | plain calls/s | ours calls/s | slower | "
-        "ledger rows/run | GB per 10^5 runs (ours / plain) | lock waits (mean, max) | "
-        "worker CPU / wall |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "ledger rows/run | GB per 10^5 runs (ours / plain) | commits/run (ours / plain) | "
+        "WAL kB/run (ours / plain) | lock waits (mean, max) | worker CPU / wall (ours / plain) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in result["rows"]:
         plain, ours = cells[("plain", row["workers"])], cells[("effect", row["workers"])]
@@ -300,7 +318,11 @@ def table(result: dict[str, Any]) -> str:
             f"{row['plain_calls_per_s']} | {row['effect_calls_per_s']} | "
             f"{row['slower_pct']} % {'PASS' if row['within_target'] else 'MISS'} | "
             f"{ours['ledger_rows_per_run']} | {ours['gb_per_100k_runs']} / "
-            f"{plain['gb_per_100k_runs']} | {ours['mean_lock_waits']}, {ours['max_lock_waits']} | "
+            f"{plain['gb_per_100k_runs']} | "
+            f"{ours['commits_per_run']} / {plain['commits_per_run']} | "
+            f"{rnd(ours['wal_bytes_per_run'] / 1024, 1)} / "
+            f"{rnd(plain['wal_bytes_per_run'] / 1024, 1)} | "
+            f"{ours['mean_lock_waits']}, {ours['max_lock_waits']} | "
             f"{ours['worker_cpu_share_of_wall']} / {plain['worker_cpu_share_of_wall']} |"
         )
     return "\n".join(lines)
