@@ -873,3 +873,55 @@ def test_sweep_command_settles_a_killed_workers_refund_and_names_the_next_step(
     assert_no_double_execution(truth)
     assert len(truth["refunds"]) == 1, truth["refunds"]
     assert_settled(world.ledger(), world.thread_id)
+
+
+@pytest.mark.slow
+def test_sweepers_retry_a_failed_compensation_once(sqlite_world: World) -> None:
+    """A compensation that failed (the provider was down) is tried again by the sweeper
+    once it is due: two sweepers racing undo the order update once; a later pass, and a
+    pass before it is due, do nothing."""
+    import threading
+
+    from langgraph_cancel import compensate
+    from langgraph_cancel.demo import tools as refund_tools
+    from langgraph_cancel.sweeper import SweepActionKind, Sweeper, SweepSummary
+
+    world = sqlite_world
+    assert world.start("first", "run").ok()["run_status"] == "completed"
+    refund_tools.set_providers_path(world.providers_path)
+    try:
+        tools = {t.name: t for t in refund_tools.TOOLS}
+        world.providers().set_fault("restore_order", "fail_before")
+        undone = compensate(world.db_url, world.thread_id, tools=tools)
+        failed = [e for e in undone if e.status is EffectStatus.COMPENSATION_FAILED]
+        assert [e.tool for e in failed] == ["update_order"], undone
+
+        not_due = Sweeper(world.ledger(), tools=tools, owner="sweeper-early").sweep_once()
+        assert not_due.count(SweepActionKind.COMPENSATED) == 0, not_due
+
+        world.providers().set_fault("restore_order", "none")
+        summaries: list[SweepSummary] = []
+        sweepers = [
+            Sweeper(world.ledger(), tools=tools, owner=f"sweeper-{n}", compensation_retry_after=0.0)
+            for n in ("a", "b")
+        ]
+        racing = [
+            threading.Thread(target=lambda s=s: summaries.append(s.sweep_once())) for s in sweepers
+        ]
+        for thread in racing:
+            thread.start()
+        for thread in racing:
+            thread.join(60)
+        later = sweepers[1].sweep_once()
+    finally:
+        refund_tools.set_providers_path(None)
+
+    assert sum(s.count(SweepActionKind.COMPENSATED) for s in summaries) == 1, summaries
+    assert later.count(SweepActionKind.COMPENSATED) == 0, later
+    update = effect_of(world.ledger(), world.thread_id, "update_order")
+    assert update.status is EffectStatus.COMPENSATED, update
+    truth = world.providers().truth()
+    assert_no_double_execution(truth)
+    restores = [k for k, v in truth["keys"].items() if v["operation"] == "restore_order"]
+    assert restores == [compensation_key(update.idempotency_key)], truth["keys"]
+    assert truth["keys"][restores[0]]["executions"] == 1
