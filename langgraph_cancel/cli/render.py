@@ -195,7 +195,15 @@ def render_report(out: Console, report: CancellationReport) -> None:
         for effect in items:
             line(out, (call_label(effect.tool, effect.args), "bold"), indent=2, hang=4)
             line(out, f"{effect.kind}, key {effect.idempotency_key}", indent=DETAIL)
-            line(out, _report_note(bucket, effect, report.thread_id), indent=DETAIL)
+            if effect.child_run_id is not None:
+                line(
+                    out,
+                    f"by sub-agent run {effect.child_run_id} "
+                    f"(thread {effect.child_thread_id})",
+                    indent=DETAIL,
+                )
+            thread = effect.child_thread_id or report.thread_id
+            line(out, _report_note(bucket, effect, thread), indent=DETAIL)
     out.print()
     line(out, ("Run and timings", "bold"))
     late = report.dispatched_after_cancel
