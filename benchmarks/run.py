@@ -42,7 +42,17 @@ from benchmarks.common import (
 )
 
 ROOT = Path(__file__).resolve().parent.parent
-SECTIONS = ("floor", "overhead", "server", "profile", "latency", "scale", "recovery", "cli_startup")
+SECTIONS = (
+    "floor",
+    "overhead",
+    "server",
+    "profile",
+    "latency",
+    "scale",
+    "recovery",
+    "cli_startup",
+    "throughput",
+)
 
 # The targets.
 RO_MAX_US = 100.0
@@ -841,6 +851,11 @@ def print_tables(res: dict[str, Any]) -> None:
     from benchmarks.cli_startup import print_table as cli_table
 
     cli_table(con, res)
+    if "throughput" in res:
+        from benchmarks.throughput import table as throughput_table
+
+        con.print("[b]Throughput (PostgreSQL, fsync on)[/b]")
+        con.print(throughput_table(res["throughput"]))
     t = Table(title="Targets")
     for col in ("target", "measured", "status", "detail"):
         t.add_column(col)
@@ -884,6 +899,7 @@ def main(argv: list[str] | None = None) -> int:
         recovery,
         scale,
         server,
+        throughput,
     )
 
     modules = {
@@ -895,6 +911,7 @@ def main(argv: list[str] | None = None) -> int:
         "latency": latency,
         "scale": scale,
         "recovery": recovery,
+        "throughput": throughput,
     }
     try:
         for name in SECTIONS:

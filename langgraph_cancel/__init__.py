@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from langgraph_cancel.nodes import ApprovalGate, EffectToolNode
     from langgraph_cancel.report import CancellationReport
     from langgraph_cancel.runtime import is_cancelled
+    from langgraph_cancel.sweeper import Sweeper, SweepSummary, sweep
     from langgraph_cancel.types import CancelPolicy, EffectKind, EffectStatus, RunStatus
 
 __version__ = "0.1.0"
@@ -76,6 +77,9 @@ _EXPORTS: dict[str, str] = {
     "EffectToolNode": "langgraph_cancel.nodes",
     "CancellationReport": "langgraph_cancel.report",
     "is_cancelled": "langgraph_cancel.runtime",
+    "Sweeper": "langgraph_cancel.sweeper",
+    "SweepSummary": "langgraph_cancel.sweeper",
+    "sweep": "langgraph_cancel.sweeper",
     "CancelPolicy": "langgraph_cancel.types",
     "EffectKind": "langgraph_cancel.types",
     "EffectStatus": "langgraph_cancel.types",
@@ -118,6 +122,8 @@ __all__ = [
     "Outcome",
     "Prices",
     "RunStatus",
+    "SweepSummary",
+    "Sweeper",
     "ThreadBusy",
     "ThreadBusyError",
     "UnknownThreadError",
@@ -132,4 +138,5 @@ __all__ = [
     "idempotency_key",
     "is_cancelled",
     "request_cancel",
+    "sweep",
 ]

@@ -189,6 +189,22 @@ class ThreadBusyError(LangGraphCancelError):
 ThreadBusy = ThreadBusyError
 
 
+class FollowTimeoutError(LangGraphCancelError, TimeoutError):
+    """A run followed from the ledger did not end within the time given.
+
+    The stop request stays in place: the run may still end on its own.
+
+    Attributes:
+        run_id: The run that was followed.
+        timeout: The seconds waited.
+    """
+
+    def __init__(self, run_id: str, timeout: float) -> None:
+        self.run_id = run_id
+        self.timeout = timeout
+        super().__init__(f"run {run_id} did not end within {timeout:g}s")
+
+
 class MalformedToolCallError(LangGraphCancelError):
     """A tool call that cannot be dispatched: unknown tool or arguments off schema."""
 
@@ -241,6 +257,7 @@ __all__ = [
     "DurabilityError",
     "EffectConflictError",
     "EffectDeclarationError",
+    "FollowTimeoutError",
     "HookError",
     "IllegalTransitionError",
     "InvalidDecisionError",

@@ -140,9 +140,29 @@ class EffectMiddleware(AgentMiddleware[CancelAgentState, Any, Any]):
             scope.enforce(LimitGuard(self.limits, scope.ledger, scope.run))
         return scope
 
+    @staticmethod
+    def _has_thread() -> bool:
+        """Whether the run has a thread. Without one each hook's scope would be a
+        ledger of its own, in memory, that nothing else sees: the hooks have nothing
+        to start, check or close (the tool calls are still guarded, as ``ToolNode``
+        runs without a thread), and they do no work, not even on an event loop's
+        thread that a sync ``invoke`` inside async code blocks."""
+        return bool((get_config().get("configurable") or {}).get("thread_id"))
+
+    def _run_hook(
+        self,
+        hook: Callable[[CancelAgentState, Runtime[Any]], dict[str, Any] | None],
+        state: CancelAgentState,
+        runtime: Runtime[Any],
+    ) -> dict[str, Any] | None:
+        """``hook`` off an event loop's thread; nothing without a thread."""
+        if not self._has_thread():
+            return None
+        return off_the_loop(hook, state, runtime)
+
     def before_agent(self, state: CancelAgentState, runtime: Runtime[Any]) -> dict[str, Any] | None:
         """Start the thread's run; first close an earlier one new input cut short."""
-        return off_the_loop(self._before_agent, state, runtime)
+        return self._run_hook(self._before_agent, state, runtime)
 
     def _before_agent(
         self, state: CancelAgentState, runtime: Runtime[Any]
@@ -178,12 +198,14 @@ class EffectMiddleware(AgentMiddleware[CancelAgentState, Any, Any]):
         self, state: CancelAgentState, runtime: Runtime[Any]
     ) -> dict[str, Any] | None:
         """Async ``before_agent``."""
+        if not self._has_thread():
+            return None
         return await _off_loop(self._before_agent, state, runtime)
 
     @hook_config(can_jump_to=["end"])
     def before_model(self, state: CancelAgentState, runtime: Runtime[Any]) -> dict[str, Any] | None:
         """The step-boundary check: once cancel is requested, finish the cancel and end."""
-        return off_the_loop(self._before_model, state, runtime)
+        return self._run_hook(self._before_model, state, runtime)
 
     def _before_model(
         self, state: CancelAgentState, runtime: Runtime[Any]
@@ -209,6 +231,8 @@ class EffectMiddleware(AgentMiddleware[CancelAgentState, Any, Any]):
         self, state: CancelAgentState, runtime: Runtime[Any]
     ) -> dict[str, Any] | None:
         """Async ``before_model``."""
+        if not self._has_thread():
+            return None
         return await _off_loop(self._before_model, state, runtime)
 
     def wrap_model_call(self, request: ModelRequest[Any], handler: Callable[..., Any]) -> Any:
@@ -235,7 +259,7 @@ class EffectMiddleware(AgentMiddleware[CancelAgentState, Any, Any]):
 
     def after_agent(self, state: CancelAgentState, runtime: Runtime[Any]) -> dict[str, Any] | None:
         """Close the run when the agent finished without a cancel."""
-        return off_the_loop(self._after_agent, state, runtime)
+        return self._run_hook(self._after_agent, state, runtime)
 
     def _after_agent(self, state: CancelAgentState, runtime: Runtime[Any]) -> dict[str, Any] | None:
         """Close the run when the agent finished without a cancel."""
@@ -252,6 +276,8 @@ class EffectMiddleware(AgentMiddleware[CancelAgentState, Any, Any]):
         self, state: CancelAgentState, runtime: Runtime[Any]
     ) -> dict[str, Any] | None:
         """Async ``after_agent``."""
+        if not self._has_thread():
+            return None
         return await _off_loop(self._after_agent, state, runtime)
 
     # --------------------------------------------------------- tool calls

@@ -96,6 +96,17 @@ def seconds(text: str) -> float:
     return value
 
 
+def positive_int(text: str) -> int:
+    """A whole number, one or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"wants a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"wants a number >= 1, got {text!r}")
+    return value
+
+
 def database(text: str) -> DatabaseURL:
     """A ``--db`` value, parsed (see :mod:`langgraph_cancel.urls`)."""
     try:
@@ -417,6 +428,40 @@ def build_parser() -> Parser:
         action="store_true",
         help="every thread that needs it, after reaping the leases of dead workers",
     )
+    sweep = command(
+        "sweep",
+        "sweep:run",
+        [db, as_json, graph],
+        help="settle what dead workers left, across all threads (once, or --watch)",
+        description="Reap expired and dead leases, finish stops whose worker died, reconcile "
+        "in-flight and unknown effects through the tools' hooks and retry failed "
+        "compensations, a bounded pass at a time. Safe to run on several machines at once.",
+    )
+    sweep.add_argument(
+        "--watch", action="store_true", help="sweep again every --interval seconds until Ctrl-C"
+    )
+    sweep.add_argument(
+        "--interval",
+        type=seconds,
+        default=10.0,
+        metavar="S",
+        help="seconds between passes with --watch (default: 10)",
+    )
+    sweep.add_argument(
+        "--max-threads",
+        type=positive_int,
+        default=100,
+        metavar="N",
+        help="work on at most N threads per pass (default: 100)",
+    )
+    sweep.add_argument(
+        "--cancel-grace",
+        type=seconds,
+        default=30.0,
+        metavar="S",
+        help="finish a stop nobody holds once it is S seconds old, even when its worker "
+        "cannot be known dead (another host); at once when it can (default: 30)",
+    )
     _add_stats(command, [db, as_json])
     completion = command(
         "completion",
@@ -444,6 +489,7 @@ __all__ = [
     "graph_spec",
     "json_value",
     "non_empty",
+    "positive_int",
     "seconds",
     "since",
     "thread_id",

@@ -61,7 +61,9 @@ from langgraph_cancel.execution.answers import (
 )
 from langgraph_cancel.execution.identity import (
     as_tool_call,
+    call_turn,
     ensure_same_call,
+    history_of,
     own_record_steps,
     recorded_call,
     reused_call_id,
@@ -205,7 +207,8 @@ def intercept(request: ToolCallRequest, ctx: CallContext) -> Protocol[Any]:
         return (yield from _unguarded(request, ctx, call, EffectKind.IRREVERSIBLE))
     spec = spec_of(tool)
     index = ctx.batch.index_of(call)
-    classified = classify(index, call, tool, spec, ctx.scope.thread_id)
+    turn = call_turn(history_of(request.state), str(call["id"]))
+    classified = classify(index, call, tool, spec, ctx.scope.thread_id, turn=turn)
     if isinstance(classified, Malformed):
         return (yield from _malformed(request, ctx, call, tool, spec, classified))
     plan, rec = yield from ctx.batch.lookup(classified)
@@ -255,7 +258,13 @@ def _malformed(
         answer = yield Dispatch(with_argument_check(request, tool))
     except ArgumentsAccepted:
         plan = classify(
-            ctx.batch.index_of(call), call, tool, spec, ctx.scope.thread_id, check=False
+            ctx.batch.index_of(call),
+            call,
+            tool,
+            spec,
+            ctx.scope.thread_id,
+            check=False,
+            turn=call_turn(history_of(request.state), str(call["id"])),
         )
         assert isinstance(plan, CallPlan)
         found, rec = yield from ctx.batch.lookup(plan)
@@ -913,7 +922,9 @@ def _duplicate_key(
 
 def moved_plan(ctx: CallContext, plan: CallPlan) -> Protocol[tuple[CallPlan, EffectRecord | None]]:
     """The call under the id of its own record (its tool-call id names another call's)."""
-    own, found = yield from own_record_steps(ctx.scope.thread_id, plan.call, moved=True)
+    own, found = yield from own_record_steps(
+        ctx.scope.thread_id, plan.call, moved=True, base_id=plan.base_id
+    )
     return plan.under_own_id(ctx.scope.thread_id, own), found
 
 

@@ -70,7 +70,12 @@ from langgraph_cancel.errors import (
     InvalidDecisionError,
 )
 from langgraph_cancel.execution.drive import drive_ledger
-from langgraph_cancel.execution.identity import find_own_record, is_same_call
+from langgraph_cancel.execution.identity import (
+    call_turn,
+    find_own_record,
+    is_same_call,
+    turn_call_id,
+)
 from langgraph_cancel.execution.review import (
     DEFAULT_DESCRIPTION_PREFIX,
     REVIEW_DECISIONS,
@@ -340,7 +345,8 @@ class ApprovalGate(RunnableCallable):
             call_id = call.get("id")
             if not call_id or call_id in answered:
                 continue
-            gated = self._gate(index, call, scope)
+            turn = call_turn(messages[: at + 1], str(call_id))
+            gated = self._gate(index, call, scope, turn)
             if gated is None:
                 continue
             rec = gated.record
@@ -365,8 +371,10 @@ class ApprovalGate(RunnableCallable):
             batch.ordering = ordering_note(scope.ledger.run_effects(scope.run_id), upcoming)
         return batch
 
-    def _gate(self, index: int, call: ToolCall, scope: RunScope) -> _Gated | None:
-        """The ledger record of one call that needs approval; None when it does not."""
+    def _gate(self, index: int, call: ToolCall, scope: RunScope, turn: int) -> _Gated | None:
+        """The ledger record of one call that needs approval; None when it does not.
+
+        ``turn``: how many earlier model messages asked for its tool-call id."""
         name = call.get("name") or ""
         tool = self.tools_by_name.get(name)
         if tool is None:
@@ -377,7 +385,9 @@ class ApprovalGate(RunnableCallable):
         spec = self.specs[name]
         # Under an id of its own when its tool-call id names another call's record:
         # the tool node finds the call's record the same way.
-        call_id, existing = find_own_record(scope.ledger, scope.thread_id, call)
+        call_id, existing = find_own_record(
+            scope.ledger, scope.thread_id, call, turn_call_id(str(call["id"]), turn)
+        )
         if existing is not None and not is_same_call(existing, call):
             return None  # no record of its own to ask about: the tool node refuses it
         if existing is not None:
