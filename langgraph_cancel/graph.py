@@ -61,6 +61,7 @@ from langgraph_cancel.hooks import run_sync as _run_sync
 from langgraph_cancel.ledger import Ledger
 from langgraph_cancel.ledger.aio import async_twin_of
 from langgraph_cancel.limits import LimitGuard, Limits, tokens_of
+from langgraph_cancel.nodes.names import CANCEL_NODE, RECONCILE_NODE
 from langgraph_cancel.nodes.tool_node import EffectToolNode
 from langgraph_cancel.progress import ProgressKind, announce_cancelled, announce_effect
 from langgraph_cancel.report import CancellationReport, build_report
@@ -91,8 +92,6 @@ from langgraph_cancel.types import (
 
 logger = logging.getLogger("langgraph_cancel.graph")
 
-CANCEL_NODE = "cancel"
-RECONCILE_NODE = "reconcile"
 REPORT_KEY = "cancellation_report"
 DRAIN_REASON = "langgraph-cancel: run cancelled"
 CONFIG_KEY_WORKER = "langgraph_cancel_worker"

@@ -32,10 +32,10 @@ from langchain_core.runnables import RunnableConfig
 
 from langgraph_cancel.errors import ConfigurationError
 from langgraph_cancel.ledger import Ledger, PostgresBackend, SqliteBackend
+from langgraph_cancel.urls import ENV_DB
 
 logger = logging.getLogger("langgraph_cancel")
 
-ENV_DB = "LANGGRAPH_CANCEL_DB"
 CONFIG_KEY_LEDGER = "langgraph_cancel_ledger"
 _CONFIG_KEY_CHECKPOINTER = "__pregel_checkpointer"
 

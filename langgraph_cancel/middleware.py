@@ -44,7 +44,6 @@ from langgraph.types import Command
 from langgraph_cancel.checkpointers.durable import PLAN_SAVE_TIMEOUT
 from langgraph_cancel.execution.identity import dangling_tool_calls
 from langgraph_cancel.execution.interceptor import DEFAULT_CANCEL_TIMEOUT, EffectInterceptor
-from langgraph_cancel.execution.offloop import off_the_loop
 from langgraph_cancel.execution.protocol import ReviewMode
 from langgraph_cancel.graph import (
     REPORT_KEY,
@@ -55,6 +54,7 @@ from langgraph_cancel.graph import (
 )
 from langgraph_cancel.ledger import Ledger
 from langgraph_cancel.limits import LimitGuard, Limits, tokens_of
+from langgraph_cancel.offloop import off_the_loop
 from langgraph_cancel.progress import announce_cancelled
 from langgraph_cancel.runtime import RunScope, check_durability, drop_scope, scope_for
 from langgraph_cancel.types import RunStatus

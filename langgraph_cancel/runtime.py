@@ -39,11 +39,10 @@ from langgraph_cancel.ledgers import (
 from langgraph_cancel.limits import LimitGuard
 from langgraph_cancel.progress import ProgressKind, announce_effect, announce_observed
 from langgraph_cancel.types import EffectRecord, RunRecord, RunStatus
+from langgraph_cancel.urls import DEFAULT_DB_URL
 
 logger = logging.getLogger("langgraph_cancel")
 
-#: The command line's default database (the library itself never picks a file).
-DEFAULT_DB_URL = "sqlite:///.langgraph-cancel.db"
 _CONFIG_KEY_DURABILITY = "__pregel_durability"
 #: The stop a cancelled run task stands for (a server's runs.cancel, a disconnect).
 INTERRUPTED_REASON = "run task cancelled (server cancel, disconnect or Ctrl-C)"

@@ -34,6 +34,11 @@ from langgraph_cancel.errors import InvalidURLError
 #: The environment variable naming the database when none is given.
 ENV_DB = "LANGGRAPH_CANCEL_DB"
 
+#: The command line's own database when neither ``--db`` nor ``$LANGGRAPH_CANCEL_DB``
+#: names one: an embedded SQLite file in the working directory (the library itself
+#: never picks a file).
+DEFAULT_DB_URL = "sqlite:///.langgraph-cancel.db"
+
 _MEMORY_SPELLINGS = frozenset(
     {"memory", ":memory:", "memory://", "sqlite://", "sqlite:///:memory:"}
 )
@@ -205,6 +210,7 @@ def _parse_postgres(text: str, scheme: str, given: str) -> DatabaseURL:
 
 
 __all__ = [
+    "DEFAULT_DB_URL",
     "ENV_DB",
     "Backend",
     "BackendName",

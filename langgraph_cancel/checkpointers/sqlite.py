@@ -22,10 +22,10 @@ from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 from langgraph_cancel.checkpointers.base import LedgerOwner, ThreadedAsyncMixin
 from langgraph_cancel.checkpointers.durable import NotesSavedCheckpoints
 from langgraph_cancel.errors import ConfigurationError
-from langgraph_cancel.execution.offloop import off_the_loop
 from langgraph_cancel.ledger import Ledger
 from langgraph_cancel.ledger.aio import AsyncLedger, bind_async_twin, unbind_async_twin
 from langgraph_cancel.ledger.backends import enable_wal
+from langgraph_cancel.offloop import off_the_loop
 
 DEFAULT_PATH = ".langgraph-cancel.db"
 

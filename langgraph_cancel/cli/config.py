@@ -10,13 +10,9 @@ import os
 import shlex
 from dataclasses import dataclass
 
-from langgraph_cancel.urls import ENV_DB, DatabaseURL, parse_database_url
+from langgraph_cancel.urls import DEFAULT_DB_URL, ENV_DB, DatabaseURL, parse_database_url
 
 PROG = "langgraph-cancel"
-
-#: The command line's own database when neither ``--db`` nor ``$LANGGRAPH_CANCEL_DB``
-#: names one: an embedded SQLite file in the working directory.
-DEFAULT_DB_URL = "sqlite:///.langgraph-cancel.db"
 
 #: Set to print a traceback under an error's one line.
 DEBUG_ENV = "LANGGRAPH_CANCEL_DEBUG"

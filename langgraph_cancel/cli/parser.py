@@ -20,9 +20,9 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, NoReturn
 
-from langgraph_cancel.cli.config import DEFAULT_DB_URL, DEFAULT_GRAPH, PROG, version
+from langgraph_cancel.cli.config import DEFAULT_GRAPH, PROG, version
 from langgraph_cancel.errors import CommandLineError, InvalidURLError
-from langgraph_cancel.urls import ENV_DB, DatabaseURL, parse_database_url
+from langgraph_cancel.urls import DEFAULT_DB_URL, ENV_DB, DatabaseURL, parse_database_url
 
 #: The demo's ``--cancel-at`` steps (``langgraph_cancel.demo.scenario.STEPS``, named
 #: here so that the parser does not import the demo).

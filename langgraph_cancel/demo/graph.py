@@ -309,8 +309,7 @@ def served_ledger_url() -> str:
     The command line's default file (``.langgraph-cancel.db`` in the server's
     working directory) is where ``langgraph-cancel status`` looks without ``--db``.
     """
-    from langgraph_cancel.cli.config import DEFAULT_DB_URL
-    from langgraph_cancel.urls import ENV_DB
+    from langgraph_cancel.urls import DEFAULT_DB_URL, ENV_DB
 
     return os.environ.get(ENV_DB, "").strip() or DEFAULT_DB_URL
 

@@ -37,7 +37,6 @@ from langgraph_cancel.errors import BatchSuperseded, LedgerError
 from langgraph_cancel.execution.batch import Batch
 from langgraph_cancel.execution.drive import acall_ledger, adrive, call_ledger, drive
 from langgraph_cancel.execution.group import AsyncGroupCommit, ThreadGroupCommit
-from langgraph_cancel.execution.offloop import off_the_loop
 from langgraph_cancel.execution.protocol import DispatchCancelled
 from langgraph_cancel.execution.settlement import (
     mark_unknown,
@@ -61,6 +60,7 @@ from langgraph_cancel.execution.steps import (
 )
 from langgraph_cancel.execution.supervision import InFlight
 from langgraph_cancel.hooks import call_reconcile, run_sync
+from langgraph_cancel.offloop import off_the_loop
 from langgraph_cancel.runtime import RunScope, current_scope
 from langgraph_cancel.types import EffectRecord, EffectStatus
 

@@ -33,6 +33,7 @@ from langchain_core.tools import BaseTool
 from langgraph._internal._runnable import RunnableCallable
 from langgraph.types import Command
 
+from langgraph_cancel.nodes.names import CANCEL_NODE
 from langgraph_cancel.runtime import RunScope, async_ledger_of, invocation_scope, scope_for
 from langgraph_cancel.types import RunRecord
 
@@ -273,8 +274,6 @@ class CancellableModelNode(RunnableCallable):
         return list(messages)
 
     async def _acall(self, state: Any, config: RunnableConfig) -> Any:
-        from langgraph_cancel.graph import CANCEL_NODE
-
         result = await acall_model(self.model, self._messages(state), config)
         if result.cancelled or result.message is None:
             return Command(goto=CANCEL_NODE)
