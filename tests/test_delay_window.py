@@ -20,7 +20,7 @@ from langgraph_cancel.types import (
     TransitionRequest,
     utcnow,
 )
-from tests.ledger_util import make_effect
+from ledger_util import make_effect
 
 _OLD_EFFECT = (
     "INSERT INTO lgc_effects (effect_id, thread_id, run_id, tool_call_id, tool, kind, status,"
@@ -94,9 +94,9 @@ def test_a_version_1_postgres_ledger_gets_the_window_statuses_and_keeps_its_rows
     with psycopg.connect(pg_url, autocommit=True) as conn:
         for version in (0, 1):
             for statement in POSTGRES_MIGRATIONS[version]:
-                conn.execute(statement)  # type: ignore[arg-type]
+                conn.execute(statement)
             conn.execute("INSERT INTO lgc_migrations (v) VALUES (%s)", (version,))
-        conn.execute(_OLD_EFFECT)  # type: ignore[arg-type]
+        conn.execute(_OLD_EFFECT)
     with Ledger.from_url(pg_url) as ledger:
         assert ledger.get_effect("e0").status is EffectStatus.COMMITTED
         run = ledger.start_run("t1")
@@ -108,7 +108,7 @@ def test_a_version_1_postgres_ledger_gets_the_window_statuses_and_keeps_its_rows
     with psycopg.connect(pg_url, autocommit=True) as conn:
         versions = [r[0] for r in conn.execute("SELECT v FROM lgc_migrations ORDER BY v")]
         with pytest.raises(psycopg.errors.CheckViolation):
-            conn.execute(_OLD_EFFECT.replace("'committed'", "'sent'").replace("'e0'", "'e2'"))  # type: ignore[arg-type]
+            conn.execute(_OLD_EFFECT.replace("'committed'", "'sent'").replace("'e0'", "'e2'"))
     assert versions == list(range(len(POSTGRES_MIGRATIONS)))
 
 
