@@ -13,10 +13,11 @@ from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Literal, TypedDict, TypeVar, overload
+from typing import Any, Literal, TypeVar, overload
 
 from langchain_core.tools import BaseTool
 from langchain_core.tools import tool as as_tool
+from typing_extensions import TypedDict
 
 from langgraph_cancel.errors import EffectDeclarationError
 from langgraph_cancel.types import CancelPolicy, EffectKind, effect_kind
