@@ -24,7 +24,15 @@ from langgraph_cancel.urls import ENV_DB, DatabaseURL, parse_database_url
 
 #: The demo's ``--cancel-at`` steps (``langgraph_cancel.demo.scenario.STEPS``, named
 #: here so that the parser does not import the demo).
-DEMO_STEPS: tuple[str, ...] = ("update", "refund", "email", "plan", "approval", "none")
+DEMO_STEPS: tuple[str, ...] = (
+    "update",
+    "refund",
+    "email",
+    "plan",
+    "approval",
+    "window",
+    "none",
+)
 DEMO_THREAD = "refund-demo"
 DEMO_HANG = 1.5
 #: ``langgraph_cancel.demo.services.ENV_PROVIDERS_DB`` and ``DEFAULT_PROVIDERS_DB``,
@@ -195,7 +203,8 @@ def build_parser() -> Parser:
         help="when to press stop: update (default: while update_order(o-88) is in flight, "
         "four calls queued), refund (while the refund is in flight), email (while the email "
         "to the customer is in flight), plan (while the model writes turn 2), approval "
-        "(while a 120.00 refund waits at the approval gate), none (never: the run completes)",
+        "(while a 120.00 refund waits at the approval gate), window (while a follow-up email "
+        "waits in its delay window: the stop revokes it), none (never: the run completes)",
     )
     demo.add_argument(
         "--thread",
