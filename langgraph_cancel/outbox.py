@@ -7,7 +7,8 @@ it, an outbox worker (``Outbox.drain`` in your own process, or
 ``langgraph-cancel outbox --watch``) sends it:
 
 1. claim: ``scheduled -> dispatched`` (a compare-and-set: of several workers, and of
-   a worker and a stop, exactly one wins), owner ``outbox:<worker>``;
+   a worker and a stop, exactly one wins; while the run is live the claim is refused
+   once its stop was requested), owner ``outbox:<worker>``;
 2. call the tool under the call's idempotency key;
 3. record ``committed`` (or ``failed``; ``unknown`` with an owner when a transient
    fault leaves the outcome open and no reconcile hook can tell).
@@ -42,7 +43,13 @@ from langgraph_cancel.hooks import call_reconcile, run_sync
 from langgraph_cancel.ledger import Ledger
 from langgraph_cancel.ledger import decisions as d
 from langgraph_cancel.ledger import outbox_sql as oq
-from langgraph_cancel.types import EffectRecord, EffectStatus, TransitionRequest, utcnow
+from langgraph_cancel.types import (
+    EffectRecord,
+    EffectStatus,
+    RunStatus,
+    TransitionRequest,
+    utcnow,
+)
 from langgraph_cancel.window import settle_windows
 
 logger = logging.getLogger("langgraph_cancel.outbox")
@@ -177,6 +184,12 @@ class Outbox:
         if tool is None or spec is None:
             logger.warning("outbox: no tool %r known here; %s stays held", rec.tool, rec.effect_id)
             return None
+        run = self.ledger.get_run(rec.run_id)
+        if run.cancel_requested:
+            return None  # its stop revokes it
+        # A live run can still be stopped: the claim then carries the run guard, so a
+        # stop that lands between this read and the claim wins (no dispatch after the
+        # cancel signal). A finished run cannot be stopped any more.
         claimed = self._move(
             TransitionRequest(
                 effect_id=rec.effect_id,
@@ -184,7 +197,7 @@ class Outbox:
                 expected=frozenset({EffectStatus.SCHEDULED}),
                 actor=self.owner,
                 owner=self.owner,
-                require_active_run=False,
+                require_active_run=run.status is RunStatus.RUNNING,
                 detail={"released": True, "release_at": _iso(rec.release_at)},
             )
         )
