@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from langgraph_cancel.graph import CancellableGraph, add_cancellation
     from langgraph_cancel.ledger import AsyncLedger, Ledger
     from langgraph_cancel.nodes import ApprovalGate, EffectToolNode
+    from langgraph_cancel.outbox import Outbox, drain_outbox
     from langgraph_cancel.report import CancellationReport
     from langgraph_cancel.runtime import is_cancelled
     from langgraph_cancel.types import CancelPolicy, EffectKind, EffectStatus, RunStatus
@@ -70,6 +71,8 @@ _EXPORTS: dict[str, str] = {
     "Ledger": "langgraph_cancel.ledger",
     "ApprovalGate": "langgraph_cancel.nodes",
     "EffectToolNode": "langgraph_cancel.nodes",
+    "Outbox": "langgraph_cancel.outbox",
+    "drain_outbox": "langgraph_cancel.outbox",
     "CancellationReport": "langgraph_cancel.report",
     "is_cancelled": "langgraph_cancel.runtime",
     "CancelPolicy": "langgraph_cancel.types",
@@ -109,6 +112,7 @@ __all__ = [
     "InvalidDecisionError",
     "LangGraphCancelError",
     "Ledger",
+    "Outbox",
     "Outcome",
     "RunStatus",
     "ThreadBusy",
@@ -120,6 +124,7 @@ __all__ = [
     "aget_report",
     "arequest_cancel",
     "compensate",
+    "drain_outbox",
     "effect",
     "get_report",
     "idempotency_key",
