@@ -40,7 +40,6 @@ from datetime import datetime
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Literal
 
-from langgraph.config import get_stream_writer
 from pydantic import BaseModel, ConfigDict, Field
 
 from langgraph_cancel.types import EffectKind, EffectStatus, utcnow
@@ -132,6 +131,10 @@ class ProgressEvent(BaseModel):
 
 def _stream_writer() -> Any:
     """The running node's stream writer, or None outside a graph's step."""
+    # Imported here: a client reading events (``langgraph_cancel.follow``, the command
+    # line's ``cancel --follow``) needs the schema, not LangGraph.
+    from langgraph.config import get_stream_writer
+
     try:
         return get_stream_writer()
     except (RuntimeError, KeyError):  # no runnable context, or a config without a runtime

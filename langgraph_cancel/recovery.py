@@ -27,8 +27,8 @@ from langgraph_cancel.types import (
     EffectRecord,
     EffectStatus,
     LeaseRecord,
-    utcnow,
 )
+from langgraph_cancel.workers import lease_is_live
 
 #: Effect statuses reconciliation acts on.
 RECONCILABLE: frozenset[EffectStatus] = frozenset(
@@ -211,11 +211,6 @@ def reconcile(
         areconcile(target, thread_id, tools=tools, owner=owner)
     )
     return result
-
-
-def lease_is_live(lease: LeaseRecord | None) -> bool:
-    """True when a worker holds the lease and has heartbeated recently."""
-    return lease is not None and lease.expires_at > utcnow()
 
 
 __all__ = [

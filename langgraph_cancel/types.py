@@ -362,6 +362,30 @@ class LeaseRecord(_Record):
     expires_at: datetime
 
 
+class LeaseTakeoverCause(str, Enum):
+    """Why a lease was taken from a holder that had not let it go."""
+
+    #: The holder is a process of this host that no longer runs (known at once).
+    HOLDER_GONE = "holder_gone"
+    #: The holder stopped heartbeating and its time to live ran out.
+    EXPIRED = "expired"
+    #: An operator broke a live lease (``resume --force``).
+    FORCED = "forced"
+
+
+LeaseTakeoverCauseLiteral = Literal["holder_gone", "expired", "forced"]
+
+
+class LeaseTakeover(_Record):
+    """One entry of the leases' audit trail: a thread taken from a previous holder."""
+
+    thread_id: str
+    previous_owner: str
+    owner: str
+    cause: LeaseTakeoverCause
+    at: datetime
+
+
 class CancelRequestResult(_Record):
     """What ``request_cancel`` did."""
 
@@ -392,6 +416,9 @@ __all__ = [
     "EffectStatus",
     "EffectStatusLiteral",
     "LeaseRecord",
+    "LeaseTakeover",
+    "LeaseTakeoverCause",
+    "LeaseTakeoverCauseLiteral",
     "NewEffect",
     "RunRecord",
     "RunStatus",

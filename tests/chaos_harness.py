@@ -67,6 +67,7 @@ from langgraph_cancel.types import (
     UNSETTLED_STATUSES,
     CancelRequestResult,
     EffectRecord,
+    RunRecord,
     RunStatus,
 )
 
@@ -882,6 +883,61 @@ def _fmt(effects: list[EffectRecord]) -> str:
     )
 
 
+def _task_tree(ledger: Ledger, run: RunRecord) -> list[RunRecord]:
+    """``run`` and its sub-agents' runs, recursively."""
+    tree, pending, seen = [], [run], set()
+    while pending:
+        here = pending.pop(0)
+        if here.run_id in seen:
+            continue
+        seen.add(here.run_id)
+        tree.append(here)
+        pending.extend(ledger.child_runs(here.run_id))
+    return tree
+
+
+def check_buckets_add_up(runner: Runner) -> None:
+    """Every call asked for is in exactly one bucket of its run's report.
+
+    For each run of the thread, the report's buckets hold each call of the run
+    and of its sub-agents' runs (recursively) exactly once, and nothing else;
+    across the thread's runs, every call the model asked for (each tool call of
+    each ``AIMessage`` in the thread's state) is accounted for.
+    """
+    ledger = runner.ledger
+    thread = runner.thread_id
+    accounted: Counter[str] = Counter()
+    for run in ledger.runs(thread):
+        report = get_report(runner.saver, thread, run_id=run.run_id)
+        entries = [entry.effect_id for entry in report.entries()]
+        calls = sorted(
+            e.effect_id for r in _task_tree(ledger, run) for e in ledger.run_effects(r.run_id)
+        )
+        assert sorted(entries) == calls, (
+            f"run {run.run_id} ({run.status.value}): its report's buckets hold {sorted(entries)}, "
+            f"its task tree's calls are {calls}"
+        )
+        accounted.update(e.effect_id for e in ledger.run_effects(run.run_id))
+    twice = sorted(effect_id for effect_id, n in accounted.items() if n > 1)
+    assert not twice, f"calls in two runs' reports: {twice}"
+    recorded = [e.tool_call_id for e in ledger.effects(thread)]
+    messages = runner.graph.get_state(runner.cfg).values.get("messages", [])
+    asked = [
+        call["id"]
+        for message in messages
+        if isinstance(message, AIMessage)
+        for call in message.tool_calls
+        if call.get("id")
+    ]
+    # A call whose key an edit changed is recorded under ``<tool_call_id>~<digest>``.
+    missing = [
+        call_id
+        for call_id in asked
+        if not any(rec == call_id or rec.startswith(f"{call_id}~") for rec in recorded)
+    ]
+    assert not missing, f"calls the model asked for that no report accounts for: {missing}"
+
+
 def check_persisted_state_answers(runner: Runner) -> None:
     """I7: after a crash, the ledger and the checkpoint alone say what was done and what next.
 
@@ -1055,7 +1111,10 @@ def check_invariants(runner: Runner) -> None:
     # ---- I1: nothing dispatched after the signal
     run_of = {e.effect_id: e.run_id for e in effects}
     for mark, run_id in runner.world.cancel_marks:
-        late_ids = [eid for tick, eid in runner.dispatches if tick > mark and run_of[eid] == run_id]
+        # Dispatches of other threads on the same ledger (a sub-agent's) are not this run's.
+        late_ids = [
+            eid for tick, eid in runner.dispatches if tick > mark and run_of.get(eid) == run_id
+        ]
         assert not late_ids, (
             f"I1: dispatched after the stop request was committed: {late_ids}{context}"
         )
@@ -1221,6 +1280,7 @@ __all__ = [
     "Plan",
     "Runner",
     "World",
+    "check_buckets_add_up",
     "check_invariants",
     "db_url_of",
     "kill_worker",

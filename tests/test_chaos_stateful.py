@@ -14,12 +14,20 @@ step leaves behind is what the next one meets:
   run: the next invocation finishes the cancel);
 * the thread continued with no input (a resume);
 * an operator's ``reconcile`` and ``compensate`` from outside the graph;
+* a message a parent run hands to a sub-agent on its own thread (``child_config``),
+  on the same saver, the stop maybe pressed at the parent while one of the
+  sub-agent's calls runs: every call the sub-agent's model asked for must be in
+  exactly one bucket of the parent's report, marked with the child run, and the
+  parent's permanent effects are the sub-agent's irreversible calls that ran;
 * the thread brought to rest by a status message.
 
 After every step the persisted state alone must answer I7 (what was done, what
 was or may have been committed, what comes next) and no key may have reached a
-provider twice (I2); at rest, and at the end, all of I1-I8 are checked against
-the providers' truth with the same checks as the whole-plan property.
+provider twice (I2); at rest, every call asked for (of every run and of its
+sub-agents' runs) is in exactly one bucket of its run's report; at rest, and at
+the end, all of I1-I8 are checked against the providers' truth with the same
+checks as the whole-plan property. The machine runs on memory and SQLite, and
+on PostgreSQL in a test of its own.
 """
 
 from __future__ import annotations
@@ -38,8 +46,11 @@ from hypothesis.stateful import (
     initialize,
     invariant,
     rule,
+    run_state_machine_as_test,
 )
-from langchain_core.messages import HumanMessage
+from langchain_core.messages import AIMessage, HumanMessage
+from langchain_core.runnables import RunnableConfig
+from langgraph.graph import END, START, MessagesState, StateGraph
 
 from chaos_harness import (
     IRREVERSIBLE_OPS,
@@ -48,6 +59,7 @@ from chaos_harness import (
     Crash,
     Plan,
     Runner,
+    check_buckets_add_up,
     check_cancelled_run_starts_nothing,
     check_invariants,
     check_persisted_state_answers,
@@ -56,28 +68,56 @@ from chaos_harness import (
     open_saver,
 )
 from chaos_strategies import chaos, decisions_strategy, faults_strategy, turns_strategy
+from graphs import (
+    ExecutionLog,
+    agent_builder,
+    calls,
+    cancellable,
+    config_for,
+    counting_tool,
+    scripted,
+)
 from hypothesis_profiles import examples
-from langgraph_cancel import EffectKind, EffectStatus, request_cancel
+from langgraph_cancel import (
+    EffectKind,
+    EffectStatus,
+    EffectToolNode,
+    add_cancellation,
+    get_report,
+    request_cancel,
+)
 from langgraph_cancel.api import compensate
 from langgraph_cancel.errors import UnknownThreadError
 from langgraph_cancel.recovery import reconcile
-from langgraph_cancel.types import UNSETTLED_STATUSES, EffectRecord
+from langgraph_cancel.subagents import child_config
+from langgraph_cancel.types import UNSETTLED_STATUSES, EffectRecord, RunStatus
 
 
 class OneThread(RuleBasedStateMachine):
-    """One thread on one saver, driven by the steps Hypothesis picks."""
+    """One thread on one saver, driven by the steps Hypothesis picks.
 
-    def __init__(self) -> None:
+    Args:
+        backends: The backends an example may run on.
+        pg_url: The PostgreSQL database (examples share it, each on its own thread).
+    """
+
+    def __init__(
+        self, backends: tuple[str, ...] = ("memory", "sqlite"), pg_url: str | None = None
+    ) -> None:
         super().__init__()
+        self.backends = backends
+        self.pg_url = pg_url
         self._stack = contextlib.ExitStack()
         self.runner: Runner | None = None
         self.refs: list[str] = []  # every refund ref asked for so far
         self.messages = 0
         self.resting = True
+        self.delegations = 0
+        self.sub_agent_log: ExecutionLog | None = None
 
     # ------------------------------------------------------------------ set-up
     @initialize(
-        backend=st.sampled_from(("memory", "sqlite")),
+        data=st.data(),
         effect_concurrency=st.integers(1, 3),
         use_async=st.booleans(),
         compensate_on_cancel=st.booleans(),
@@ -85,14 +125,16 @@ class OneThread(RuleBasedStateMachine):
     )
     def open_thread(
         self,
-        backend: str,
+        data: st.DataObject,
         effect_concurrency: int,
         use_async: bool,
         compensate_on_cancel: bool,
         reconcile_interactive: bool,
     ) -> None:
+        backend = data.draw(st.sampled_from(self.backends), label="backend")
         root = Path(self._stack.enter_context(tempfile.TemporaryDirectory(prefix="chaos-sm-")))
-        saver = self._stack.enter_context(open_saver(backend, root))
+        self.sub_agent_log = ExecutionLog(root / "sub-agents.db")
+        saver = self._stack.enter_context(open_saver(backend, root, self.pg_url))
         self.base = Plan(
             turns=(),
             effect_concurrency=effect_concurrency,
@@ -101,7 +143,7 @@ class OneThread(RuleBasedStateMachine):
             compensate_on_cancel=compensate_on_cancel,
             reconcile_interactive=reconcile_interactive,
         )
-        self.runner = Runner(self.base, root, saver, url=db_url_of(backend, root))
+        self.runner = Runner(self.base, root, saver, url=db_url_of(backend, root, self.pg_url))
 
     def teardown(self) -> None:
         try:
@@ -192,6 +234,91 @@ class OneThread(RuleBasedStateMachine):
         check_cancelled_run_starts_nothing(self.r)
         check_invariants(self.r)
         self.resting = True
+
+    @rule(
+        kinds=st.lists(st.sampled_from(tuple(EffectKind)), min_size=1, max_size=4),
+        data=st.data(),
+    )
+    def message_delegated_to_a_sub_agent(
+        self, kinds: list[EffectKind], data: st.DataObject
+    ) -> None:
+        """A parent run hands the work to a sub-agent on its own thread; stop maybe pressed.
+
+        The stop, if any, is pressed at the parent while one of the sub-agent's calls
+        is running. Every call the sub-agent's model asked for is then in exactly one
+        bucket of the parent's report, marked with the child run; the parent's
+        permanent effects are the sub-agent's irreversible calls that ran; what the
+        stop dropped never ran.
+        """
+        stop_during = data.draw(
+            st.one_of(st.none(), st.integers(0, len(kinds) - 1)), label="stop during call"
+        )
+        runner = self.r
+        log = self.sub_agent_log
+        assert log is not None
+        self.delegations += 1
+        parent_thread = f"{runner.thread_id}-delegating-{self.delegations}"
+        child_thread = f"{parent_thread}-sub-agent"
+        names = [f"sub{self.delegations}_{index}" for index in range(len(kinds))]
+
+        def stop(_item: str) -> None:
+            request_cancel(runner.saver, parent_thread, reason="stop", requested_by="parent")
+
+        tools = [
+            counting_tool(log, name, kind, after=stop if index == stop_during else None)
+            for index, (name, kind) in enumerate(zip(names, kinds, strict=True))
+        ]
+        asked = [f"{child_thread}-call-{index}" for index in range(len(kinds))]
+        model = scripted(
+            calls(*[(name, "x", call) for name, call in zip(names, asked, strict=True)])
+        )
+        child = cancellable(agent_builder(model, EffectToolNode(tools)), runner.saver)
+
+        def delegate(state: MessagesState, config: RunnableConfig) -> dict[str, Any]:
+            out = child.invoke(
+                {"messages": [HumanMessage("do it")]}, child_config(config, child_thread)
+            )
+            return {"messages": [AIMessage(f"sub-agent: {out['messages'][-1].text}")]}
+
+        builder = StateGraph(MessagesState)
+        builder.add_node("delegate", delegate)
+        builder.add_edge(START, "delegate")
+        builder.add_edge("delegate", END)
+        parent = add_cancellation(builder).compile(checkpointer=runner.saver)
+        parent.invoke({"messages": [HumanMessage("delegate")]}, config_for(parent_thread))
+        event(
+            "a message delegated to a sub-agent"
+            + (" and stopped" if stop_during is not None else "")
+        )
+
+        ledger = runner.ledger
+        parent_run = ledger.latest_run(parent_thread)
+        child_run = ledger.latest_run(child_thread)
+        assert parent_run is not None and child_run is not None
+        assert child_run.parent_run_id == parent_run.run_id
+        report = get_report(runner.saver, parent_thread, run_id=parent_run.run_id)
+        entries = report.entries()
+        # Every call asked for, in exactly one bucket, each marked with the child run.
+        assert sorted(entry.tool_call_id for entry in entries) == sorted(asked), report
+        assert {entry.child_run_id for entry in entries} == {child_run.run_id}
+        recorded = {e.effect_id for e in ledger.run_effects(child_run.run_id)}
+        assert {entry.effect_id for entry in entries} == recorded
+        # Permanent: the sub-agent's irreversible calls that really ran.
+        ran = {call for name, call in zip(names, asked, strict=True) if log.applied(name)}
+        irreversible = {
+            call for kind, call in zip(kinds, asked, strict=True) if kind is EffectKind.IRREVERSIBLE
+        }
+        assert {entry.tool_call_id for entry in report.permanent} == ran & irreversible
+        # What never ran is in "not run", and the other way round.
+        attempted = {call for name, call in zip(names, asked, strict=True) if log.attempts(name)}
+        assert {entry.tool_call_id for entry in report.not_run} == set(asked) - attempted
+        if stop_during is None:
+            assert parent_run.status is RunStatus.COMPLETED and attempted == set(asked)
+        else:
+            assert parent_run.status is RunStatus.CANCELLED, parent_run
+            assert child_run.status is RunStatus.CANCELLED, child_run
+            assert asked[stop_during] in ran
+            assert report.orphans == 0 and report.dispatched_after_cancel == 0, report
 
     @rule(act=st.sampled_from(("stop", "continue", "reconcile", "compensate")))
     def between_messages(self, act: str) -> None:
@@ -299,6 +426,12 @@ class OneThread(RuleBasedStateMachine):
             check_persisted_state_answers(self.runner)
 
     @invariant()
+    def every_call_in_exactly_one_bucket(self) -> None:
+        """At rest: each call asked for, of every run and sub-agent, in one report bucket."""
+        if self.runner is not None and self.messages > 0 and self.resting:
+            check_buckets_add_up(self.runner)
+
+    @invariant()
     def no_key_reached_a_provider_twice(self) -> None:
         """I2 after every step: each key applied at most once, by every provider."""
         if self.runner is None:
@@ -318,3 +451,21 @@ OneThread.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 test_one_thread_through_messages_chaos_and_operators = pytest.mark.timeout(1500)(OneThread.TestCase)
+
+
+@pytest.mark.timeout(1500)
+def test_one_thread_on_postgres(pg_url: str) -> None:
+    """The same machine on PostgreSQL (fewer examples: each opens its own pools)."""
+
+    class OnPostgres(OneThread):
+        def __init__(self) -> None:
+            super().__init__(backends=("postgres",), pg_url=pg_url)
+
+    run_state_machine_as_test(
+        OnPostgres,
+        settings=settings(
+            max_examples=examples(ci=8, dev=3),
+            stateful_step_count=8,
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+        ),
+    )

@@ -174,6 +174,42 @@ def test_cancel_at(
         assert _executions(run.truth, e["idempotency_key"]) == 0
 
 
+def test_cancel_at_subagent_reports_the_childs_refund_as_permanent(tmp_path: Path) -> None:
+    """Stop pressed at the parent while its sub-agent's refund is in flight, in the child."""
+    run = _demo(tmp_path, "--cancel-at", "subagent")
+    report = CancellationReport.model_validate(run.report)
+    assert report.thread_id == "refund-demo" and report.status == "cancelled"
+    (refund,) = report.permanent
+    assert (refund.tool, refund.args) == ("issue_refund", {"order_id": "o-88", "amount": 40.0})
+    assert refund.child_thread_id == "refund-demo-refunds" and refund.child_run_id
+    assert "1 issue_refund is permanent" in report.summary
+    # The child's email was queued behind the refund: dropped, never sent.
+    assert [(e.tool, e.child_thread_id) for e in report.not_run] == [
+        ("send_email", "refund-demo-refunds")
+    ]
+    assert [e.tool for e in report.reads] == ["lookup_order"]
+    # Every call the child's model asked for is in exactly one bucket of the parent's report.
+    assert len(report.entries()) == 3
+    assert report.orphans == 0 and report.dispatched_after_cancel == 0
+    assert report.unknown == [] and report.failed == []
+    # The providers' truth: exactly the refund happened.
+    assert len(run.truth["refunds"]) == 1 and run.truth["emails"] == []
+    assert _executions(run.truth, refund.idempotency_key) == 1
+    # The child's own run was stopped by the cascade, and says so from its thread.
+    child = ok_json(run_cli(["status", "refund-demo-refunds", "--json"], tmp_path))
+    assert child["run"]["status"] == "cancelled"
+    assert child["run"]["run_id"] == refund.child_run_id
+    # People see which sub-agent did it.
+    text = flat(ok(run_cli(["report", "refund-demo"], tmp_path)))
+    assert f"by sub-agent run {refund.child_run_id} (thread refund-demo-refunds)" in text
+
+
+def test_demo_help_lists_every_moment(tmp_path: Path) -> None:
+    text = flat(ok(run_cli(["demo", "--help"], tmp_path)))
+    for step in ("update", "refund", "email", "plan", "approval", "subagent", "none"):
+        assert f"{step} (" in text or f"{step} (default" in text, step
+
+
 @pytest.mark.slow
 def test_cancel_at_plan_closes_the_model_stream(tmp_path: Path) -> None:
     report = _demo(tmp_path, "--cancel-at", "plan").report

@@ -716,6 +716,33 @@ def test_killed_workers_lease_expires_then_another_worker_resumes(sqlite_world: 
     assert ledger.lease(world.thread_id) is None  # released at the end of the run
 
 
+@pytest.mark.slow
+def test_a_worker_killed_on_this_host_is_resumed_at_once(world: World) -> None:
+    """A worker killed mid-refund and started again on the same machine resumes the
+    thread at once (no waiting out the lease, no --force); the refund is sent once."""
+    options: dict[str, Any] = {"worker_id": None, "lease_ttl": 600.0}
+    first = world.start("first", "run", kill_at="after:dispatched:issue_refund", **options)
+    first.wait_point("after:dispatched:issue_refund")
+    first.kill9()
+    ledger = world.ledger()
+    lease = ledger.lease(world.thread_id)
+    assert lease is not None and lease.expires_at > utcnow(), lease  # ten more minutes
+
+    again = world.start("again", "recover", wait_lease=0, **options)
+    result = again.ok()
+    assert result["run_status"] == "completed"
+    takeovers = ledger.lease_takeovers(world.thread_id)
+    assert [(t.previous_owner, t.owner, t.cause.value) for t in takeovers][:1] == [
+        (lease.owner, result["worker_id"], "holder_gone")
+    ], takeovers
+    truth = world.providers().truth()
+    assert_no_double_execution(truth)
+    assert len(truth["refunds"]) == 1, truth["refunds"]
+    assert all(v["executions"] <= 1 for v in truth["keys"].values()), truth["keys"]
+    assert_settled(ledger, world.thread_id)
+    assert_report_matches_truth(world, truth)
+
+
 # ---------------------------------------------------------------- misbehaving hooks
 @pytest.mark.slow
 @pytest.mark.parametrize("via", ["invoke", "cli"])

@@ -42,7 +42,7 @@ from typing import Any, TypeVar
 import pytest
 
 from conftest import require_or_skip, selected_backends, with_dbname
-from langgraph_cancel import EffectStatus, Ledger, request_cancel
+from langgraph_cancel import EffectStatus, Ledger, get_report, request_cancel
 from langgraph_cancel.demo.services import Providers
 from langgraph_cancel.demo.tools import refund_key
 from langgraph_cancel.types import EffectRecord, RunStatus
@@ -335,6 +335,69 @@ async def test_approval_interrupt_then_resume_dispatches_once(
     assert (await client.threads.get(thread_id))["status"] == "idle"
     runs = served.ledger.runs(thread_id)
     assert [r.status for r in runs] == [RunStatus.COMPLETED], runs  # one run, paused and resumed
+
+
+@pytest.mark.server
+async def test_a_reviewer_edits_the_refunds_amount(
+    served: Served, client: Any, thread_id: str
+) -> None:
+    """Studio's reviewer lowers the refund: the lower amount is what runs, once, and
+    the report and the providers' truth agree on it."""
+    asked = await interrupted_on_refund(served, client, thread_id, 120.0)
+    edited_args = {"order_id": "o-88", "amount": 80.0}
+    edit = {"type": "edit", "edited_action": {"name": "issue_refund", "args": edited_args}}
+    result = await client.runs.wait(
+        thread_id,
+        served.graph_id,
+        command={"resume": {"decisions": [edit], "reviewer": REVIEWER}},
+    )
+
+    ran = refund_key(edited_args)
+    providers = served.providers
+    assert providers.attempts(asked) == 0  # the amount asked for never left the process
+    assert providers.executions(ran) == 1
+    refunds = providers.truth()["refunds"]
+    assert [r["amount"] for r in refunds if r["order_id"] == "o-88"] == [80.0]
+    rec = served.ledger.effect_by_key(ran)
+    assert rec is not None and rec.status is EffectStatus.COMMITTED, rec
+    assert rec.args == edited_args
+    report = get_report(served.ledger, thread_id)
+    refunded = [e for e in report.permanent if e.tool == "issue_refund"]
+    assert (ran, edited_args) in [(e.idempotency_key, e.args) for e in refunded]
+    assert asked not in [e.idempotency_key for e in refunded]
+    assert [e.idempotency_key for e in report.rejected] == [asked]
+    no_dangling_calls(result["messages"])
+    assert (await client.threads.get(thread_id))["status"] == "idle"
+
+
+@pytest.mark.server
+async def test_a_reviewer_answers_in_the_tools_place(
+    served: Served, client: Any, thread_id: str
+) -> None:
+    """Studio's reviewer answers with ``respond``: no refund, the text is the tool's
+    answer, the run goes on, and the report lists the call as rejected."""
+    asked = await interrupted_on_refund(served, client, thread_id, 120.0)
+    answer = {"type": "respond", "message": "Refunded by phone already."}
+    result = await client.runs.wait(
+        thread_id,
+        served.graph_id,
+        command={"resume": {"decisions": [answer], "reviewer": REVIEWER}},
+    )
+
+    assert served.providers.attempts(asked) == 0
+    refunds = served.providers.truth()["refunds"]
+    assert [r for r in refunds if r["order_id"] == "o-88"] == []
+    refund_answers = [
+        m for m in result["messages"] if m["type"] == "tool" and m.get("name") == "issue_refund"
+    ]
+    assert [m["content"] for m in refund_answers].count("Refunded by phone already.") == 1
+    rec = served.ledger.effect_by_key(asked)
+    assert rec is not None and rec.status is EffectStatus.REJECTED, rec
+    report = get_report(served.ledger, thread_id)
+    assert [e.idempotency_key for e in report.rejected] == [asked]
+    assert asked not in [e.idempotency_key for e in report.permanent]
+    no_dangling_calls(result["messages"])
+    assert (await client.threads.get(thread_id))["status"] == "idle"
 
 
 @pytest.mark.server

@@ -10,7 +10,7 @@ import argparse
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from rich.status import Status
@@ -43,7 +43,7 @@ class StopButton(threading.Thread):
     def __init__(
         self,
         ledger: Ledger,
-        thread_id: str,
+        threads: Sequence[str],
         step: Step,
         model_started: threading.Event,
         say: Callable[[Text], None],
@@ -51,7 +51,9 @@ class StopButton(threading.Thread):
     ) -> None:
         super().__init__(name="langgraph-cancel-demo-stop", daemon=True)
         self.ledger = ledger
-        self.thread_id = thread_id
+        #: The thread stop is pressed on, then any sub-agent's thread it watches too.
+        self.threads = list(threads)
+        self.thread_id = self.threads[0]
         self.step = step
         self.model_started = model_started
         self.say = say
@@ -77,10 +79,12 @@ class StopButton(threading.Thread):
     def _tick(self) -> None:
         from langgraph_cancel.demo.scenario import trigger
 
-        try:
-            effects = self.ledger.effects(self.thread_id)
-        except Exception:  # the run has not written its first row yet
-            return
+        effects = []
+        for thread in self.threads:
+            try:
+                effects.extend(self.ledger.effects(thread))
+            except Exception:  # the run has not written its first row yet
+                continue
         for effect in effects:
             if self._seen.get(effect.effect_id) != effect.status.value:
                 self._seen[effect.effect_id] = effect.status.value
@@ -111,7 +115,12 @@ class StopButton(threading.Thread):
 
 
 def _free_refund_keys(
-    ledger: Ledger, saver: Any, db: Database, thread: str, step: Step, say: Callable[[Text], None]
+    ledger: Ledger,
+    saver: Any,
+    db: Database,
+    threads: list[str],
+    step: Step,
+    say: Callable[[Text], None],
 ) -> None:
     """Make the demo's refund keys available to ``thread``.
 
@@ -125,7 +134,7 @@ def _free_refund_keys(
 
     for key in refund_keys(step):
         holder = ledger.effect_by_key(key)
-        if holder is None or holder.thread_id == thread:
+        if holder is None or holder.thread_id in threads:
             continue
         if not db.builtin:
             raise CommandLineError(
@@ -144,13 +153,15 @@ def run(args: argparse.Namespace) -> int:
     """``langgraph-cancel demo``: exit 1 when the report disagrees with the providers."""
     from langgraph_cancel.api import get_report
     from langgraph_cancel.demo import graph as agent
-    from langgraph_cancel.demo import scenario, tools
+    from langgraph_cancel.demo import scenario, subagent, tools
     from langgraph_cancel.ledger import Ledger
     from langgraph_cancel.progress import EVENT_KEY
 
     db = resolve_database(args.db)
     step = scenario.STEPS[args.cancel_at]
     thread = args.thread
+    # The sub-agent scenario's child runs on a thread of its own: reset and watched too.
+    threads = [thread, subagent.child_thread(thread)] if step.in_child else [thread]
     quiet = args.json
     err = render.console(stderr=True)
     providers_path = os.path.abspath(args.providers_db)
@@ -163,7 +174,7 @@ def run(args: argparse.Namespace) -> int:
         ledger: Ledger = saver.ledger
         # Refused before anything is reset: the database and the providers' file stay
         # as they were.
-        _free_refund_keys(ledger, saver, db, thread, step, say)
+        _free_refund_keys(ledger, saver, db, threads, step, say)
         say(
             Text.assemble(
                 ("langgraph-cancel demo", "bold"),
@@ -175,14 +186,20 @@ def run(args: argparse.Namespace) -> int:
         providers = scenario.reset_providers(providers_path)
         tools.set_providers_path(providers_path)
         scenario.arm(step, providers, args.hang)
-        lease = ledger.lease(thread)
-        if lease is not None:
-            ledger.release_lease(thread, lease.owner)
-        saver.delete_thread(thread)
+        for each in threads:
+            lease = ledger.lease(each)
+            if lease is not None:
+                ledger.release_lease(each, lease.owner)
+            saver.delete_thread(each)
         model_started = threading.Event()
-        graph = agent.build_builder(scenario.demo_model(step, model_started)).compile(
-            checkpointer=saver
-        )
+        model = scenario.demo_model(step, model_started)
+        if step.in_child:
+            refunds_agent = agent.build_builder(
+                agent.scripted_model(subagent.child_script(step.refund_amount))
+            ).compile(checkpointer=saver)
+            graph = subagent.build_parent_builder(refunds_agent).compile(checkpointer=saver)
+        else:
+            graph = agent.build_builder(model).compile(checkpointer=saver)
         # The stop button reads through a ledger of its own, as another process would.
         watch_ledger = ledger if db.url.is_memory else Ledger.from_url(db.url.url)
         spinner = (
@@ -190,7 +207,7 @@ def run(args: argparse.Namespace) -> int:
             if quiet or not err.is_terminal
             else Status("running the refund agent…", console=err)
         )
-        button = StopButton(watch_ledger, thread, step, model_started, say, spinner)
+        button = StopButton(watch_ledger, threads, step, model_started, say, spinner)
         config: Any = {"configurable": {"thread_id": thread}}
         try:
             if spinner is not None:

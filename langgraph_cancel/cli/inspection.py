@@ -26,6 +26,7 @@ from langgraph_cancel.types import (
     RunStatus,
     utcnow,
 )
+from langgraph_cancel.workers import lease_is_live
 
 _DONE = (
     EffectStatus.COMMITTED,
@@ -54,8 +55,8 @@ _SIDE_EFFECT_SHOWN = (
 
 
 def lease_live(lease: LeaseRecord | None) -> bool:
-    """True when a worker holds the thread and its lease has not expired."""
-    return lease is not None and lease.expires_at > utcnow()
+    """True when a worker holds the thread (see ``langgraph_cancel.workers``)."""
+    return lease_is_live(lease)
 
 
 @dataclass(frozen=True, slots=True)

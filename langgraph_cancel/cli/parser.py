@@ -15,7 +15,9 @@ import getpass
 import json
 import math
 import os
+import re
 from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
 from typing import Any, NoReturn
 
 from langgraph_cancel.cli.config import DEFAULT_DB_URL, DEFAULT_GRAPH, PROG, version
@@ -30,6 +32,7 @@ DEMO_STEPS: tuple[str, ...] = (
     "email",
     "plan",
     "approval",
+    "subagent",
     "window",
     "none",
 )
@@ -133,6 +136,72 @@ def _default_requester() -> str:
     return f"{user} (cli)"
 
 
+def since(text: str) -> datetime:
+    """A window's start: a duration back from now (``90s``, ``30m``, ``24h``, ``7d``, ``2w``)
+    or an ISO 8601 time (``2026-01-31``, ``2026-01-31T09:00:00+01:00``; UTC when no zone)."""
+    found = _DURATION.fullmatch(text.strip())
+    if found is not None:
+        amount = float(found.group(1))
+        try:
+            return datetime.now(UTC) - timedelta(
+                seconds=amount * _UNIT_SECONDS[found.group(2).lower()]
+            )
+        except OverflowError:
+            raise argparse.ArgumentTypeError(f"a duration too long: {text!r}") from None
+    try:
+        when = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"wants a duration (90s, 30m, 24h, 7d, 2w) or an ISO 8601 time, got {text!r}"
+        ) from None
+    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
+
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw])", re.IGNORECASE)
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+DEFAULT_SINCE = "24h"
+
+
+def _add_follow(cancel: Parser) -> None:
+    cancel.add_argument(
+        "--follow",
+        action="store_true",
+        help="then follow the stop from the ledger (requested, observed, waiting for calls in "
+        "flight, each call dropped, settled or undone) until the run is cancelled, and print "
+        "its report (--json: one progress event per line)",
+    )
+    cancel.add_argument(
+        "--timeout",
+        type=seconds,
+        default=None,
+        metavar="SECONDS",
+        help="with --follow: give up (exit 1) if the run has not ended by then (default: wait)",
+    )
+
+
+def _add_stats(command: Any, parents: list[Parser]) -> None:
+    stats = command(
+        "stats",
+        "stats:run",
+        parents,
+        help="the six numbers of cancellation across runs, per tool and overall",
+        description="Across every run whose stop was requested in the window (a sub-agent's "
+        "calls counted in its parent's stop): time from the request to quiescence and the "
+        "calls dispatched in that window, unknown outcomes per cancellation, orphaned child "
+        "runs, permanent effects per cancelled run, the compensation success rate and the "
+        "model tokens spent after the signal; durations as p50/p90/p99/max. From the ledger "
+        "alone.",
+    )
+    stats.add_argument(
+        "--since",
+        type=since,
+        default=DEFAULT_SINCE,
+        metavar="DURATION|ISO",
+        help=f"the window's start: a duration back from now (90s, 30m, 24h, 7d, 2w) or an "
+        f"ISO 8601 time (default: {DEFAULT_SINCE})",
+    )
+
+
 # ------------------------------------------------------------------------- parser
 def build_parser() -> Parser:
     """The ``langgraph-cancel`` parser (each command's ``handler`` is ``"module:function"``)."""
@@ -203,8 +272,10 @@ def build_parser() -> Parser:
         help="when to press stop: update (default: while update_order(o-88) is in flight, "
         "four calls queued), refund (while the refund is in flight), email (while the email "
         "to the customer is in flight), plan (while the model writes turn 2), approval "
-        "(while a 120.00 refund waits at the approval gate), window (while a follow-up email "
-        "waits in its delay window: the stop revokes it), none (never: the run completes)",
+        "(while a 120.00 refund waits at the approval gate), subagent (at the parent, while "
+        "the refund its sub-agent makes on a thread of its own is in flight), window (while a "
+        "follow-up email waits in its delay window: the stop revokes it), none (never: the run "
+        "completes)",
     )
     demo.add_argument(
         "--thread",
@@ -292,6 +363,7 @@ def build_parser() -> Parser:
         metavar="WHO",
         help="who asks (kept in the report; default: your user name)",
     )
+    _add_follow(cancel)
     command(
         "compensate",
         "recovery:compensate",
@@ -372,6 +444,7 @@ def build_parser() -> Parser:
         metavar="SECONDS",
         help="take over a released call another worker left in flight this long (default: 30)",
     )
+    _add_stats(command, [db, as_json])
     completion = command(
         "completion",
         "completion:run",
@@ -386,6 +459,7 @@ def build_parser() -> Parser:
 
 __all__ = [
     "DEFAULT_PROVIDERS_DB",
+    "DEFAULT_SINCE",
     "DEMO_HANG",
     "DEMO_STEPS",
     "DEMO_THREAD",
@@ -398,5 +472,6 @@ __all__ = [
     "json_value",
     "non_empty",
     "seconds",
+    "since",
     "thread_id",
 ]

@@ -169,7 +169,9 @@ def resume(args: argparse.Namespace) -> int:
     from langgraph.types import Command
 
     from langgraph_cancel.api import get_report
+    from langgraph_cancel.recovery import LEASE_TTL
     from langgraph_cancel.recovery import reconcile as settle
+    from langgraph_cancel.runtime import worker_id
 
     db = resolve_database(args.db)
     if db.url.is_memory:
@@ -189,9 +191,9 @@ def resume(args: argparse.Namespace) -> int:
         if args.force:
             held = ledger.lease(args.thread)
             if held is not None and lease_live(held):
-                # The operator knows its worker is gone (kill -9, lost host): break the
-                # lease now instead of waiting out its TTL.
-                ledger.release_lease(args.thread, held.owner)
+                # The operator knows its worker is gone (a lost host): take the lease
+                # now instead of waiting out its TTL, with the takeover in the audit.
+                ledger.break_lease(args.thread, worker_id(), ttl=LEASE_TTL)
                 render.line(
                     out, f"Broke the live lease of {held.owner} on thread {args.thread} (--force)."
                 )

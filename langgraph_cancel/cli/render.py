@@ -12,7 +12,7 @@ import json
 import os
 import sys
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
@@ -201,7 +201,15 @@ def render_report(out: Console, report: CancellationReport) -> None:
         for effect in items:
             line(out, (call_label(effect.tool, effect.args), "bold"), indent=2, hang=4)
             line(out, f"{effect.kind}, key {effect.idempotency_key}", indent=DETAIL)
-            line(out, _report_note(bucket, effect, report.thread_id), indent=DETAIL)
+            if effect.child_run_id is not None:
+                line(
+                    out,
+                    f"by sub-agent run {effect.child_run_id} "
+                    f"(thread {effect.child_thread_id})",
+                    indent=DETAIL,
+                )
+            thread = effect.child_thread_id or report.thread_id
+            line(out, _report_note(bucket, effect, thread), indent=DETAIL)
     out.print()
     line(out, ("Run and timings", "bold"))
     late = report.dispatched_after_cancel
@@ -238,7 +246,12 @@ def render_report(out: Console, report: CancellationReport) -> None:
 def _lease_line(lease: LeaseRecord | None, live: bool, beat_seconds: float | None) -> str:
     if lease is None:
         return "Lease: none (no worker is running this thread)"
-    alive = "live" if live else "EXPIRED (its worker stopped heartbeating)"
+    if live:
+        alive = "live"
+    elif lease.expires_at > datetime.now(UTC):
+        alive = "HOLDER GONE (its process on this host no longer runs)"
+    else:
+        alive = "EXPIRED (its worker stopped heartbeating)"
     return (
         f"Lease: held by {lease.owner} until {timestamp(lease.expires_at)} "
         f"({alive}; last heartbeat {beat_seconds or 0:.0f} s ago)"
@@ -426,7 +439,7 @@ def render_reconciled(out: Console, results: Iterable[ThreadReconciliation]) -> 
     busy = False
     for result in results:
         if result.reaped:
-            line(out, f"Reaped the expired lease of {result.reaped} on thread {result.thread_id}.")
+            line(out, f"Took over the lease of {result.reaped} on thread {result.thread_id}.")
         if result.busy:
             busy = True
             line(

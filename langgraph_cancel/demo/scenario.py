@@ -22,6 +22,12 @@ Steps (``--cancel-at``):
 ``approval`` the refund is 120.00 (over the approval threshold), so the turn waits
            for a human at the ``ApprovalGate``; stop is pressed while it waits.
            Result: nothing permanent, nothing dispatched: zero residue.
+``subagent`` the refund is made by a sub-agent on its own thread
+           (:mod:`langgraph_cancel.demo.subagent`); stop is pressed on the parent's
+           thread while the child's ``issue_refund(o-88, 40.00)`` is in flight.
+           Result: the parent's report lists the child's refund as permanent,
+           marked with the child's run; the child's email and the parent's
+           wrap-up not run.
 ``window`` turn 1 also schedules a follow-up email to Dana with a send-at provider
            (delivered five minutes later); stop is pressed once it is scheduled,
            while the model writes turn 2. Result: the refund and 2 emails are
@@ -69,6 +75,8 @@ class Step:
         follow_up: Turn 1 also schedules a follow-up email (``schedule_email``).
         slow_model: The model writes slowly (the stop lands while it writes).
         expect: What the report should say, in words.
+        in_child: The run is the sub-agent scenario: the triggering call is the
+            child's, stop is pressed on the parent's thread.
     """
 
     name: str
@@ -81,6 +89,7 @@ class Step:
     follow_up: bool = False
     slow_model: bool = False
     expect: str = ""
+    in_child: bool = False
 
 
 STEPS: dict[str, Step] = {
@@ -123,6 +132,16 @@ STEPS: dict[str, Step] = {
             status=EffectStatus.PENDING_APPROVAL,
             refund_amount=120.0,
             expect="nothing permanent, nothing dispatched: zero residue",
+        ),
+        Step(
+            "subagent",
+            "at the parent while its refunds sub-agent's issue_refund(o-88, 40.00) is in flight",
+            operation="refund",
+            tool="issue_refund",
+            match={"order_id": "o-88"},
+            expect="the child's refund is permanent, marked with the child run; its email "
+            "not run; the parent stops before its wrap-up",
+            in_child=True,
         ),
         Step(
             "window",

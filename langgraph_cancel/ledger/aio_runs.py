@@ -21,11 +21,14 @@ from langgraph_cancel.types import (
     CancelRequestResult,
     EffectRecord,
     LeaseRecord,
+    LeaseTakeover,
+    LeaseTakeoverCause,
     RunRecord,
     RunStatus,
     run_status,
     utcnow,
 )
+from langgraph_cancel.workers import holder_is_gone
 
 CancelListener = Callable[[str, str], None]
 
@@ -372,17 +375,14 @@ class AsyncRunLedger:
     async def aacquire_lease(self, thread_id: str, owner: str, *, ttl: float = 30.0) -> LeaseRecord:
         """Claim a thread for ``owner`` (re-entrant for the same owner).
 
+        A live lease whose holder is a process of this host that no longer runs is
+        taken over at once, with the takeover in the leases' audit trail.
+
         Raises:
             ThreadBusyError: Another owner holds a live lease.
         """
         b = self.backend
-        now = utcnow()
-        params = {
-            "thread_id": thread_id,
-            "owner": owner,
-            "now": b.ts_in(now),
-            "expires_at": b.ts_in(now + timedelta(seconds=ttl)),
-        }
+        params = d.lease_params(thread_id, owner, utcnow(), ttl, b)
         async with b.statement() as cur:
             await cur.execute(q.ACQUIRE_LEASE, params)
             row = await cur.fetchone()
@@ -398,8 +398,36 @@ class AsyncRunLedger:
                 await cur.execute(q.SELECT_LEASE, {"thread_id": thread_id})
                 held = await cur.fetchone()
                 assert held is not None
-            lease = self._lease(held)
-            raise ThreadBusyError(thread_id, lease.owner, lease.expires_at.isoformat())
+        lease = self._lease(held)
+        if holder_is_gone(lease.owner):
+            took = await self._atake_over_lease(lease, owner, ttl, LeaseTakeoverCause.HOLDER_GONE)
+            if took is not None:
+                return took
+            return await self.aacquire_lease(thread_id, owner, ttl=ttl)
+        raise ThreadBusyError(thread_id, lease.owner, lease.expires_at.isoformat())
+
+    async def _atake_over_lease(
+        self, held: LeaseRecord, owner: str, ttl: float, cause: LeaseTakeoverCause
+    ) -> LeaseRecord | None:
+        """Take ``held`` for ``owner`` if its holder still has it, with the audit row."""
+        b = self.backend
+        params = d.lease_params(held.thread_id, owner, utcnow(), ttl, b)
+        async with b.transaction() as cur:
+            await cur.execute(q.TAKE_OVER_LEASE, {**params, "previous_owner": held.owner})
+            row = await cur.fetchone()
+            if row is None:
+                return None
+            await cur.execute(
+                q.INSERT_LEASE_TAKEOVER,
+                {**params, "previous_owner": held.owner, "cause": cause.value},
+            )
+        return self._lease(row)
+
+    @atransient_retry()
+    async def alease_takeovers(self, thread_id: str) -> list[LeaseTakeover]:
+        """The leases' audit trail for a thread: who took it from whom, why, when."""
+        rows = await self._all(q.SELECT_LEASE_TAKEOVERS, {"thread_id": thread_id})
+        return [d.lease_takeover_record(r, self.backend) for r in rows]
 
     @atransient_retry()
     async def aheartbeat(self, thread_id: str, owner: str, *, ttl: float = 30.0) -> bool:

@@ -12,12 +12,9 @@ from __future__ import annotations
 
 import enum
 import hashlib
-import os
-import socket
 import sqlite3
-import uuid
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from langgraph_cancel.errors import (
@@ -35,6 +32,8 @@ from langgraph_cancel.types import (
     EffectRecord,
     EffectStatus,
     LeaseRecord,
+    LeaseTakeover,
+    LeaseTakeoverCause,
     NewEffect,
     RunRecord,
     RunStatus,
@@ -44,6 +43,7 @@ from langgraph_cancel.types import (
     effect_status,
     run_status,
 )
+from langgraph_cancel.workers import new_worker_id
 
 
 class Codec(Protocol):
@@ -67,8 +67,9 @@ class Codec(Protocol):
 
 
 def default_owner() -> str:
-    """A worker identity: host, pid and a random suffix."""
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+    """A worker identity: host, pid, a random suffix and what makes it checkable on its
+    host (see ``langgraph_cancel.ledger.workers``)."""
+    return new_worker_id()
 
 
 def derive_effect_id(thread_id: str, tool_call_id: str) -> str:
@@ -164,6 +165,29 @@ def lease_record(row: dict[str, Any], codec: Codec) -> LeaseRecord:
         heartbeat_at=required(codec.ts_out(row["heartbeat_at"])),
         expires_at=required(codec.ts_out(row["expires_at"])),
     )
+
+
+def lease_takeover_record(row: dict[str, Any], codec: Codec) -> LeaseTakeover:
+    """The ``LeaseTakeover`` of a ``lease_takeovers`` row."""
+    return LeaseTakeover(
+        thread_id=row["thread_id"],
+        previous_owner=row["previous_owner"],
+        owner=row["owner"],
+        cause=LeaseTakeoverCause(row["cause"]),
+        at=required(codec.ts_out(row["at"])),
+    )
+
+
+def lease_params(
+    thread_id: str, owner: str, now: datetime, ttl: float, codec: Codec
+) -> dict[str, Any]:
+    """The parameters of ``ACQUIRE_LEASE`` / ``TAKE_OVER_LEASE`` for ``owner`` at ``now``."""
+    return {
+        "thread_id": thread_id,
+        "owner": owner,
+        "now": codec.ts_in(now),
+        "expires_at": codec.ts_in(now + timedelta(seconds=ttl)),
+    }
 
 
 def transition_record(row: dict[str, Any], codec: Codec) -> TransitionRecord:
@@ -723,7 +747,9 @@ __all__ = [
     "in_chunks",
     "inserted_record",
     "is_unique_violation",
+    "lease_params",
     "lease_record",
+    "lease_takeover_record",
     "lost_transition",
     "moved_prefix",
     "nothing_to_cancel",

@@ -20,7 +20,7 @@ _EFFECT_STATUSES_V0 = (
     "'compensated', 'compensation_failed', 'failed', 'not_applied', 'unknown', 'rejected', "
     "'dropped'"
 )
-# v2: the delay window's statuses.
+# v3: the delay window's statuses.
 _EFFECT_STATUSES = f"{_EFFECT_STATUSES_V0}, 'scheduled', 'revoked'"
 _RUN_STATUSES = "'running', 'cancel_requested', 'cancelling', 'cancelled', 'completed', 'failed'"
 
@@ -28,7 +28,7 @@ _RUN_STATUSES = "'running', 'cancel_requested', 'cancelling', 'cancelled', 'comp
 def _effects_table(
     ts: str, js: str, statuses: str, *, name: str = "lgc_effects", release: bool = False
 ) -> list[str]:
-    """The effects table and its indexes (``release``: with the v2 ``release_at`` column)."""
+    """The effects table and its indexes (``release``: with the v3 ``release_at`` column)."""
     release_column = f"release_at {ts},\n            " if release else ""
     return [
         f"""CREATE TABLE IF NOT EXISTS {name} (
@@ -116,7 +116,7 @@ def _tables(ts: str, js: str, serial: str) -> list[str]:
     ]
 
 
-# v2: the delay window. Effects get a release time and two statuses, ``scheduled``
+# v3: the delay window. Effects get a release time and two statuses, ``scheduled``
 # (revocable until ``release_at``) and ``revoked``; the outbox finds due held calls
 # through a partial index. SQLite cannot alter a CHECK constraint: the table is
 # rebuilt under the same name, in the migration's transaction.
@@ -132,6 +132,24 @@ _RELEASE_INDEX = """CREATE INDEX IF NOT EXISTS lgc_effects_release ON lgc_effect
 # transition whose first attempt committed (its acknowledgement lost) knows it won.
 _RUN_TOKEN = "ALTER TABLE lgc_runs ADD COLUMN last_token TEXT"
 
+
+# v2: the audit trail of leases taken from a holder that had not let go (a dead worker
+# of this host, found at once, or an expired lease).
+def _lease_takeovers(ts: str, serial: str) -> list[str]:
+    return [
+        f"""CREATE TABLE IF NOT EXISTS lgc_lease_takeovers (
+            id {serial},
+            thread_id TEXT NOT NULL,
+            previous_owner TEXT NOT NULL,
+            owner TEXT NOT NULL,
+            cause TEXT NOT NULL,
+            at {ts} NOT NULL
+        )""",
+        """CREATE INDEX IF NOT EXISTS lgc_lease_takeovers_thread
+            ON lgc_lease_takeovers (thread_id, id)""",
+    ]
+
+
 SQLITE_MIGRATIONS: list[list[str]] = [
     [
         *_tables("TEXT", "TEXT", "INTEGER PRIMARY KEY AUTOINCREMENT"),
@@ -141,6 +159,7 @@ SQLITE_MIGRATIONS: list[list[str]] = [
             BEGIN SELECT RAISE(ABORT, 'lgc: run is already terminal'); END""",
     ],
     [_RUN_TOKEN],
+    _lease_takeovers("TEXT", "INTEGER PRIMARY KEY AUTOINCREMENT"),
     [
         _effects_table("TEXT", "TEXT", _EFFECT_STATUSES, name="lgc_effects_v2", release=True)[0],
         f"""INSERT INTO lgc_effects_v2 ({_V0_EFFECT_COLUMNS})
@@ -168,6 +187,7 @@ POSTGRES_MIGRATIONS: list[list[str]] = [
             FOR EACH ROW EXECUTE FUNCTION lgc_runs_terminal_once()""",
     ],
     [_RUN_TOKEN],
+    _lease_takeovers("TIMESTAMPTZ", "BIGSERIAL PRIMARY KEY"),
     [
         "ALTER TABLE lgc_effects ADD COLUMN IF NOT EXISTS release_at TIMESTAMPTZ",
         "ALTER TABLE lgc_effects DROP CONSTRAINT IF EXISTS lgc_effects_status_check",
@@ -474,6 +494,25 @@ RELEASE_LEASE = "DELETE FROM lgc_leases WHERE thread_id = %(thread_id)s AND owne
 RELEASE_LEASE_AFTER_FINISH = """
 DELETE FROM lgc_leases WHERE owner = %(lease_owner)s AND thread_id = (
     SELECT thread_id FROM lgc_runs WHERE run_id = %(run_id)s AND last_token = %(token)s)"""
+
+# A lease taken from a holder known to be gone: only if that holder still has it.
+TAKE_OVER_LEASE = """
+UPDATE lgc_leases SET owner = %(owner)s, acquired_at = %(now)s, heartbeat_at = %(now)s,
+    expires_at = %(expires_at)s
+WHERE thread_id = %(thread_id)s AND owner = %(previous_owner)s
+RETURNING thread_id, owner, acquired_at, heartbeat_at, expires_at"""
+
+INSERT_LEASE_TAKEOVER = """
+INSERT INTO lgc_lease_takeovers (thread_id, previous_owner, owner, cause, at)
+VALUES (%(thread_id)s, %(previous_owner)s, %(owner)s, %(cause)s, %(now)s)"""
+
+SELECT_LEASE_TAKEOVERS = """
+SELECT thread_id, previous_owner, owner, cause, at FROM lgc_lease_takeovers
+WHERE thread_id = %(thread_id)s ORDER BY id"""
+
+SELECT_LEASES = """
+SELECT thread_id, owner, acquired_at, heartbeat_at, expires_at FROM lgc_leases
+ORDER BY thread_id"""
 
 SELECT_EXPIRED_LEASES = """
 SELECT thread_id, owner, acquired_at, heartbeat_at, expires_at FROM lgc_leases
