@@ -16,9 +16,12 @@ from typing import Any
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage
 from langchain_core.tools import BaseTool, StructuredTool
+from langgraph.graph import END, START, MessagesState, StateGraph
+from langgraph.prebuilt import tools_condition
+from langgraph.types import Command
 
 from graphs import agent_builder, config_for, new_thread, scripted
-from langgraph_cancel import EffectKind, EffectToolNode, add_cancellation, effect
+from langgraph_cancel import ApprovalGate, EffectKind, EffectToolNode, add_cancellation, effect
 from langgraph_cancel.api import request_cancel
 from langgraph_cancel.demo.send_at import SendAtMail
 from langgraph_cancel.effects import idempotency_key, spec_of
@@ -163,3 +166,37 @@ def test_the_approval_gate_shows_the_window(saver: Any, mail: SendAtMail) -> Non
     }
     assert "5 min" in window["text"] and "5 min" in request["why_permanent"]
     assert mail.truth() == {"scheduled": [], "revoked": [], "delivered": []}
+
+
+def test_the_approval_gate_shows_the_window_then_a_stop_revokes_the_approved_email(
+    saver: Any, mail: SendAtMail
+) -> None:
+    tool = send_at_tool(mail, timedelta(minutes=5))
+    object.__setattr__(
+        tool, "_langgraph_cancel_spec", replace(spec_of(tool), requires_approval=True)
+    )
+    builder = StateGraph(MessagesState)
+    model = scripted(*_turns())
+    builder.add_node("agent", lambda state: {"messages": [model.invoke(state["messages"])]})
+    builder.add_node("approval", ApprovalGate([tool]))
+    builder.add_node("tools", EffectToolNode([tool]))
+    builder.add_edge(START, "agent")
+    builder.add_conditional_edges("agent", tools_condition, {"tools": "approval", END: END})
+    builder.add_edge("approval", "tools")
+    builder.add_edge("tools", "agent")
+    graph = add_cancellation(builder).compile(checkpointer=saver)
+    thread_id = new_thread()
+    cfg = config_for(thread_id)
+    graph.invoke({"messages": [HumanMessage("go")]}, cfg)
+    (pending,) = graph.get_state(cfg).interrupts
+    (action,) = pending.value["action_requests"]
+    assert action["delay_window"]["seconds"] == 300.0
+    assert action["delay_window"]["held_by"] == "provider"
+    assert "5 min" in action["why_permanent"]
+    # Approved: the email goes to its provider, held there; turn 2 asks again.
+    graph.invoke(Command(resume={"decisions": [{"type": "approve"}]}), cfg)
+    (first,) = [e for e in saver.ledger.effects(thread_id) if e.tool_call_id == "n1"]
+    assert first.status is EffectStatus.SCHEDULED
+    report = _stop(graph, saver, thread_id)
+    assert [e.tool_call_id for e in report.revoked] == ["n1"]
+    assert mail.truth()["delivered"] == []
