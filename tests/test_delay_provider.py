@@ -7,6 +7,7 @@ whether an email was delivered.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import replace
 from datetime import timedelta
@@ -200,3 +201,22 @@ def test_the_approval_gate_shows_the_window_then_a_stop_revokes_the_approved_ema
     report = _stop(graph, saver, thread_id)
     assert [e.tool_call_id for e in report.revoked] == ["n1"]
     assert mail.truth()["delivered"] == []
+
+
+def test_an_async_run_schedules_and_a_stop_revokes(saver: Any, mail: SendAtMail) -> None:
+    tool = send_at_tool(mail, timedelta(minutes=5))
+    builder = agent_builder(scripted(*_turns()), EffectToolNode([tool]), use_async=True)
+    graph = add_cancellation(builder).compile(checkpointer=saver, interrupt_before=["tools"])
+    thread_id = new_thread()
+    cfg = config_for(thread_id)
+
+    async def run() -> None:
+        await graph.ainvoke({"messages": [HumanMessage("go")]}, cfg)
+        await graph.ainvoke(None, cfg)
+        assert request_cancel(saver, thread_id, reason="stop", requested_by="test").accepted
+        await graph.ainvoke(None, cfg)
+
+    asyncio.run(run())
+    report = CancellationReport.model_validate(graph.get_state(cfg).values["cancellation_report"])
+    assert [e.tool_call_id for e in report.revoked] == ["n1"]
+    assert [e["key"] for e in mail.truth()["revoked"]] == [report.revoked[0].idempotency_key]
