@@ -42,7 +42,7 @@ from benchmarks.common import (
 )
 
 ROOT = Path(__file__).resolve().parent.parent
-SECTIONS = ("overhead", "profile", "latency", "scale", "recovery", "cli_startup")
+SECTIONS = ("overhead", "profile", "latency", "scale", "recovery", "cli_startup", "throughput")
 
 # The targets.
 PG_SE_MAX_US = 1000.0
@@ -806,6 +806,11 @@ def print_tables(res: dict[str, Any]) -> None:
     from benchmarks.cli_startup import print_table as cli_table
 
     cli_table(con, res)
+    if "throughput" in res:
+        from benchmarks.throughput import table as throughput_table
+
+        con.print("[b]Throughput (PostgreSQL, fsync on)[/b]")
+        con.print(throughput_table(res["throughput"]))
     t = Table(title="Targets")
     for col in ("target", "measured", "status", "detail"):
         t.add_column(col)
@@ -840,7 +845,7 @@ def main(argv: list[str] | None = None) -> int:
     res["meta"]["backends_run"] = backends
     durations: dict[str, float] = {}
     t_all = time.perf_counter()
-    from benchmarks import cli_startup, latency, overhead, profile, recovery, scale
+    from benchmarks import cli_startup, latency, overhead, profile, recovery, scale, throughput
 
     modules = {
         "cli_startup": cli_startup,
@@ -849,6 +854,7 @@ def main(argv: list[str] | None = None) -> int:
         "latency": latency,
         "scale": scale,
         "recovery": recovery,
+        "throughput": throughput,
     }
     try:
         for name in SECTIONS:

@@ -37,10 +37,12 @@ if TYPE_CHECKING:
     )
     from langgraph_cancel.graph import CancellableGraph, add_cancellation
     from langgraph_cancel.ledger import AsyncLedger, Ledger
+    from langgraph_cancel.limits import LimitName, Limits, Prices
     from langgraph_cancel.nodes import ApprovalGate, EffectToolNode
     from langgraph_cancel.outbox import Outbox, drain_outbox
     from langgraph_cancel.report import CancellationReport
     from langgraph_cancel.runtime import is_cancelled
+    from langgraph_cancel.sweeper import Sweeper, SweepSummary, sweep
     from langgraph_cancel.types import CancelPolicy, EffectKind, EffectStatus, RunStatus
 
 __version__ = "0.1.0"
@@ -69,12 +71,18 @@ _EXPORTS: dict[str, str] = {
     "add_cancellation": "langgraph_cancel.graph",
     "AsyncLedger": "langgraph_cancel.ledger",
     "Ledger": "langgraph_cancel.ledger",
+    "LimitName": "langgraph_cancel.limits",
+    "Limits": "langgraph_cancel.limits",
+    "Prices": "langgraph_cancel.limits",
     "ApprovalGate": "langgraph_cancel.nodes",
     "EffectToolNode": "langgraph_cancel.nodes",
     "Outbox": "langgraph_cancel.outbox",
     "drain_outbox": "langgraph_cancel.outbox",
     "CancellationReport": "langgraph_cancel.report",
     "is_cancelled": "langgraph_cancel.runtime",
+    "Sweeper": "langgraph_cancel.sweeper",
+    "SweepSummary": "langgraph_cancel.sweeper",
+    "sweep": "langgraph_cancel.sweeper",
     "CancelPolicy": "langgraph_cancel.types",
     "EffectKind": "langgraph_cancel.types",
     "EffectStatus": "langgraph_cancel.types",
@@ -112,9 +120,14 @@ __all__ = [
     "InvalidDecisionError",
     "LangGraphCancelError",
     "Ledger",
+    "LimitName",
+    "Limits",
     "Outbox",
     "Outcome",
+    "Prices",
     "RunStatus",
+    "SweepSummary",
+    "Sweeper",
     "ThreadBusy",
     "ThreadBusyError",
     "UnknownThreadError",
@@ -130,4 +143,5 @@ __all__ = [
     "idempotency_key",
     "is_cancelled",
     "request_cancel",
+    "sweep",
 ]

@@ -28,6 +28,11 @@ class DurabilityError(ConfigurationError):
     """The graph was started with a durability mode that loses tool batches."""
 
 
+class InvalidLimitsError(ConfigurationError):
+    """A ``Limits`` record that cannot be enforced (a negative maximum, a cost cap
+    without prices)."""
+
+
 class InvalidURLError(ConfigurationError):
     """A database URL is not one of ``sqlite:///...``, ``postgresql://...`` or ``memory://``."""
 
@@ -184,6 +189,22 @@ class ThreadBusyError(LangGraphCancelError):
 ThreadBusy = ThreadBusyError
 
 
+class FollowTimeoutError(LangGraphCancelError, TimeoutError):
+    """A run followed from the ledger did not end within the time given.
+
+    The stop request stays in place: the run may still end on its own.
+
+    Attributes:
+        run_id: The run that was followed.
+        timeout: The seconds waited.
+    """
+
+    def __init__(self, run_id: str, timeout: float) -> None:
+        self.run_id = run_id
+        self.timeout = timeout
+        super().__init__(f"run {run_id} did not end within {timeout:g}s")
+
+
 class MalformedToolCallError(LangGraphCancelError):
     """A tool call that cannot be dispatched: unknown tool or arguments off schema."""
 
@@ -236,9 +257,11 @@ __all__ = [
     "DurabilityError",
     "EffectConflictError",
     "EffectDeclarationError",
+    "FollowTimeoutError",
     "HookError",
     "IllegalTransitionError",
     "InvalidDecisionError",
+    "InvalidLimitsError",
     "InvalidURLError",
     "LangGraphCancelError",
     "LedgerError",

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from langgraph_cancel.errors import UnknownRunError
+from langgraph_cancel.errors import FollowTimeoutError, UnknownRunError
 from langgraph_cancel.ledger.queries import RunTree, run_tree
 from langgraph_cancel.progress import ProgressEffect, ProgressEvent, ProgressKind
 from langgraph_cancel.types import EffectRecord, EffectStatus, RunStatus, TransitionRecord
@@ -202,7 +202,7 @@ def follow(
 
     Raises:
         UnknownRunError: The ledger has no such run.
-        TimeoutError: ``timeout`` passed before the run ended.
+        FollowTimeoutError: ``timeout`` passed before the run ended.
     """
     seen: set[str] = set()
     deadline = None if timeout is None else time.monotonic() + timeout
@@ -216,8 +216,8 @@ def follow(
                 yield event
         if tree.run.terminal:
             return
-        if deadline is not None and time.monotonic() > deadline:
-            raise TimeoutError(f"run {run_id} did not end within {timeout:g}s")
+        if timeout is not None and deadline is not None and time.monotonic() > deadline:
+            raise FollowTimeoutError(run_id, timeout)
         time.sleep(interval)
 
 

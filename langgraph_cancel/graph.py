@@ -59,6 +59,7 @@ from langgraph_cancel.execution.settlement import apply_outcome, mark_unknown
 from langgraph_cancel.hooks import call_reconcile
 from langgraph_cancel.hooks import run_sync as _run_sync
 from langgraph_cancel.ledger import Ledger
+from langgraph_cancel.limits import LimitGuard, Limits, tokens_of
 from langgraph_cancel.nodes.tool_node import EffectToolNode
 from langgraph_cancel.progress import ProgressKind, announce_cancelled, announce_effect
 from langgraph_cancel.report import CancellationReport, build_report
@@ -109,6 +110,7 @@ class CancellationSettings:
     report_key: str = REPORT_KEY
     reconcile_interactive: bool = True
     tools: dict[str, BaseTool] = field(default_factory=dict)
+    limits: Limits | None = None
 
     def tool(self, name: str) -> BaseTool | None:
         """A tool by name: from this graph's tool nodes, else from any in the process."""
@@ -218,7 +220,10 @@ def _guard(name: str, inner: Any, settings: CancellationSettings) -> RunnableCal
     def func(state: Any, config: RunnableConfig) -> Any:
         if diverted(state, config):
             return Command(goto=CANCEL_NODE)
-        return inner.invoke(state, config)
+        out = inner.invoke(state, config)
+        if settings.limits is not None and (tokens := _model_tokens(out, settings)):
+            scope_for(config, ledger=settings.ledger, new_run=False).count_tokens(tokens)
+        return out
 
     async def afunc(state: Any, config: RunnableConfig) -> Any:
         scope = invocation_scope(config, settings.ledger)
@@ -226,9 +231,28 @@ def _guard(name: str, inner: Any, settings: CancellationSettings) -> RunnableCal
         undecided = scope is None or scope.run.terminal or await scope.signal.acancel_called()
         if undecided and await asyncio.to_thread(diverted, state, config):
             return Command(goto=CANCEL_NODE)
-        return await inner.ainvoke(state, config)
+        out = await inner.ainvoke(state, config)
+        if settings.limits is not None and (tokens := _model_tokens(out, settings)):
+            await asyncio.to_thread(_count_tokens, config, settings, tokens)
+        return out
 
     return RunnableCallable(func, afunc, name=name, trace=False)
+
+
+def _model_tokens(update: Any, settings: CancellationSettings) -> int:
+    """Model tokens of the messages a node's update adds (for the token budget)."""
+    if isinstance(update, Command):
+        update = update.update
+    if not isinstance(update, dict):
+        return 0
+    added = update.get(settings.messages_key)
+    if added is None:
+        return 0
+    return tokens_of(added if isinstance(added, list) else [added])
+
+
+def _count_tokens(config: RunnableConfig, settings: CancellationSettings, tokens: int) -> None:
+    scope_for(config, ledger=settings.ledger, new_run=False).count_tokens(tokens)
 
 
 # --------------------------------------------------------- the cancel node
@@ -566,6 +590,7 @@ def add_cancellation(
     messages_key: str = "messages",
     report_key: str = REPORT_KEY,
     reconcile_interactive: bool = True,
+    limits: Limits | None = None,
 ) -> CancellableStateGraph:
     """Make a graph builder safe to stop and safe to resume.
 
@@ -583,6 +608,8 @@ def add_cancellation(
         report_key: State key the cancellation report is written to.
         reconcile_interactive: Ask a person (``interrupt()``) about outcomes
             reconciliation cannot settle.
+        limits: A run's budget and deadline (``Limits``): a breach stops the run
+            as a cancel request would, naming the limit in the report.
 
     Returns:
         The same builder (now a ``CancellableStateGraph``); compile it as usual.
@@ -604,6 +631,7 @@ def add_cancellation(
         report_key=report_key,
         reconcile_interactive=reconcile_interactive,
         tools=_collect_tools(builder),
+        limits=limits,
     )
     for name, spec in list(builder.nodes.items()):
         builder.nodes[name] = dataclasses.replace(
@@ -720,6 +748,12 @@ class _Invocation:
         self._lease = LEASES.hold(self.ledger, self.scope.thread_id, owner, ttl=LEASE_TTL)
         self.token = current_scope.set(self.scope)
         self.watch = _PauseWatch()
+        # An invocation nested in one of the run's nodes leaves the outer one's guard be.
+        limits = self.settings.limits
+        self._guarded = False
+        if limits is not None and self.scope.limits is None and not self.scope.run.terminal:
+            self.scope.enforce(LimitGuard(limits, self.ledger, self.scope.run))
+            self._guarded = True
 
     def watching(self, config: RunnableConfig | None) -> RunnableConfig:
         """``config`` with the handler that sees the graph pause.
@@ -770,6 +804,8 @@ class _Invocation:
         except ValueError:  # ended from another context (generator closed elsewhere)
             current_scope.set(None)
         self.scope.unsettled_at_start = None  # read for this invocation only
+        if self._guarded:
+            self.scope.enforce(None)  # a paused run's deadline is checked again on resume
         LEASES.let_go(self._lease)
         try:
             if drained:

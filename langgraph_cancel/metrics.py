@@ -35,9 +35,11 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from langgraph_cancel.ordering import irreversible_first
 from langgraph_cancel.report import bucket_of
 from langgraph_cancel.types import (
     TERMINAL_RUN_STATUSES,
+    EffectRecord,
     EffectStatus,
     RunRecord,
     RunStatusLiteral,
@@ -47,6 +49,7 @@ from langgraph_cancel.types import (
 if TYPE_CHECKING:
     from langgraph_cancel.ledger import Ledger
     from langgraph_cancel.ledger.queries import RunTree
+
 
 class Distribution(BaseModel):
     """Percentiles of a set of values (nearest rank), ``None`` when there is none.
@@ -116,6 +119,8 @@ class RunMetrics(BaseModel):
         unknown: Calls left with an unknown outcome, per tool.
         orphans: Child runs that never saw the signal.
         permanent: Irreversible calls that committed, per tool.
+        irreversible_first: Irreversible calls that went out before read-only or
+            reversible work of the same run, per tool (see ``langgraph_cancel.ordering``).
         compensations_succeeded: Undos that succeeded, per tool.
         compensations_failed: Undos that failed, per tool.
         tokens_after_signal: Model tokens spent after the stop was seen.
@@ -132,6 +137,7 @@ class RunMetrics(BaseModel):
     unknown: dict[str, int] = Field(default_factory=dict)
     orphans: int = 0
     permanent: dict[str, int] = Field(default_factory=dict)
+    irreversible_first: dict[str, int] = Field(default_factory=dict)
     compensations_succeeded: dict[str, int] = Field(default_factory=dict)
     compensations_failed: dict[str, int] = Field(default_factory=dict)
     tokens_after_signal: int = 0
@@ -175,6 +181,10 @@ def run_metrics(tree: RunTree, *, now: datetime | None = None) -> RunMetrics:
                 failed[tool] += 1
     buckets = [(bucket_of(effect), effect.tool) for effect in tree.effects]
     permanent = Counter(tool for bucket, tool in buckets if bucket == "permanent")
+    by_run: dict[str, list[EffectRecord]] = {}
+    for effect in tree.effects:
+        by_run.setdefault(effect.run_id, []).append(effect)
+    early = Counter(e.tool for calls in by_run.values() for e in irreversible_first(calls))
     if run.report is not None:
         unknown = _report_tools(run.report, "unknown")
         orphans = int(run.report.get("orphans") or 0)
@@ -191,6 +201,7 @@ def run_metrics(tree: RunTree, *, now: datetime | None = None) -> RunMetrics:
         unknown=dict(sorted(unknown.items())),
         orphans=orphans,
         permanent=dict(sorted(permanent.items())),
+        irreversible_first=dict(sorted(early.items())),
         compensations_succeeded=dict(sorted(succeeded.items())),
         compensations_failed=dict(sorted(failed.items())),
         tokens_after_signal=run.tokens_after_cancel or 0,
@@ -225,6 +236,7 @@ class ToolStats(BaseModel):
         dispatched_in_window: Its calls dispatched between a request and quiescence.
         unknown: Its calls left unknown.
         permanent: Its irreversible calls committed.
+        irreversible_first: Its irreversible calls that went out before other work.
         compensations_succeeded: Its undos that succeeded.
         compensations_failed: Its undos that failed.
         compensation_success_rate: Succeeded over tried; ``None`` when none was tried.
@@ -235,6 +247,7 @@ class ToolStats(BaseModel):
     dispatched_in_window: int = 0
     unknown: int = 0
     permanent: int = 0
+    irreversible_first: int = 0
     compensations_succeeded: int = 0
     compensations_failed: int = 0
     compensation_success_rate: float | None = None
@@ -257,6 +270,8 @@ class CancellationStats(BaseModel):
         orphans: Child runs that never saw the signal (total).
         permanent: Irreversible calls committed (total).
         permanent_per_cancellation: Their distribution per stop.
+        irreversible_first: Irreversible calls that went out before read-only or
+            reversible work of their run (total): the plan was not irreversible-last.
         compensations_succeeded: Undos that succeeded.
         compensations_failed: Undos that failed.
         compensation_success_rate: Succeeded over tried; ``None`` when none was tried.
@@ -280,6 +295,7 @@ class CancellationStats(BaseModel):
     orphans: int = 0
     permanent: int = 0
     permanent_per_cancellation: Distribution = Field(default_factory=Distribution)
+    irreversible_first: int = 0
     compensations_succeeded: int = 0
     compensations_failed: int = 0
     compensation_success_rate: float | None = None
@@ -302,6 +318,7 @@ def aggregate(runs: Sequence[RunMetrics], *, since: datetime, until: datetime) -
         "dispatched_in_window",
         "unknown",
         "permanent",
+        "irreversible_first",
         "compensations_succeeded",
         "compensations_failed",
     )
@@ -339,6 +356,7 @@ def aggregate(runs: Sequence[RunMetrics], *, since: datetime, until: datetime) -
         orphans=sum(m.orphans for m in runs),
         permanent=total("permanent"),
         permanent_per_cancellation=distribution(sum(m.permanent.values()) for m in runs),
+        irreversible_first=total("irreversible_first"),
         compensations_succeeded=succeeded,
         compensations_failed=failed,
         compensation_success_rate=success_rate(succeeded, failed),

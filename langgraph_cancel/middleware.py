@@ -27,7 +27,13 @@ import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Annotated, Any, NotRequired
 
-from langchain.agents.middleware.types import AgentMiddleware, AgentState, hook_config
+from langchain.agents.middleware.types import (
+    AgentMiddleware,
+    AgentState,
+    ExtendedModelResponse,
+    ModelRequest,
+    hook_config,
+)
 from langchain_core.messages import AIMessage, AnyMessage, RemoveMessage, ToolCall, ToolMessage
 from langgraph.config import get_config
 from langgraph.graph.message import REMOVE_ALL_MESSAGES
@@ -48,6 +54,7 @@ from langgraph_cancel.graph import (
     reconcile_thread,
 )
 from langgraph_cancel.ledger import Ledger
+from langgraph_cancel.limits import LimitGuard, Limits, tokens_of
 from langgraph_cancel.progress import announce_cancelled
 from langgraph_cancel.runtime import RunScope, check_durability, drop_scope, scope_for
 from langgraph_cancel.types import RunStatus
@@ -80,6 +87,8 @@ class EffectMiddleware(AgentMiddleware[CancelAgentState, Any, Any]):
         cancel_timeout: Seconds to wait for in-flight calls on cancel.
         checkpoint_timeout: Seconds a side-effecting call waits for the checkpoint
             of the model step that asked for it before it is refused.
+        limits: A run's budget and deadline (``Limits``): a breach stops the run
+            as a cancel request would, naming the limit in the report.
     """
 
     state_schema = CancelAgentState
@@ -92,9 +101,11 @@ class EffectMiddleware(AgentMiddleware[CancelAgentState, Any, Any]):
         compensate_on_cancel: bool = False,
         cancel_timeout: float = DEFAULT_CANCEL_TIMEOUT,
         checkpoint_timeout: float = PLAN_SAVE_TIMEOUT,
+        limits: Limits | None = None,
     ) -> None:
         super().__init__()
         self.ledger = ledger
+        self.limits = limits
         self.approval = approval
         self.interceptor = EffectInterceptor(
             ledger=ledger,
@@ -103,7 +114,10 @@ class EffectMiddleware(AgentMiddleware[CancelAgentState, Any, Any]):
             review=self._review_mode,
         )
         self.settings = CancellationSettings(
-            ledger=ledger, compensate_on_cancel=compensate_on_cancel, cancel_timeout=cancel_timeout
+            ledger=ledger,
+            compensate_on_cancel=compensate_on_cancel,
+            cancel_timeout=cancel_timeout,
+            limits=limits,
         )
 
     # ------------------------------------------------------------ review
@@ -120,11 +134,35 @@ class EffectMiddleware(AgentMiddleware[CancelAgentState, Any, Any]):
     def _scope(self, *, new_run: bool) -> RunScope:
         config = get_config()
         check_durability(config)
-        return scope_for(config, ledger=self.ledger, new_run=new_run)
+        scope = scope_for(config, ledger=self.ledger, new_run=new_run)
+        if self.limits is not None and scope.limits is None and not scope.run.terminal:
+            # Also when a resumed run's first hook is not before_agent (a new process).
+            scope.enforce(LimitGuard(self.limits, scope.ledger, scope.run))
+        return scope
+
+    @staticmethod
+    def _has_thread() -> bool:
+        """Whether the run has a thread. Without one each hook's scope would be a
+        ledger of its own, in memory, that nothing else sees: the hooks have nothing
+        to start, check or close (the tool calls are still guarded, as ``ToolNode``
+        runs without a thread), and they do no work, not even on an event loop's
+        thread that a sync ``invoke`` inside async code blocks."""
+        return bool((get_config().get("configurable") or {}).get("thread_id"))
+
+    def _run_hook(
+        self,
+        hook: Callable[[CancelAgentState, Runtime[Any]], dict[str, Any] | None],
+        state: CancelAgentState,
+        runtime: Runtime[Any],
+    ) -> dict[str, Any] | None:
+        """``hook`` off an event loop's thread; nothing without a thread."""
+        if not self._has_thread():
+            return None
+        return off_the_loop(hook, state, runtime)
 
     def before_agent(self, state: CancelAgentState, runtime: Runtime[Any]) -> dict[str, Any] | None:
         """Start the thread's run; first close an earlier one new input cut short."""
-        return off_the_loop(self._before_agent, state, runtime)
+        return self._run_hook(self._before_agent, state, runtime)
 
     def _before_agent(
         self, state: CancelAgentState, runtime: Runtime[Any]
@@ -160,12 +198,14 @@ class EffectMiddleware(AgentMiddleware[CancelAgentState, Any, Any]):
         self, state: CancelAgentState, runtime: Runtime[Any]
     ) -> dict[str, Any] | None:
         """Async ``before_agent``."""
+        if not self._has_thread():
+            return None
         return await _off_loop(self._before_agent, state, runtime)
 
     @hook_config(can_jump_to=["end"])
     def before_model(self, state: CancelAgentState, runtime: Runtime[Any]) -> dict[str, Any] | None:
         """The step-boundary check: once cancel is requested, finish the cancel and end."""
-        return off_the_loop(self._before_model, state, runtime)
+        return self._run_hook(self._before_model, state, runtime)
 
     def _before_model(
         self, state: CancelAgentState, runtime: Runtime[Any]
@@ -175,6 +215,7 @@ class EffectMiddleware(AgentMiddleware[CancelAgentState, Any, Any]):
         if not (scope.run.terminal or scope.cancel_called()):
             return None
         scope.signal.observe()
+        scope.enforce(None)
         dangling = dangling_tool_calls(list(state.get("messages") or []))
         report = finalize_cancel(scope, self.settings, dangling)
         payload = report.model_dump(mode="json")
@@ -190,15 +231,40 @@ class EffectMiddleware(AgentMiddleware[CancelAgentState, Any, Any]):
         self, state: CancelAgentState, runtime: Runtime[Any]
     ) -> dict[str, Any] | None:
         """Async ``before_model``."""
+        if not self._has_thread():
+            return None
         return await _off_loop(self._before_model, state, runtime)
+
+    def wrap_model_call(self, request: ModelRequest[Any], handler: Callable[..., Any]) -> Any:
+        """Count the model's tokens for the run's budget (when it has limits)."""
+        response = handler(request)
+        if self.limits is not None and self.limits.counts_tokens:
+            off_the_loop(self._count_tokens, response)
+        return response
+
+    async def awrap_model_call(
+        self, request: ModelRequest[Any], handler: Callable[..., Awaitable[Any]]
+    ) -> Any:
+        """Async ``wrap_model_call``."""
+        response = await handler(request)
+        if self.limits is not None and self.limits.counts_tokens:
+            await asyncio.to_thread(self._count_tokens, response)
+        return response
+
+    def _count_tokens(self, response: Any) -> None:
+        if isinstance(response, ExtendedModelResponse):
+            response = response.model_response
+        messages = [response] if isinstance(response, AIMessage) else response.result
+        self._scope(new_run=False).count_tokens(tokens_of(messages))
 
     def after_agent(self, state: CancelAgentState, runtime: Runtime[Any]) -> dict[str, Any] | None:
         """Close the run when the agent finished without a cancel."""
-        return off_the_loop(self._after_agent, state, runtime)
+        return self._run_hook(self._after_agent, state, runtime)
 
     def _after_agent(self, state: CancelAgentState, runtime: Runtime[Any]) -> dict[str, Any] | None:
         """Close the run when the agent finished without a cancel."""
         scope = self._scope(new_run=False)
+        scope.enforce(None)
         run = scope.refresh()
         if run.status is RunStatus.RUNNING:
             scope.ledger.finish_run(run.run_id, RunStatus.COMPLETED)
@@ -210,6 +276,8 @@ class EffectMiddleware(AgentMiddleware[CancelAgentState, Any, Any]):
         self, state: CancelAgentState, runtime: Runtime[Any]
     ) -> dict[str, Any] | None:
         """Async ``after_agent``."""
+        if not self._has_thread():
+            return None
         return await _off_loop(self._after_agent, state, runtime)
 
     # --------------------------------------------------------- tool calls

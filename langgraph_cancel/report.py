@@ -12,6 +12,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from langgraph_cancel.ledger import Ledger
+from langgraph_cancel.limits import LIMITS_REQUESTER, LimitNameLiteral, limit_of_reason
+from langgraph_cancel.ordering import irreversible_count, irreversible_first
 from langgraph_cancel.types import (
     TERMINAL_RUN_STATUSES,
     EffectKind,
@@ -84,6 +86,14 @@ class CancellationReport(BaseModel):
         dispatched_after_cancel: Dispatches after the run observed its cancel signal
             (must be 0).
         orphans: Child runs that never observed the signal (must be 0).
+        limit: The limit whose breach stopped the run (``Limits``), if one did;
+            ``reason`` gives the figure (``limit: tool_calls 12 > 10``).
+        tokens_used: Model tokens counted for the run's token budget (0 when it
+            has none).
+        irreversible_effects: How many irreversible calls of the run went out
+            (committed or maybe applied): what a stop could no longer undo.
+        irreversible_first: Irreversible effects that went out before read-only
+            or reversible work of the same run: the plan was not irreversible-last.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -93,6 +103,7 @@ class CancellationReport(BaseModel):
     status: RunStatusLiteral
     reason: str | None = None
     requested_by: str | None = None
+    limit: LimitNameLiteral | None = None
     requested_at: str | None = None
     observed_at: str | None = None
     quiesced_at: str | None = None
@@ -112,6 +123,9 @@ class CancellationReport(BaseModel):
     dispatched_after_cancel: int = 0
     orphans: int = 0
     tokens_after_cancel: int | None = None
+    tokens_used: int = 0
+    irreversible_effects: int = 0
+    irreversible_first: list[ReportEffect] = Field(default_factory=list)
     summary: str = ""
 
     def entries(self) -> list[ReportEffect]:
@@ -216,6 +230,8 @@ def summarize(report: CancellationReport) -> str:
         parts.append(f"{_counted(report.scheduled)} scheduled (revocable until sent)")
     n = len(report.not_run)
     parts.append(f"{n} step{'s' if n != 1 else ''} not run")
+    if report.limit is not None and report.reason:
+        parts.insert(0, f"stopped by its {report.reason}")
     return "; ".join(parts)
 
 
@@ -236,6 +252,14 @@ def _tree_effects(ledger: Ledger, run: RunRecord) -> list[tuple[EffectRecord, Ru
     return out
 
 
+def _limit_of(run: RunRecord) -> LimitNameLiteral | None:
+    """The limit that stopped ``run``, when its stop was a breach (not a person's words)."""
+    if run.requested_by != LIMITS_REQUESTER:
+        return None
+    limit = limit_of_reason(run.reason)
+    return None if limit is None else limit.value
+
+
 def build_report(
     ledger: Ledger, run: RunRecord, *, status: str | None = None
 ) -> CancellationReport:
@@ -253,7 +277,8 @@ def build_report(
     # the reference: it is taken before the request commits, and a dispatch committing
     # in between (the ledger allows it: the run is still running) would look later.
     cutoff = run.observed_at or run.requested_at
-    for e, child in _tree_effects(ledger, run):
+    tree = _tree_effects(ledger, run)
+    for e, child in tree:
         if (
             child is None
             and cutoff is not None
@@ -262,6 +287,7 @@ def build_report(
         ):
             after_cancel += 1
         buckets[bucket_of(e)].append(_entry(e, child))
+    own = [e for e, child in tree if child is None]
     children = ledger.child_runs(run.run_id)
     orphans = sum(
         1 for c in children if c.status not in TERMINAL_RUN_STATUSES and c.observed_at is None
@@ -272,6 +298,7 @@ def build_report(
         status=(status or run.status.value),  # type: ignore[arg-type]
         reason=run.reason,
         requested_by=run.requested_by,
+        limit=_limit_of(run),
         requested_at=_iso(run.requested_at),
         observed_at=_iso(run.observed_at),
         quiesced_at=_iso(run.quiesced_at),
@@ -280,6 +307,9 @@ def build_report(
         dispatched_after_cancel=after_cancel,
         orphans=orphans,
         tokens_after_cancel=run.tokens_after_cancel,
+        tokens_used=run.tokens_used,
+        irreversible_effects=irreversible_count(own),
+        irreversible_first=[_entry(e) for e in irreversible_first(own)],
         **buckets,  # type: ignore[arg-type]
     )
     return report.model_copy(update={"summary": summarize(report)})

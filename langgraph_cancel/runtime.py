@@ -36,6 +36,7 @@ from langgraph_cancel.ledgers import (
     ledger_for_url,
     resolve_ledger,
 )
+from langgraph_cancel.limits import LimitGuard
 from langgraph_cancel.progress import ProgressKind, announce_effect, announce_observed
 from langgraph_cancel.types import EffectRecord, RunRecord, RunStatus
 
@@ -144,6 +145,9 @@ class CancelSignal:
         self._last_poll = 0.0
         self._observed = False
         self._lock = threading.Lock()
+        #: The run's limits, checked with the signal: True once one was breached (a
+        #: breach requests cancel, which raises the signal). Blocking.
+        self.limit_check: Callable[[], bool] | None = None
 
     def set(self) -> None:
         """Mark the signal up (from a listener or a same-process request)."""
@@ -161,12 +165,18 @@ class CancelSignal:
         """True once cancellation was requested (may poll the database)."""
         if self._event.is_set():
             return True
+        limit_check = self.limit_check
+        if limit_check is not None and limit_check():
+            return True
         return self._claim_poll() and self._poll()
 
     async def acancel_called(self) -> bool:
         """``cancel_called`` for event loops: the flag inline; a due poll through the
         ledger's async twin on this loop, else in a thread."""
         if self._event.is_set():
+            return True
+        limit_check = self.limit_check
+        if limit_check is not None and await asyncio.to_thread(limit_check):
             return True
         if not self._claim_poll():
             return False
@@ -423,6 +433,23 @@ class RunScope:
     #: Effects in flight that this run's stop waits for: each leaves the set when its
     #: outcome is recorded and streamed as ``settled`` (``progress.py``).
     awaited: set[str] = field(default_factory=set)
+    #: The run's limits while an invocation enforces them (``add_cancellation(limits=...)``).
+    limits: LimitGuard | None = None
+
+    def enforce(self, guard: LimitGuard | None) -> None:
+        """Check ``guard`` with the run's cancel signal (None: stop checking limits)."""
+        previous = self.limits
+        if previous is not None:
+            previous.stop()
+        self.limits = guard
+        self.signal.limit_check = None if guard is None else guard.check
+        if guard is not None:
+            guard.start()
+
+    def count_tokens(self, tokens: int) -> None:
+        """Count model tokens for the run's token budget (when it has one)."""
+        if self.limits is not None:
+            self.limits.add_tokens(tokens)
 
     def await_effect(self, record: EffectRecord, grace: float | None) -> None:
         """The stop waits for ``record``, in flight, for ``grace`` seconds (None: until

@@ -340,6 +340,8 @@ class RunRecord(_Record):
     quiesced_at: datetime | None = None
     tokens_after_cancel: int | None = None
     report: dict[str, Any] | None = None
+    #: Model tokens the run used (counted for its token budget; kept across resumes).
+    tokens_used: int = 0
 
     @property
     def terminal(self) -> bool:

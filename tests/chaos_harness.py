@@ -51,6 +51,7 @@ from langgraph_cancel import (
     EffectStatus,
     EffectToolNode,
     Ledger,
+    Limits,
     Outcome,
     add_cancellation,
     effect,
@@ -112,7 +113,8 @@ class CallSpec:
     """One tool call of a turn.
 
     ``variant``: 0 plain; 1 the approval-needing form (priority 9, amount 150);
-    2 a call the provider refuses (unknown order, refund over the order total).
+    2 a call the provider refuses (unknown order, refund over the order total);
+    3 (``cx_lookup`` only) the same arguments every time, as a looping model asks.
     ``ref``: a refund's reference (its declared idempotency key); default one of
     its own, ``r-c<n>``. A later message naming an earlier ref asks for the same
     refund again.
@@ -160,6 +162,10 @@ class Plan:
     racing_cancels: int = 1
     #: After a crash, two workers resume the thread at once (sync plans).
     racing_resumes: bool = False
+    #: The run's budget and deadline (``add_cancellation(limits=...)``), if any.
+    limits: Limits | None = None
+    #: The model reports token usage (``usage_metadata``), for token budgets.
+    report_usage: bool = False
 
     @property
     def n_calls(self) -> int:
@@ -183,6 +189,8 @@ def call_args(spec: CallSpec, n: int) -> dict[str, Any]:
     tag = f"c{n}"
     order = ORDERS[n % len(ORDERS)]
     if spec.tool == "cx_lookup":
+        if spec.variant == 3:  # the same lookup every time (a looping model)
+            return {"order_id": ORDERS[0], "tag": "again"}
         return {"order_id": "o-404" if spec.variant == 2 else order, "tag": tag}
     if spec.tool == "cx_check":
         return {"order_id": order, "tag": tag}
@@ -503,7 +511,9 @@ def scripted_model(world: World) -> ScriptedChatModel:
             )
         return AIMessage("done")
 
-    return ScriptedChatModel([pick], on_exhausted="repeat_last")
+    return ScriptedChatModel(
+        [pick], on_exhausted="repeat_last", report_usage=world.plan.report_usage
+    )
 
 
 def build_graph(world: World, model: ScriptedChatModel, saver: Any) -> Any:
@@ -541,6 +551,7 @@ def build_graph(world: World, model: ScriptedChatModel, saver: Any) -> Any:
         compensate_on_cancel=plan.compensate_on_cancel,
         cancel_timeout=CANCEL_TIMEOUT,
         reconcile_interactive=plan.reconcile_interactive,
+        limits=plan.limits,
     ).compile(checkpointer=saver)
 
 

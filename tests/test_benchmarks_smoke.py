@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-SECTIONS = ("overhead", "profile", "latency", "scale", "recovery", "cli_startup")
+SECTIONS = ("overhead", "profile", "latency", "scale", "recovery", "cli_startup", "throughput")
 
 
 @pytest.mark.slow
@@ -64,6 +64,11 @@ def test_benchmarks_quick_run_writes_every_section(tmp_path: Path) -> None:
     assert {"memory", "sqlite"} <= set(run)
     for section in SECTIONS:
         assert section in data, f"missing section {section}"
+    if "postgres" in run:
+        assert [row["workers"] for row in data["throughput"]["rows"]] == [1, 2, 4]
+        assert all(c["runs_per_s"] > 0 for c in data["throughput"]["cells"])
+    else:
+        assert data["throughput"] == {"skipped": "needs PostgreSQL"}
     assert data["targets"], "no target rows"
     assert all(t["status"] in ("PASS", "MISS", "n/a", "info") for t in data["targets"])
     # A row that is no target says why in its detail.

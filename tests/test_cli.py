@@ -474,6 +474,7 @@ def test_every_command_takes_db_and_data_commands_take_json() -> None:
         "resume",
         "reconcile",
         "outbox",
+        "sweep",
         "stats",
         "completion",
     }

@@ -270,3 +270,46 @@ def test_demo_on_postgres(tmp_path: Path, pg_url: str) -> None:
     run = _demo(tmp_path, "--db", pg_url, "--providers-db", str(tmp_path / "providers.db"))
     assert_seed_report(run.report)
     assert_seed_truth(run.report, run.truth)
+
+
+def test_cancel_at_budget_names_the_limit(tmp_path: Path) -> None:
+    """Nobody presses stop: the run's tool-call budget stops it, through the same cancel."""
+    run = _demo(tmp_path, "--cancel-at", "budget")
+    report = run.report
+    assert report["status"] == "cancelled"
+    assert report["requested_by"] == "limits"
+    assert report["limit"] == "tool_calls"
+    assert report["reason"] == "limit: tool_calls 9 > 6"
+    assert report["summary"].startswith("stopped by its limit: tool_calls 9 > 6; ")
+    assert _tools(report["permanent"]) == ["issue_refund", "send_email", "send_email"]
+    assert {e["tool"] for e in report["not_run"]} == QUEUED and len(report["not_run"]) == 5
+    assert report["dispatched_after_cancel"] == 0 and report["unknown"] == []
+    assert len(run.truth["refunds"]) == 1 and run.truth["updates"] == []
+    for e in report["not_run"]:
+        assert _executions(run.truth, e["idempotency_key"]) == 0
+
+
+def test_cancel_at_ordered_leaves_nothing_permanent(tmp_path: Path) -> None:
+    """Irreversible last: reads and undoable drafts first, the permanent calls behind the
+    approval gate; a stop while the refund waits leaves nothing permanent."""
+    run = _demo(tmp_path, "--cancel-at", "ordered")
+    report = run.report
+    assert report["status"] == "cancelled"
+    assert report["permanent"] == [] and report["reversible_committed"] == []
+    assert report["irreversible_effects"] == 0 and report["irreversible_first"] == []
+    assert _tools(report["compensated"]) == ["create_ticket", "update_order"]
+    assert _tools(report["not_run"]) == ["issue_refund", "send_email", "send_email"]
+    assert run.truth["refunds"] == [] and run.truth["emails"] == []
+    assert run.truth["orders"]["o-88"]["status"] == "refund_requested"  # the hold was undone
+    assert len(run.truth["restores"]) == 1
+    assert [t["status"] for t in run.truth["tickets"]] == ["closed"]
+
+
+def test_the_seed_names_its_irreversible_calls_that_came_first(seed: DemoRun) -> None:
+    """The seed sends the refund and emails before its reversible update of o-88."""
+    assert _tools(seed.report["irreversible_first"]) == [
+        "issue_refund",
+        "send_email",
+        "send_email",
+    ]
+    assert seed.report["irreversible_effects"] == 3

@@ -165,6 +165,30 @@ def test_unknown_is_what_the_stop_left_and_permanent_is_what_stands_now() -> Non
     assert numbers.permanent == {"refund": 1}
 
 
+def test_irreversible_calls_before_other_work_of_their_run_are_counted() -> None:
+    def sent(effect: EffectRecord, ms: float) -> EffectRecord:
+        return effect.model_copy(update={"dispatched_at": at(ms)})
+
+    tree = RunTree(
+        run_record(),
+        effects=[
+            # The parent refunds before it updates an order: not irreversible-last.
+            sent(effect_record("refund", "refund", E.COMMITTED), -800),
+            sent(effect_record("order", "update", E.COMMITTED, EffectKind.REVERSIBLE), -700),
+            # Its sub-agent emails after its own last reversible call: in order.
+            sent(effect_record("draft", "draft", E.COMMITTED, EffectKind.REVERSIBLE, "c1"), -600),
+            sent(effect_record("email", "email", E.COMMITTED, run_id="c1"), -500),
+        ],
+        transitions=[],
+    )
+    numbers = run_metrics(tree)
+    assert numbers.irreversible_first == {"refund": 1}
+    stats = aggregate([numbers], since=at(-2000), until=at(1000))
+    assert stats.irreversible_first == 1
+    assert stats.tools["refund"].irreversible_first == 1
+    assert stats.tools["email"].irreversible_first == 0
+
+
 def test_compensations_count_each_attempt_by_outcome() -> None:
     tree = RunTree(
         run_record(),

@@ -205,3 +205,16 @@ def test_approval_interrupt_then_one_dispatch(saver: Any) -> None:
     rec = saver.ledger.get_effect(rec.effect_id)
     assert rec.status.value == "committed"
     assert (rec.approval or {}).get("reviewer") == "ops"
+
+
+async def test_a_sync_invoke_without_a_thread_inside_async_code_never_blocks_the_loop() -> None:
+    # Without a thread the hooks have no run to start, check or close; they do no work,
+    # so a sync invoke from async code (on the loop's thread) blocks on nothing of ours.
+    from blockbuster import blockbuster_ctx
+
+    counter = Counter()
+    model = ScriptedChatModel(["no tools needed"])
+    agent = agents.create_agent(model, _tools(counter), middleware=[EffectMiddleware()])
+    with blockbuster_ctx():
+        out = agent.invoke({"messages": [HumanMessage("hi")]})
+    assert out["messages"][-1].content == "no tools needed"

@@ -1,14 +1,15 @@
 """A provider that repeats tool-call ids across turns cannot make a call replay another.
 
-The ledger knows a call by (thread, tool-call id). Some OpenAI-compatible servers
-number ids per message, so turn two's ``call_0`` is not turn one's. Before acting
-on a record it finds, the node checks it is this call (DBOS's "same step?"): same
-tool, same arguments (or the ones an approved edit replaced). Another call's
-record is never replayed as this call's answer, and this call is never dispatched
-under it: it is recorded under an id of its own, ``call_0~<digest of tool and
-arguments>`` (or the record an approved edit changed), and runs, is asked about,
-is dropped by a cancel, like any call. The same tool and arguments again under the
-same id is the same step, answered from the ledger.
+The ledger knows a call by (thread, tool-call id, the model turn that asked for
+it). Some OpenAI-compatible servers number ids per message, so turn two's
+``call_0`` is not turn one's: it is recorded under ``call_0~turn-1``, and runs,
+is asked about, is dropped by a cancel, like any call; so does the same call
+asked for again in a later turn (a new step, as in LangGraph). A re-run of the
+same step (an interrupt, a crash) finds the same history, so the same record,
+answered from the ledger. Before acting on a record it finds, the node still
+checks it is this call (DBOS's "same step?"): same tool, same arguments (or the
+ones an approved edit replaced); another call's record is never replayed as this
+call's answer.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from langgraph_cancel.errors import EffectConflictError
 from langgraph_cancel.execution.identity import (
     dangling_tool_calls,
     ensure_same_call,
-    reused_call_id,
+    turn_call_id,
 )
 from langgraph_cancel.ledger import derive_idempotency_key
 from langgraph_cancel.testing import tool_call
@@ -92,8 +93,8 @@ def _answers(out: dict[str, Any]) -> list[tuple[str, str, str]]:
 
 
 def _own(name: str, item: str) -> str:
-    """The ledger id of turn two's ``call_0`` when turn one's ``call_0`` was another call."""
-    return reused_call_id(tool_call(name, {"item": item}, id="call_0"))
+    """The ledger id of turn two's ``call_0`` (turn one's was another step)."""
+    return turn_call_id("call_0", 1)
 
 
 def test_a_reused_id_with_other_arguments_runs_under_an_id_of_its_own(
@@ -123,15 +124,19 @@ def test_a_reused_id_with_other_arguments_runs_under_an_id_of_its_own(
     assert saver.ledger.latest_run(thread).status.value == "completed"
 
 
-def test_the_moved_call_asked_again_is_a_replay(saver: Any, log: ExecutionLog) -> None:
-    # Turn three repeats turn two's call under call_0 once more: it is turn two's step
-    # (its own id is the same), answered from the ledger, refunded once.
+def test_each_turn_asking_again_is_a_step_of_its_own(saver: Any, log: ExecutionLog) -> None:
+    # Turn three repeats turn two's call under call_0 once more: a new model turn is a
+    # new step (as in LangGraph), recorded under its own id with its own key.
     refund = counting_tool(log, "refund", EffectKind.IRREVERSIBLE)
     turns = [("refund", "o-1")], [("refund", "o-2")], [("refund", "o-2")]
     graph = _graph(saver, [refund], *turns)
-    out = graph.invoke({"messages": [HumanMessage("go")]}, config_for(new_thread()))
+    thread = new_thread()
+    out = graph.invoke({"messages": [HumanMessage("go")]}, config_for(thread))
     assert [a[2] for a in _answers(out)] == ["refund(o-1) ok", "refund(o-2) ok", "refund(o-2) ok"]
-    assert [r["item"] for r in log.rows("refund")] == ["o-1", "o-2"]
+    assert [r["item"] for r in log.rows("refund")] == ["o-1", "o-2", "o-2"]
+    ids = [r.tool_call_id for r in saver.ledger.effects(thread)]
+    assert sorted(ids) == ["call_0", turn_call_id("call_0", 1), turn_call_id("call_0", 2)]
+    assert len({r["key"] for r in log.rows("refund")}) == 3
 
 
 def test_a_reused_id_naming_another_tool_runs_under_its_own(saver: Any, log: ExecutionLog) -> None:
@@ -184,14 +189,14 @@ def test_a_malformed_call_under_a_reused_id_is_recorded_too(saver: Any, log: Exe
     assert other.tool_call_id.startswith("call_0~") and other.status is EffectStatus.FAILED
 
 
-def test_the_same_call_again_is_a_replay(saver: Any, log: ExecutionLog) -> None:
-    # Same id, same tool, same arguments: the provider's repeat is the same step, so
-    # it is answered from the ledger and nothing runs twice.
+def test_the_same_call_in_a_later_turn_runs_again(saver: Any, log: ExecutionLog) -> None:
+    # Same id, same tool, same arguments, asked by a later model message: a new step.
+    # A key the tool declares still lets the provider apply it once.
     refund = counting_tool(log, "refund", EffectKind.IRREVERSIBLE)
     graph = _graph(saver, [refund], [("refund", "o-1")], [("refund", "o-1")])
     out = graph.invoke({"messages": [HumanMessage("go")]}, config_for(new_thread()))
     assert [a[1:] for a in _answers(out)] == [("success", "refund(o-1) ok")] * 2
-    assert log.applied("refund") == 1
+    assert log.applied("refund") == 2
 
 
 def test_ensure_same_call_accepts_an_approved_edit(saver: Any) -> None:

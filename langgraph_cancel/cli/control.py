@@ -16,7 +16,7 @@ from langgraph_cancel.cli import render
 from langgraph_cancel.cli.config import PROG, Database, resolve_database
 from langgraph_cancel.cli.database import open_ledger
 from langgraph_cancel.cli.inspection import lease_live
-from langgraph_cancel.errors import CommandLineError
+from langgraph_cancel.errors import CommandLineError, FollowTimeoutError
 from langgraph_cancel.ledger import Ledger
 from langgraph_cancel.types import CancelRequestResult
 
@@ -69,7 +69,7 @@ def _follow(
                     render.line(out, described, hang=6)
             if event.event is ProgressKind.CANCELLED and event.report is not None:
                 report = CancellationReport.model_validate(event.report)
-    except TimeoutError as exc:
+    except FollowTimeoutError as exc:
         raise CommandLineError(
             f"{exc}: the stop is still in progress (`{PROG} status {args.thread}{db.flag}`)"
         ) from exc

@@ -199,7 +199,9 @@ def run(args: argparse.Namespace) -> int:
             ).compile(checkpointer=saver)
             graph = subagent.build_parent_builder(refunds_agent).compile(checkpointer=saver)
         else:
-            graph = agent.build_builder(model).compile(checkpointer=saver)
+            graph = agent.build_builder(
+                model, compensate_on_cancel=step.compensate, limits=step.limits
+            ).compile(checkpointer=saver)
         # The stop button reads through a ledger of its own, as another process would.
         watch_ledger = ledger if db.url.is_memory else Ledger.from_url(db.url.url)
         spinner = (

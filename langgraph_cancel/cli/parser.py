@@ -32,6 +32,8 @@ DEMO_STEPS: tuple[str, ...] = (
     "email",
     "plan",
     "approval",
+    "budget",
+    "ordered",
     "subagent",
     "window",
     "none",
@@ -92,6 +94,17 @@ def seconds(text: str) -> float:
         raise argparse.ArgumentTypeError(f"wants a number of seconds, got {text!r}") from None
     if not math.isfinite(value) or value < 0:
         raise argparse.ArgumentTypeError(f"wants a number of seconds >= 0, got {text!r}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """A whole number, one or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"wants a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"wants a number >= 1, got {text!r}")
     return value
 
 
@@ -272,10 +285,12 @@ def build_parser() -> Parser:
         help="when to press stop: update (default: while update_order(o-88) is in flight, "
         "four calls queued), refund (while the refund is in flight), email (while the email "
         "to the customer is in flight), plan (while the model writes turn 2), approval "
-        "(while a 120.00 refund waits at the approval gate), subagent (at the parent, while "
-        "the refund its sub-agent makes on a thread of its own is in flight), window (while a "
-        "follow-up email waits in its delay window: the stop revokes it), none (never: the run "
-        "completes)",
+        "(while a 120.00 refund waits at the approval gate), budget (never by hand: a "
+        "budget of 6 tool calls stops the run, and the report names the limit), ordered "
+        "(the plan put irreversible calls last: stop while the refund waits for approval "
+        "leaves nothing permanent), subagent (at the parent, while the refund its sub-agent "
+        "makes on a thread of its own is in flight), window (while a follow-up email waits in "
+        "its delay window: the stop revokes it), none (never: the run completes)",
     )
     demo.add_argument(
         "--thread",
@@ -444,6 +459,40 @@ def build_parser() -> Parser:
         metavar="SECONDS",
         help="take over a released call another worker left in flight this long (default: 30)",
     )
+    sweep = command(
+        "sweep",
+        "sweep:run",
+        [db, as_json, graph],
+        help="settle what dead workers left, across all threads (once, or --watch)",
+        description="Reap expired and dead leases, finish stops whose worker died, reconcile "
+        "in-flight and unknown effects through the tools' hooks and retry failed "
+        "compensations, a bounded pass at a time. Safe to run on several machines at once.",
+    )
+    sweep.add_argument(
+        "--watch", action="store_true", help="sweep again every --interval seconds until Ctrl-C"
+    )
+    sweep.add_argument(
+        "--interval",
+        type=seconds,
+        default=10.0,
+        metavar="S",
+        help="seconds between passes with --watch (default: 10)",
+    )
+    sweep.add_argument(
+        "--max-threads",
+        type=positive_int,
+        default=100,
+        metavar="N",
+        help="work on at most N threads per pass (default: 100)",
+    )
+    sweep.add_argument(
+        "--cancel-grace",
+        type=seconds,
+        default=30.0,
+        metavar="S",
+        help="finish a stop nobody holds once it is S seconds old, even when its worker "
+        "cannot be known dead (another host); at once when it can (default: 30)",
+    )
     _add_stats(command, [db, as_json])
     completion = command(
         "completion",
@@ -471,6 +520,7 @@ __all__ = [
     "graph_spec",
     "json_value",
     "non_empty",
+    "positive_int",
     "seconds",
     "since",
     "thread_id",

@@ -204,8 +204,7 @@ def render_report(out: Console, report: CancellationReport) -> None:
             if effect.child_run_id is not None:
                 line(
                     out,
-                    f"by sub-agent run {effect.child_run_id} "
-                    f"(thread {effect.child_thread_id})",
+                    f"by sub-agent run {effect.child_run_id} (thread {effect.child_thread_id})",
                     indent=DETAIL,
                 )
             thread = effect.child_thread_id or report.thread_id
@@ -238,6 +237,18 @@ def render_report(out: Console, report: CancellationReport) -> None:
             NONE if report.tokens_after_cancel is None else str(report.tokens_after_cancel),
         ),
     ]
+    if report.limit is not None:
+        rows.insert(2, ("stopped by limit", Text(report.limit, style="bold yellow")))
+    if report.tokens_used:
+        rows.append(("tokens used", str(report.tokens_used)))
+    if report.irreversible_first:
+        early = ", ".join(call_label(e.tool, e.args) for e in report.irreversible_first)
+        rows.append(
+            (
+                "irreversible before other work",
+                Text(f"{early} (order the plan so irreversible calls come last)", style="yellow"),
+            )
+        )
     pairs(out, rows)
     line(out, ("Summary: ", "bold"), (report.summary, "bold"))
 

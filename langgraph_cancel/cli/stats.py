@@ -80,6 +80,7 @@ def render_stats(out: Console, stats: CancellationStats) -> None:
                 "permanent effects",
                 f"{stats.permanent} ({_spread(stats.permanent_per_cancellation)} per stop)",
             ),
+            ("irreversible before other work", str(stats.irreversible_first)),
             (
                 "compensations",
                 f"{_rate(stats.compensation_success_rate)} succeeded "

@@ -50,6 +50,7 @@ from langgraph.prebuilt import tools_condition
 
 from langgraph_cancel import ApprovalGate, EffectToolNode, Ledger, add_cancellation
 from langgraph_cancel.demo.tools import TOOLS
+from langgraph_cancel.limits import Limits
 from langgraph_cancel.nodes.model import CancellableModelNode
 from langgraph_cancel.testing import ScriptedChatModel, tool_call, tool_calls_turn
 
@@ -162,6 +163,59 @@ def seed_script(refund_amount: float = 40.0, *, follow_up: bool = False) -> list
     ]
 
 
+def ordered_script(refund_amount: float = 120.0) -> list[AIMessage]:
+    """The seed request planned irreversible-last: reads, drafts and holds, then the gate.
+
+    Turn 1 does everything a stop may leave behind: it reads the order and the
+    policy, puts o-88 on hold and drafts the warehouse ticket (both reversible:
+    the cancel closes the ticket and restores the order). Turn 2 asks for the
+    permanent calls only: the refund (over 100: the ``ApprovalGate`` stops the
+    turn for a human) and the two emails. A stop at any moment before the
+    approval leaves nothing permanent.
+    """
+    amount = f"{refund_amount:.2f}"
+    return [
+        tool_calls_turn(
+            tool_call("lookup_order", {"order_id": "o-88"}),
+            tool_call("search_policy", {"query": "damaged item refund"}),
+            tool_call(
+                "update_order",
+                {"order_id": "o-88", "status": "on_hold", "note": "refund pending approval"},
+            ),
+            tool_call(
+                "create_ticket",
+                {
+                    "order_id": "o-88",
+                    "subject": "Damaged item in o-88",
+                    "body": "Customer reported a damaged item; refund pending approval.",
+                },
+            ),
+            content="First the reads and the drafts; the permanent steps come last.",
+        ),
+        tool_calls_turn(
+            tool_call("issue_refund", {"order_id": "o-88", "amount": refund_amount}),
+            tool_call(
+                "send_email",
+                {
+                    "to": CUSTOMER_EMAIL,
+                    "subject": "Your refund for order o-88",
+                    "body": f"Hi Dana, we refunded {amount} USD for the damaged item in o-88.",
+                },
+            ),
+            tool_call(
+                "send_email",
+                {
+                    "to": FINANCE_EMAIL,
+                    "subject": f"Refund issued: o-88, {amount} USD",
+                    "body": f"Refund of {amount} USD on o-88 (damaged item).",
+                },
+            ),
+            content="Everything is prepared; now the refund and the emails.",
+        ),
+        AIMessage(content=f"Done: refunded {amount} USD on o-88 and emailed Dana and finance."),
+    ]
+
+
 _AMOUNT = re.compile(r"(?:\$\s*(\d+(?:\.\d+)?))|(?:(\d+(?:\.\d+)?)\s*(?:USD|usd|dollars))")
 
 
@@ -226,6 +280,7 @@ def build_builder(
     ledger: Ledger | str | None = None,
     compensate_on_cancel: bool = False,
     cancel_timeout: float = 30.0,
+    limits: Limits | None = None,
 ) -> StateGraph[Any, Any, Any, Any]:
     """The refund agent's graph builder, already wrapped by ``add_cancellation``.
 
@@ -236,6 +291,7 @@ def build_builder(
             ledger, else ``$LANGGRAPH_CANCEL_DB``, else ``.langgraph-cancel.db``.
         compensate_on_cancel: Undo committed reversible effects on cancel.
         cancel_timeout: Seconds the cancel node waits for in-flight calls.
+        limits: The run's budget and deadline, if any.
 
     Returns:
         The builder; ``compile(checkpointer=...)`` it.
@@ -254,6 +310,7 @@ def build_builder(
         ledger=ledger,
         compensate_on_cancel=compensate_on_cancel,
         cancel_timeout=cancel_timeout,
+        limits=limits,
     )
 
 
@@ -285,6 +342,7 @@ __all__ = [
     "build_builder",
     "default_model",
     "graph",
+    "ordered_script",
     "requested_amount",
     "scripted_model",
     "seed_input",

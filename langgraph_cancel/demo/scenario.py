@@ -22,6 +22,14 @@ Steps (``--cancel-at``):
 ``approval`` the refund is 120.00 (over the approval threshold), so the turn waits
            for a human at the ``ApprovalGate``; stop is pressed while it waits.
            Result: nothing permanent, nothing dispatched: zero residue.
+``budget`` nobody presses stop: the run has a budget of 6 tool calls, and turn 2
+           (5 calls) would take it to 9. The breach requests the cancel itself.
+           Result: turn 1's refund and emails are permanent, turn 2 not run, the
+           report names the limit (``limit: tool_calls 9 > 6``).
+``ordered`` the same request planned irreversible-last: reads, a hold on o-88 and
+           a draft ticket first, then the refund (120.00, approval) and the
+           emails. Stop is pressed while the refund waits for approval ("minute
+           three"). Result: nothing permanent; the hold and the ticket undone.
 ``subagent`` the refund is made by a sub-agent on its own thread
            (:mod:`langgraph_cancel.demo.subagent`); stop is pressed on the parent's
            thread while the child's ``issue_refund(o-88, 40.00)`` is in flight.
@@ -49,8 +57,9 @@ from typing import Any
 
 from langchain_core.messages import AIMessage, BaseMessage
 
-from langgraph_cancel.demo.graph import CUSTOMER_EMAIL, seed_script
+from langgraph_cancel.demo.graph import CUSTOMER_EMAIL, ordered_script, seed_script
 from langgraph_cancel.demo.services import Providers
+from langgraph_cancel.limits import Limits
 from langgraph_cancel.report import CancellationReport, ReportEffect
 from langgraph_cancel.testing import ScriptedChatModel
 from langgraph_cancel.types import EffectRecord, EffectStatus
@@ -75,6 +84,9 @@ class Step:
         follow_up: Turn 1 also schedules a follow-up email (``schedule_email``).
         slow_model: The model writes slowly (the stop lands while it writes).
         expect: What the report should say, in words.
+        ordered: Play the irreversible-last plan (``ordered_script``), not the seed's.
+        limits: The run's budget, if any (a breach stops it, not the stop button).
+        compensate: Undo committed reversible effects when the run is cancelled.
         in_child: The run is the sub-agent scenario: the triggering call is the
             child's, stop is pressed on the parent's thread.
     """
@@ -89,7 +101,16 @@ class Step:
     follow_up: bool = False
     slow_model: bool = False
     expect: str = ""
+    ordered: bool = False
+    limits: Limits | None = None
+    compensate: bool = False
     in_child: bool = False
+
+    def script(self) -> list[AIMessage]:
+        """The model's turns for this step."""
+        if self.ordered:
+            return ordered_script(self.refund_amount)
+        return seed_script(self.refund_amount, follow_up=self.follow_up)
 
 
 STEPS: dict[str, Step] = {
@@ -132,6 +153,23 @@ STEPS: dict[str, Step] = {
             status=EffectStatus.PENDING_APPROVAL,
             refund_amount=120.0,
             expect="nothing permanent, nothing dispatched: zero residue",
+        ),
+        Step(
+            "budget",
+            "never by hand: the run's budget of 6 tool calls stops it",
+            limits=Limits(max_tool_calls=6),
+            expect="the refund and 2 emails are permanent; turn 2 not run; "
+            "the report names the tool_calls limit",
+        ),
+        Step(
+            "ordered",
+            "while the refund of 120.00, planned last, waits for a human's approval",
+            tool="issue_refund",
+            status=EffectStatus.PENDING_APPROVAL,
+            refund_amount=120.0,
+            ordered=True,
+            compensate=True,
+            expect="nothing permanent; the hold on o-88 and the draft ticket undone",
         ),
         Step(
             "subagent",
@@ -194,7 +232,7 @@ def refund_keys(step: Step) -> list[str]:
 
     return [
         refund_key(call["args"])
-        for turn in seed_script(step.refund_amount)
+        for turn in step.script()
         for call in turn.tool_calls
         if call["name"] == "issue_refund"
     ]
@@ -202,7 +240,7 @@ def refund_keys(step: Step) -> list[str]:
 
 def demo_model(step: Step, started: threading.Event) -> ScriptedChatModel:
     """The seed's scripted model; for ``plan`` it writes slowly and flags turn 2's start."""
-    script = seed_script(step.refund_amount, follow_up=step.follow_up)
+    script = step.script()
 
     def turn(messages: list[BaseMessage]) -> AIMessage:
         replies = sum(1 for m in messages if isinstance(m, AIMessage))

@@ -113,7 +113,7 @@ class Batch:
                 self.prepared.pop(plan.call_id, None)
             return replace(plan, own_id=entry.plan.own_id, key=entry.plan.key), entry.record
         thread_id = self.scope.thread_id
-        own, rec = yield from own_record_steps(thread_id, plan.call)
+        own, rec = yield from own_record_steps(thread_id, plan.call, base_id=plan.base_id)
         if own != plan.ledger_id:
             plan = plan.under_own_id(thread_id, own)
         return plan, rec
@@ -135,7 +135,9 @@ class Batch:
             for plan in reads:
                 rec = records.get(plan.ledger_id)
                 if rec is not None and plan.needs_own_id(rec):
-                    own, rec = yield from own_record_steps(scope.thread_id, plan.call, moved=True)
+                    own, rec = yield from own_record_steps(
+                        scope.thread_id, plan.call, moved=True, base_id=plan.base_id
+                    )
                     plan = plan.under_own_id(scope.thread_id, own)
                 self.prepared.setdefault(plan.call_id, Prepared(plan, rec))
         todo = list(effects)
@@ -156,7 +158,9 @@ class Batch:
                 if not created and plan.needs_own_id(rec):
                     # The id names another call's record: this call goes under its own,
                     # found (an earlier pass, an approval) or planned in the next round.
-                    own, found = yield from own_record_steps(scope.thread_id, plan.call, moved=True)
+                    own, found = yield from own_record_steps(
+                        scope.thread_id, plan.call, moved=True, base_id=plan.base_id
+                    )
                     plan = plan.under_own_id(scope.thread_id, own)
                     if found is None:
                         again.append(plan)

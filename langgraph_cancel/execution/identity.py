@@ -1,11 +1,16 @@
 """Which ledger record is a tool call's own: the "same step?" check.
 
-A tool call is known by its thread and tool-call id. Some providers number ids
-per message (``call_0`` every turn), so before acting on a record found under a
-call's id the check asks whether it is this call (same tool, same arguments, or
-the arguments an approved edit replaced). Another call's record is never
-replayed as this call's answer: the call is recorded under an id of its own,
-``<id>~<digest of tool and arguments>``.
+A tool call is known by its thread, its tool-call id and the model turn that
+asked for it. Some providers number ids per message (``call_0`` every turn), and
+a model may ask for the very same call again in a later turn: that is a new call.
+So a call whose id an earlier model message in the history already asked for is
+recorded under ``<id>~turn-<n>`` (``n`` such messages before it); a re-run of the
+same step (an interrupt, a crash) finds the same history, so the same id.
+
+Before acting on a record found under a call's id the check asks whether it is
+this call (same tool, same arguments, or the arguments an approved edit
+replaced). Another call's record is never replayed as this call's answer: the
+call is recorded under an id of its own, ``<id>~<digest of tool and arguments>``.
 """
 
 from __future__ import annotations
@@ -70,14 +75,48 @@ def recorded_call(call: Any) -> ToolCall:
     )
 
 
-def reused_call_id(call: ToolCall) -> str:
+def reused_call_id(call: ToolCall, base_id: str | None = None) -> str:
     """The ledger id of a call whose tool-call id already names another call's record.
 
-    The id plus a digest of the call's tool and arguments: the same call gets the
-    same id again (a re-run records nothing twice), another call another one.
+    The id (``base_id``: the call's turn-aware id, see ``turn_call_id``) plus a
+    digest of the call's tool and arguments: the same call gets the same id again
+    (a re-run records nothing twice), another call another one.
     """
     content = f"{call.get('name')}\0{canonical(call.get('args'))}"
-    return f"{call['id']}~{hashlib.sha256(content.encode()).hexdigest()[:12]}"
+    base = base_id if base_id is not None else call["id"]
+    return f"{base}~{hashlib.sha256(content.encode()).hexdigest()[:12]}"
+
+
+def history_of(state: Any, messages_key: str = "messages") -> Sequence[Any]:
+    """The messages of a tool node's input or a tool call's state (a list of
+    messages, a mapping or an object with ``messages_key``); empty if it has none."""
+    if isinstance(state, Sequence) and not isinstance(state, str):
+        return state
+    if isinstance(state, Mapping) and state.get("__type") == "tool_call_with_context":
+        state = state.get("state")  # a Send's payload: the call and the sender's state
+    found = (
+        state.get(messages_key)
+        if isinstance(state, Mapping)
+        else getattr(state, messages_key, None)
+    )
+    return found if isinstance(found, Sequence) and not isinstance(found, str) else ()
+
+
+def call_turn(messages: Sequence[Any], call_id: str) -> int:
+    """How many model messages asked for ``call_id`` before the one that asks for it
+    now (the last one that does): 0 for a call whose id is new to the history."""
+    asking = [
+        position
+        for position, message in enumerate(messages)
+        if isinstance(message, AIMessage)
+        and any(call.get("id") == call_id for call in message.tool_calls)
+    ]
+    return max(len(asking) - 1, 0)
+
+
+def turn_call_id(call_id: str, turn: int) -> str:
+    """The ledger id of the call ``call_id`` asked for in its ``turn``-th asking message."""
+    return call_id if turn == 0 else f"{call_id}~turn-{turn}"
 
 
 def ensure_same_call(rec: EffectRecord, name: str, args: Any) -> None:
@@ -118,7 +157,7 @@ def is_same_call(rec: EffectRecord, call: ToolCall) -> bool:
 
 
 def own_record_steps(
-    thread_id: str, call: ToolCall, *, moved: bool = False
+    thread_id: str, call: ToolCall, *, moved: bool = False, base_id: str | None = None
 ) -> Protocol[tuple[str, EffectRecord | None]]:
     """The id this call is known by in the ledger, and its record if it has one.
 
@@ -128,13 +167,14 @@ def own_record_steps(
     the one under this tool-call id that holds the edited arguments.
 
     ``moved``: the tool-call id is known to name another call's record.
+    ``base_id``: the call's turn-aware id (``turn_call_id``), if not its tool-call id.
     """
-    call_id = str(call["id"])
+    call_id = base_id if base_id is not None else str(call["id"])
     if not moved:
         rec = yield from ledger_call(Ledger.find_effect, thread_id, call_id)
         if rec is None or is_same_call(rec, call):
             return call_id, rec
-    own = reused_call_id(call)
+    own = reused_call_id(call, call_id)
     rec = yield from ledger_call(Ledger.find_effect, thread_id, own)
     if rec is not None:
         return own, rec
@@ -145,10 +185,10 @@ def own_record_steps(
 
 
 def find_own_record(
-    ledger: Ledger, thread_id: str, call: ToolCall
+    ledger: Ledger, thread_id: str, call: ToolCall, base_id: str | None = None
 ) -> tuple[str, EffectRecord | None]:
     """``own_record_steps``, from sync code."""
-    return drive_ledger(ledger, own_record_steps(thread_id, call))
+    return drive_ledger(ledger, own_record_steps(thread_id, call, base_id=base_id))
 
 
 def moved_record(ledger: Ledger, thread_id: str, call: ToolCall) -> tuple[str, EffectRecord | None]:
@@ -177,13 +217,16 @@ def dangling_tool_calls(messages: Sequence[Any]) -> list[ToolCall]:
 
 __all__ = [
     "as_tool_call",
+    "call_turn",
     "canonical",
     "dangling_tool_calls",
     "ensure_same_call",
     "find_own_record",
+    "history_of",
     "is_same_call",
     "moved_record",
     "own_record_steps",
     "recorded_call",
     "reused_call_id",
+    "turn_call_id",
 ]

@@ -9,7 +9,7 @@ from langchain_core.messages import ToolCall
 from langchain_core.tools import BaseTool
 
 from langgraph_cancel.effects import EffectSpec
-from langgraph_cancel.execution.identity import is_same_call
+from langgraph_cancel.execution.identity import is_same_call, turn_call_id
 from langgraph_cancel.execution.review import schema_problem
 from langgraph_cancel.ledger import derive_idempotency_key
 from langgraph_cancel.types import EffectKind, EffectRecord, NewEffect
@@ -27,8 +27,9 @@ class CallPlan:
         tool: The tool that runs it.
         spec: The tool's effect declaration.
         key: Its idempotency key.
-        own_id: The id the ledger knows it by, when not its tool-call id (its
-            tool-call id names another call's record).
+        own_id: The id the ledger knows it by, when not its ``base_id`` (that
+            names another call's record).
+        turn: How many earlier model messages asked for its tool-call id.
     """
 
     index: int
@@ -37,6 +38,7 @@ class CallPlan:
     spec: EffectSpec
     key: str
     own_id: str | None = None
+    turn: int = 0
 
     @property
     def call_id(self) -> str:
@@ -44,9 +46,14 @@ class CallPlan:
         return str(self.call["id"])
 
     @property
+    def base_id(self) -> str:
+        """The tool-call id, told apart from the same id asked in an earlier turn."""
+        return turn_call_id(self.call_id, self.turn)
+
+    @property
     def ledger_id(self) -> str:
-        """The id of this call's ledger record: its tool-call id, or ``own_id``."""
-        return self.own_id or self.call_id
+        """The id of this call's ledger record: its ``base_id``, or ``own_id``."""
+        return self.own_id or self.base_id
 
     @property
     def args(self) -> dict[str, Any]:
@@ -120,10 +127,13 @@ def classify(
     thread_id: str,
     *,
     check: bool = True,
+    turn: int = 0,
 ) -> CallPlan | Malformed:
     """The plan of a call, or why it is malformed (no id, bad arguments, no key).
 
     ``check=False`` skips the schema check (the tool itself accepted the arguments).
+    ``turn``: how many earlier model messages asked for the call's id
+    (``identity.call_turn``).
     """
     name = tool.name
     call_id = call.get("id")
@@ -144,11 +154,11 @@ def classify(
         key = (
             str(spec.idempotency_key(args))
             if spec.idempotency_key is not None
-            else derive_idempotency_key(thread_id, str(call_id))
+            else derive_idempotency_key(thread_id, turn_call_id(str(call_id), turn))
         )
     except Exception as exc:
         return Malformed("key", f"Error: cannot derive the idempotency key of {name!r}: {exc!r}")
-    return CallPlan(index, call, tool, spec, key)
+    return CallPlan(index, call, tool, spec, key, turn=turn)
 
 
 __all__ = ["CallPlan", "Malformed", "MalformedReason", "classify"]

@@ -61,7 +61,9 @@ from langgraph_cancel.execution.answers import (
 )
 from langgraph_cancel.execution.identity import (
     as_tool_call,
+    call_turn,
     ensure_same_call,
+    history_of,
     own_record_steps,
     recorded_call,
     reused_call_id,
@@ -97,6 +99,7 @@ from langgraph_cancel.execution.steps import (
     ledger_call,
 )
 from langgraph_cancel.ledger import Ledger
+from langgraph_cancel.ordering import OrderingNote, ordering_note
 from langgraph_cancel.progress import ProgressKind, announce_effect
 from langgraph_cancel.runtime import RunScope
 from langgraph_cancel.types import (
@@ -205,7 +208,8 @@ def intercept(request: ToolCallRequest, ctx: CallContext) -> Protocol[Any]:
         return (yield from _unguarded(request, ctx, call, EffectKind.IRREVERSIBLE))
     spec = spec_of(tool)
     index = ctx.batch.index_of(call)
-    classified = classify(index, call, tool, spec, ctx.scope.thread_id)
+    turn = call_turn(history_of(request.state), str(call["id"]))
+    classified = classify(index, call, tool, spec, ctx.scope.thread_id, turn=turn)
     if isinstance(classified, Malformed):
         return (yield from _malformed(request, ctx, call, tool, spec, classified))
     plan, rec = yield from ctx.batch.lookup(classified)
@@ -255,7 +259,13 @@ def _malformed(
         answer = yield Dispatch(with_argument_check(request, tool))
     except ArgumentsAccepted:
         plan = classify(
-            ctx.batch.index_of(call), call, tool, spec, ctx.scope.thread_id, check=False
+            ctx.batch.index_of(call),
+            call,
+            tool,
+            spec,
+            ctx.scope.thread_id,
+            check=False,
+            turn=call_turn(history_of(request.state), str(call["id"])),
         )
         assert isinstance(plan, CallPlan)
         found, rec = yield from ctx.batch.lookup(plan)
@@ -465,10 +475,16 @@ def _review(ctx: CallContext, plan: CallPlan, rec: EffectRecord) -> Protocol[Eff
             if rec.status is not EffectStatus.PENDING_APPROVAL:
                 return rec
     error: str | None = None
+    ordering: OrderingNote | None = None
+    if rec.kind is not EffectKind.IRREVERSIBLE:
+        ran = yield from ledger_call(Ledger.run_effects, ctx.scope.run_id)
+        ordering = ordering_note(ran, [rec.kind])
     while True:
         # On resume LangGraph re-runs the node and hands the saved answers back in
         # order, so this loop replays the invalid ones up to the new answer.
         question = review_request(plan.tool, plan.spec, rec, plan.call_id)
+        if ordering is not None:
+            question["ordering"] = ordering
         if error is not None:
             question["error"] = error
             question["description"] = (
@@ -964,7 +980,9 @@ def _duplicate_key(
 
 def moved_plan(ctx: CallContext, plan: CallPlan) -> Protocol[tuple[CallPlan, EffectRecord | None]]:
     """The call under the id of its own record (its tool-call id names another call's)."""
-    own, found = yield from own_record_steps(ctx.scope.thread_id, plan.call, moved=True)
+    own, found = yield from own_record_steps(
+        ctx.scope.thread_id, plan.call, moved=True, base_id=plan.base_id
+    )
     return plan.under_own_id(ctx.scope.thread_id, own), found
 
 

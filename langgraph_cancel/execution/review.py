@@ -39,6 +39,7 @@ from langgraph_cancel.errors import DuplicateIdempotencyKeyError, IllegalTransit
 from langgraph_cancel.execution.identity import reused_call_id
 from langgraph_cancel.execution.steps import Protocol, ledger_call
 from langgraph_cancel.ledger import Ledger
+from langgraph_cancel.ordering import OrderingNote
 from langgraph_cancel.types import EffectRecord, EffectStatus, TransitionRequest, utcnow
 
 DecisionType = Literal["approve", "edit", "reject", "respond"]
@@ -67,6 +68,9 @@ class ToolReviewRequest(TypedDict):
     allowed_decisions: list[DecisionType]
     delay_window: NotRequired[DelayWindow]
     error: NotRequired[str]
+    ordering: NotRequired[OrderingNote]
+    """Irreversible effects of this run that already went out before this read-only or
+    reversible call (the plan is not irreversible-last)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -370,6 +370,20 @@ class AsyncRunLedger:
         async with self.backend.transaction() as cur:
             await cur.execute(q.ADD_TOKENS_AFTER_CANCEL, {"run_id": run_id, "tokens": int(tokens)})
 
+    @atransient_retry()
+    async def aadd_tokens_used(self, run_id: str, tokens: int) -> int:
+        """Count model tokens the run used; returns the run's new total.
+
+        Raises:
+            UnknownRunError: If there is no such run.
+        """
+        async with self.backend.transaction() as cur:
+            await cur.execute(q.ADD_TOKENS_USED, {"run_id": run_id, "tokens": int(tokens)})
+            row = await cur.fetchone()
+        if row is None:
+            raise UnknownRunError(run_id)
+        return int(row["tokens_used"])
+
     # ----------------------------------------------------------------- leases
     @atransient_retry()
     async def aacquire_lease(self, thread_id: str, owner: str, *, ttl: float = 30.0) -> LeaseRecord:

@@ -492,6 +492,20 @@ class Ledger:
         with self.backend.transaction() as cur:
             cur.execute(q.ADD_TOKENS_AFTER_CANCEL, {"run_id": run_id, "tokens": int(tokens)})
 
+    @transient_retry()
+    def add_tokens_used(self, run_id: str, tokens: int) -> int:
+        """Count model tokens the run used; returns the run's new total.
+
+        Raises:
+            UnknownRunError: If there is no such run.
+        """
+        with self.backend.transaction() as cur:
+            cur.execute(q.ADD_TOKENS_USED, {"run_id": run_id, "tokens": int(tokens)})
+            row = cur.fetchone()
+        if row is None:
+            raise UnknownRunError(run_id)
+        return int(row["tokens_used"])
+
     # -------------------------------------------------------------- effects
     def plan(
         self,
@@ -1308,6 +1322,7 @@ class Ledger:
     aeffect_by_key = _to_thread(effect_by_key)
     achild_runs = _to_thread(child_runs)
     aadd_tokens_after_cancel = _to_thread(add_tokens_after_cancel)
+    aadd_tokens_used = _to_thread(add_tokens_used)
 
 
 def _select_in(cur: Cursor, template: str, ids: list[str]) -> list[dict[str, Any]]:

@@ -126,6 +126,7 @@ def run_record(row: dict[str, Any], codec: Codec) -> RunRecord:
         quiesced_at=codec.ts_out(row["quiesced_at"]),
         tokens_after_cancel=row["tokens_after_cancel"],
         report=codec.json_out(row["report"]),
+        tokens_used=row.get("tokens_used") or 0,
     )
 
 

@@ -20,7 +20,7 @@ _EFFECT_STATUSES_V0 = (
     "'compensated', 'compensation_failed', 'failed', 'not_applied', 'unknown', 'rejected', "
     "'dropped'"
 )
-# v3: the delay window's statuses.
+# v4: the delay window's statuses.
 _EFFECT_STATUSES = f"{_EFFECT_STATUSES_V0}, 'scheduled', 'revoked'"
 _RUN_STATUSES = "'running', 'cancel_requested', 'cancelling', 'cancelled', 'completed', 'failed'"
 
@@ -28,7 +28,7 @@ _RUN_STATUSES = "'running', 'cancel_requested', 'cancelling', 'cancelled', 'comp
 def _effects_table(
     ts: str, js: str, statuses: str, *, name: str = "lgc_effects", release: bool = False
 ) -> list[str]:
-    """The effects table and its indexes (``release``: with the v3 ``release_at`` column)."""
+    """The effects table and its indexes (``release``: with the v4 ``release_at`` column)."""
     release_column = f"release_at {ts},\n            " if release else ""
     return [
         f"""CREATE TABLE IF NOT EXISTS {name} (
@@ -116,7 +116,7 @@ def _tables(ts: str, js: str, serial: str) -> list[str]:
     ]
 
 
-# v3: the delay window. Effects get a release time and two statuses, ``scheduled``
+# v4: the delay window. Effects get a release time and two statuses, ``scheduled``
 # (revocable until ``release_at``) and ``revoked``; the outbox finds due held calls
 # through a partial index. SQLite cannot alter a CHECK constraint: the table is
 # rebuilt under the same name, in the migration's transaction.
@@ -131,6 +131,8 @@ _RELEASE_INDEX = """CREATE INDEX IF NOT EXISTS lgc_effects_release ON lgc_effect
 # v1: runs carry a write token, as effects do: a retried cancel request or terminal
 # transition whose first attempt committed (its acknowledgement lost) knows it won.
 _RUN_TOKEN = "ALTER TABLE lgc_runs ADD COLUMN last_token TEXT"
+# v3: runs count the model tokens they used, so that a token budget survives a resume.
+_RUN_TOKENS_USED = "ALTER TABLE lgc_runs ADD COLUMN tokens_used INTEGER NOT NULL DEFAULT 0"
 
 
 # v2: the audit trail of leases taken from a holder that had not let go (a dead worker
@@ -160,6 +162,7 @@ SQLITE_MIGRATIONS: list[list[str]] = [
     ],
     [_RUN_TOKEN],
     _lease_takeovers("TEXT", "INTEGER PRIMARY KEY AUTOINCREMENT"),
+    [_RUN_TOKENS_USED],
     [
         _effects_table("TEXT", "TEXT", _EFFECT_STATUSES, name="lgc_effects_v2", release=True)[0],
         f"""INSERT INTO lgc_effects_v2 ({_V0_EFFECT_COLUMNS})
@@ -188,6 +191,7 @@ POSTGRES_MIGRATIONS: list[list[str]] = [
     ],
     [_RUN_TOKEN],
     _lease_takeovers("TIMESTAMPTZ", "BIGSERIAL PRIMARY KEY"),
+    [_RUN_TOKENS_USED],
     [
         "ALTER TABLE lgc_effects ADD COLUMN IF NOT EXISTS release_at TIMESTAMPTZ",
         "ALTER TABLE lgc_effects DROP CONSTRAINT IF EXISTS lgc_effects_status_check",
@@ -202,7 +206,8 @@ INSERT_VERSION = "INSERT INTO lgc_migrations (v) VALUES (%(v)s) ON CONFLICT (v) 
 
 RUN_COLUMNS = (
     "run_id, thread_id, status, created_at, updated_at, owner, parent_run_id, requested_at, "
-    "requested_by, reason, observed_at, quiesced_at, tokens_after_cancel, report, last_token"
+    "requested_by, reason, observed_at, quiesced_at, tokens_after_cancel, report, last_token, "
+    "tokens_used"
 )
 EFFECT_COLUMNS = f"{_V0_EFFECT_COLUMNS}, release_at"
 
@@ -260,6 +265,11 @@ RETURNING {RUN_COLUMNS}"""
 ADD_TOKENS_AFTER_CANCEL = """
 UPDATE lgc_runs SET tokens_after_cancel = COALESCE(tokens_after_cancel, 0) + %(tokens)s
 WHERE run_id = %(run_id)s"""
+
+ADD_TOKENS_USED = """
+UPDATE lgc_runs SET tokens_used = tokens_used + %(tokens)s
+WHERE run_id = %(run_id)s
+RETURNING tokens_used"""
 
 # One new effect row; ``INSERT_EFFECT`` returns it, SQLite's ``plan_many`` runs the
 # bare insert for a whole batch (executemany) and reads the rows back once.

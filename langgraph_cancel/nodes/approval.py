@@ -70,7 +70,12 @@ from langgraph_cancel.errors import (
     InvalidDecisionError,
 )
 from langgraph_cancel.execution.drive import drive_ledger
-from langgraph_cancel.execution.identity import find_own_record, is_same_call
+from langgraph_cancel.execution.identity import (
+    call_turn,
+    find_own_record,
+    is_same_call,
+    turn_call_id,
+)
 from langgraph_cancel.execution.review import (
     DEFAULT_DESCRIPTION_PREFIX,
     REVIEW_DECISIONS,
@@ -83,6 +88,7 @@ from langgraph_cancel.execution.review import (
     schema_problem,
 )
 from langgraph_cancel.ledger import Ledger, derive_idempotency_key
+from langgraph_cancel.ordering import OrderingNote, ordering_note
 from langgraph_cancel.runtime import RunScope, scope_for
 from langgraph_cancel.types import EffectRecord, EffectStatus
 
@@ -137,6 +143,9 @@ class ApprovalRequest(TypedDict):
     errors: NotRequired[list[ApprovalError]]
     error: NotRequired[str]
     """Why the last answer as a whole was refused (only when asking again)."""
+    ordering: NotRequired[OrderingNote]
+    """Irreversible effects of this run that already went out although read-only or
+    reversible work of the batch is still to come (the plan is not irreversible-last)."""
 
 
 class ApproveDecision(TypedDict):
@@ -254,6 +263,8 @@ class _Batch:
     asked: list[_Gated] = field(default_factory=list)
     #: Calls edited in an earlier pass, by tool-call id, with their approved args.
     decided_args: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: The run's irreversible effects that went out before this batch's other work.
+    ordering: OrderingNote | None = None
 
     @property
     def pending(self) -> list[_Gated]:
@@ -336,7 +347,8 @@ class ApprovalGate(RunnableCallable):
             call_id = call.get("id")
             if not call_id or call_id in answered:
                 continue
-            gated = self._gate(index, call, scope)
+            turn = call_turn(messages[: at + 1], str(call_id))
+            gated = self._gate(index, call, scope, turn)
             if gated is None:
                 continue
             rec = gated.record
@@ -352,10 +364,19 @@ class ApprovalGate(RunnableCallable):
                 # Edited in an earlier pass whose state update was lost (a crash after
                 # the ledger write): keep the message in step with what will run.
                 batch.decided_args[call_id] = dict(runs.args)
+        if batch.pending:
+            upcoming = [
+                self.specs[str(call.get("name"))].kind
+                for call in message.tool_calls
+                if call.get("id") not in answered and call.get("name") in self.specs
+            ]
+            batch.ordering = ordering_note(scope.ledger.run_effects(scope.run_id), upcoming)
         return batch
 
-    def _gate(self, index: int, call: ToolCall, scope: RunScope) -> _Gated | None:
-        """The ledger record of one call that needs approval; None when it does not."""
+    def _gate(self, index: int, call: ToolCall, scope: RunScope, turn: int) -> _Gated | None:
+        """The ledger record of one call that needs approval; None when it does not.
+
+        ``turn``: how many earlier model messages asked for its tool-call id."""
         name = call.get("name") or ""
         tool = self.tools_by_name.get(name)
         if tool is None:
@@ -366,7 +387,9 @@ class ApprovalGate(RunnableCallable):
         spec = self.specs[name]
         # Under an id of its own when its tool-call id names another call's record:
         # the tool node finds the call's record the same way.
-        call_id, existing = find_own_record(scope.ledger, scope.thread_id, call)
+        call_id, existing = find_own_record(
+            scope.ledger, scope.thread_id, call, turn_call_id(str(call["id"]), turn)
+        )
         if existing is not None and not is_same_call(existing, call):
             return None  # no record of its own to ask about: the tool node refuses it
         if existing is not None:
@@ -428,7 +451,10 @@ class ApprovalGate(RunnableCallable):
         refused: str | None = None
         schema = _response_schema()
         while True:
-            answer = interrupt(self._request(batch.asked, errors, refused), response_schema=schema)
+            request = self._request(batch.asked, errors, refused)
+            if batch.ordering is not None:
+                request["ordering"] = batch.ordering
+            answer = interrupt(request, response_schema=schema)
             try:
                 parsed = self._parse(answer, batch.asked)
             except InvalidDecisionError as exc:

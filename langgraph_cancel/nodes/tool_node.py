@@ -38,7 +38,7 @@ from langgraph_cancel.execution.answers import ABANDONED_READ
 from langgraph_cancel.execution.batch import Batch
 from langgraph_cancel.execution.drive import adrive_ledger, drive_ledger
 from langgraph_cancel.execution.group import AsyncGroupCommit, ThreadGroupCommit
-from langgraph_cancel.execution.identity import as_tool_call, canonical
+from langgraph_cancel.execution.identity import as_tool_call, call_turn, canonical, history_of
 from langgraph_cancel.execution.interceptor import (
     DEFAULT_CANCEL_TIMEOUT,
     Carried,
@@ -150,6 +150,8 @@ class EffectToolNode(ToolNode):
         #: Whether a wrapper of the user's may rewrite calls: the batch then plans
         #: nothing ahead (each call is recorded as it reaches the interceptor).
         self.wrapped = wrap_tool_call is not None or awrap_tool_call is not None
+        #: The state key of the messages (ToolNode keeps it privately).
+        self.history_key = messages_key
         self.ledger = ledger
         self.effect_concurrency = effect_concurrency
         self.cancel_timeout = cancel_timeout
@@ -171,7 +173,7 @@ class EffectToolNode(ToolNode):
         batch = Batch(scope, defer=True)
         config = batch.attach(config)
         runtimes = self._runtimes(input, config, runtime, calls)
-        phases = self._sort(calls, scope)
+        phases = self._sort(calls, scope, history_of(input, self.history_key))
         if not self.wrapped:
             drive_ledger(scope.ledger, batch.prepare(*self._planned(phases)))
         outputs: list[Any] = [None] * len(calls)
@@ -196,7 +198,7 @@ class EffectToolNode(ToolNode):
         batch = Batch(scope, defer=True)
         config = batch.attach(config)
         runtimes = self._runtimes(input, config, runtime, calls)
-        phases = self._sort(calls, scope)
+        phases = self._sort(calls, scope, history_of(input, self.history_key))
         if not self.wrapped:
             await adrive_ledger(scope.ledger, batch.prepare(*self._planned(phases)))
         outputs: list[Any] = [None] * len(calls)
@@ -238,9 +240,12 @@ class EffectToolNode(ToolNode):
             )
         return runtimes
 
-    def _sort(self, calls: list[ToolCall], scope: RunScope) -> _Sorted:
+    def _sort(self, calls: list[ToolCall], scope: RunScope, history: Sequence[Any]) -> _Sorted:
         """The phases: read-only calls (and calls no tool of this node runs), then side
-        effects in plan order (reversible before irreversible, then batch order)."""
+        effects in plan order (reversible before irreversible, then batch order).
+
+        ``history``: the messages of the node's input, to tell a call from the same
+        id asked in an earlier turn."""
         reads: list[int] = []
         effects: list[tuple[int, int]] = []
         plans: dict[int, CallPlan] = {}
@@ -256,7 +261,8 @@ class EffectToolNode(ToolNode):
                     reads.append(index)
                 continue
             spec = self.specs[tool.name]
-            plan = classify(index, call, tool, spec, scope.thread_id)
+            turn = call_turn(history, str(call.get("id")))
+            plan = classify(index, call, tool, spec, scope.thread_id, turn=turn)
             if not isinstance(plan, CallPlan):
                 reads.append(index)  # answered without running anything
                 continue

@@ -1,0 +1,332 @@
+"""Throughput: runs and side-effecting calls per second with 1, 2 and 4 worker processes.
+
+The same agent (one model turn with ``CALLS`` side-effecting calls, then a final
+answer; tools take no time) runs in W worker processes on one PostgreSQL database,
+each worker running its own threads one after the other:
+
+- ``plain``: ``ToolNode`` on LangGraph's ``PostgresSaver``;
+- ``effect``: ``EffectToolNode`` + ``add_cancellation`` on ``PostgresCancelSaver``
+  (every call's intent written before it is dispatched, its outcome after; a lease
+  per run).
+
+Each worker imports, connects and warms up, then waits for a start file; runs/s is
+the runs of all workers over the wall time from the start to the last worker's
+end. While they run, the parent samples ``pg_stat_activity`` (backends waiting on a
+lock, active connections); afterwards it reads the workers' CPU time and the
+database's size. The ledger's rows per run are counted in its tables, and the
+database size per 10^5 runs is extrapolated from the bytes the run added.
+
+The section turns ``fsync`` and ``synchronous_commit`` on for its duration (``ALTER
+SYSTEM`` + ``pg_reload_conf()``, put back afterwards): a commit then costs a disk
+flush, as it does in production. Its target: ``effect`` within 15 % of ``plain`` at
+every worker count.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import Settings, fresh_pg_db, log, rnd
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKER_COUNTS = (1, 2, 4)
+CALLS = 3
+RUNS_PER_WORKER = 40
+QUICK_RUNS_PER_WORKER = 10
+WARMUP_RUNS = 2
+LEDGER_TABLES = ("lgc_runs", "lgc_effects", "lgc_transitions", "lgc_leases", "lgc_lease_takeovers")
+TARGET_PCT = 15.0
+
+
+# =========================================================================== worker side
+def _graph(variant: str, saver: Any) -> Any:
+    from benchmarks.agent import SIDE_EFFECT, build_graph, make_tool, scripted_model
+
+    tool = make_tool(SIDE_EFFECT, 0.0)
+    return build_graph([tool], scripted_model(CALLS), saver, effectful=variant == "effect")
+
+
+def worker_main(spec: dict[str, Any]) -> None:
+    """One worker process: warm up, wait for the start file, run, report."""
+    from langchain_core.messages import HumanMessage
+
+    variant, url = spec["variant"], spec["url"]
+    if variant == "plain":
+        from langgraph.checkpoint.postgres import PostgresSaver
+
+        opened: Any = PostgresSaver.from_conn_string(url)
+    else:
+        from langgraph_cancel.checkpointers.postgres import PostgresCancelSaver
+
+        opened = PostgresCancelSaver.from_conn_string(url)
+    with opened as saver:
+        graph = _graph(variant, saver)
+
+        def run() -> None:
+            config = {"configurable": {"thread_id": uuid.uuid4().hex}}
+            out = graph.invoke({"messages": [HumanMessage("go")]}, config)
+            assert len(out["messages"]) == CALLS + 3, out["messages"]
+
+        for _ in range(WARMUP_RUNS):
+            run()
+        Path(spec["ready"]).write_text("ready")
+        go = Path(spec["go"])
+        while not go.exists():
+            time.sleep(0.005)
+        cpu0 = time.process_time()
+        started = time.time()
+        for _ in range(spec["runs"]):
+            run()
+        ended = time.time()
+        cpu = time.process_time() - cpu0
+    Path(spec["result"]).write_text(
+        json.dumps({"started": started, "ended": ended, "cpu_s": cpu, "runs": spec["runs"]})
+    )
+
+
+# =========================================================================== parent side
+def _sample(url: str, stop: threading.Event, samples: list[dict[str, int]]) -> None:
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        while not stop.is_set():
+            row = conn.execute(
+                "SELECT count(*) FILTER (WHERE wait_event_type = 'Lock'),"
+                " count(*) FILTER (WHERE state = 'active'),"
+                " count(*), count(*) FILTER (WHERE wait_event_type IN ('IO', 'LWLock'))"
+                " FROM pg_stat_activity WHERE datname = current_database()"
+                " AND pid <> pg_backend_pid()"
+            ).fetchone()
+            if row is not None:
+                samples.append(
+                    {"lock_waits": row[0], "active": row[1], "connections": row[2], "io": row[3]}
+                )
+            stop.wait(0.05)
+
+
+def _db_bytes(url: str) -> int:
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("CHECKPOINT")
+        row = conn.execute("SELECT pg_database_size(current_database())").fetchone()
+    return int(row[0]) if row else 0
+
+
+def _commits_and_wal(url: str) -> tuple[int, int]:
+    """Transactions committed in the database so far, and the server's WAL position."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("SELECT pg_stat_force_next_flush()")
+        row = conn.execute(
+            "SELECT xact_commit, pg_current_wal_lsn() - '0/0'::pg_lsn"
+            " FROM pg_stat_database WHERE datname = current_database()"
+        ).fetchone()
+    return (int(row[0]), int(row[1])) if row else (0, 0)
+
+
+def _ledger_rows(url: str) -> dict[str, int]:
+    import psycopg
+
+    rows: dict[str, int] = {}
+    with psycopg.connect(url, autocommit=True) as conn:
+        for table in LEDGER_TABLES:
+            exists = conn.execute("SELECT to_regclass(%s)", (table,)).fetchone()
+            if exists and exists[0]:
+                found = conn.execute(f"SELECT count(*) FROM {table}").fetchone()
+                rows[table] = int(found[0]) if found else 0
+    return rows
+
+
+def _setup_schema(variant: str, url: str) -> None:
+    if variant == "plain":
+        from langgraph.checkpoint.postgres import PostgresSaver
+
+        with PostgresSaver.from_conn_string(url) as saver:
+            saver.setup()
+    else:
+        from langgraph_cancel.checkpointers.postgres import PostgresCancelSaver
+
+        with PostgresCancelSaver.from_conn_string(url) as cancel_saver:
+            cancel_saver.setup()
+
+
+def measure(variant: str, workers: int, runs: int, dsn: str) -> dict[str, Any]:
+    """One cell: ``workers`` processes of ``variant`` on a fresh database."""
+    with fresh_pg_db(dsn, f"tp{variant[0]}{workers}") as url, tempfile.TemporaryDirectory() as tmp:
+        _setup_schema(variant, url)
+        go = os.path.join(tmp, "go")
+        procs = []
+        results: list[str] = []
+        for n in range(workers):
+            spec: dict[str, Any] = {
+                "variant": variant,
+                "url": url,
+                "runs": runs,
+                "ready": os.path.join(tmp, f"ready-{n}"),
+                "go": go,
+                "result": os.path.join(tmp, f"result-{n}.json"),
+            }
+            results.append(spec["result"])
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "benchmarks.throughput", json.dumps(spec)],
+                    cwd=ROOT,
+                )
+            )
+        deadline = time.monotonic() + 120
+        while not all(os.path.exists(os.path.join(tmp, f"ready-{n}")) for n in range(workers)):
+            if time.monotonic() > deadline or any(p.poll() not in (None, 0) for p in procs):
+                for p in procs:
+                    p.kill()
+                raise RuntimeError(f"throughput workers did not start ({variant}, {workers})")
+            time.sleep(0.05)
+        bytes_before = _db_bytes(url)
+        rows_before = _ledger_rows(url)
+        commits_before, wal_before = _commits_and_wal(url)
+        samples: list[dict[str, int]] = []
+        stop = threading.Event()
+        sampler = threading.Thread(target=_sample, args=(url, stop, samples), daemon=True)
+        sampler.start()
+        Path(go).write_text("go")
+        for p in procs:
+            p.wait(600)
+        stop.set()
+        sampler.join(5)
+        done = [json.loads(Path(r).read_text()) for r in results]
+        time.sleep(1.0)  # idle backends report their transaction counts within a second
+        commits_after, wal_after = _commits_and_wal(url)
+        bytes_after = _db_bytes(url)
+        rows_after = _ledger_rows(url)
+    wall = max(d["ended"] for d in done) - min(d["started"] for d in done)
+    total = sum(d["runs"] for d in done)
+    cpu = sum(d["cpu_s"] for d in done)
+    added_rows = {t: rows_after.get(t, 0) - rows_before.get(t, 0) for t in rows_after}
+    bytes_per_run = (bytes_after - bytes_before) / total
+
+    def mean(key: str) -> float | None:
+        return rnd(sum(s[key] for s in samples) / len(samples), 2) if samples else None
+
+    return {
+        "variant": variant,
+        "workers": workers,
+        "runs": total,
+        "wall_s": rnd(wall),
+        "runs_per_s": rnd(total / wall, 2),
+        "calls_per_s": rnd(total * CALLS / wall, 1),
+        "commits_per_run": rnd((commits_after - commits_before) / total, 1),
+        "wal_bytes_per_run": rnd((wal_after - wal_before) / total, 0),
+        "worker_cpu_s": rnd(cpu),
+        "worker_cpu_share_of_wall": rnd(cpu / (wall * workers), 3),
+        "mean_lock_waits": mean("lock_waits"),
+        "max_lock_waits": max((s["lock_waits"] for s in samples), default=None),
+        "mean_active_backends": mean("active"),
+        "mean_io_or_lwlock_waits": mean("io"),
+        "mean_connections": mean("connections"),
+        "ledger_rows_per_run": rnd(sum(added_rows.values()) / total, 2) if added_rows else None,
+        "ledger_rows_per_run_by_table": {t: rnd(n / total, 2) for t, n in added_rows.items()},
+        "bytes_per_run": rnd(bytes_per_run, 0),
+        "gb_per_100k_runs": rnd(bytes_per_run * 1e5 / 1e9, 3),
+    }
+
+
+def _durable(dsn: str, on: bool) -> dict[str, str]:
+    """Turn fsync and synchronous_commit on (or back to the server's file) for the section."""
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for name in ("fsync", "synchronous_commit"):
+            if on:
+                conn.execute(f"ALTER SYSTEM SET {name} = on")
+            else:
+                conn.execute(f"ALTER SYSTEM RESET {name}")
+        conn.execute("SELECT pg_reload_conf()")
+        time.sleep(0.2)
+        settings: dict[str, str] = {}
+        for name in ("fsync", "synchronous_commit"):
+            row = conn.execute(f"SHOW {name}").fetchone()
+            settings[name] = str(row[0]) if row else "?"
+        return settings
+
+
+def run(settings: Settings, backends: list[str]) -> dict[str, Any]:
+    """The ``throughput`` section (PostgreSQL only)."""
+    if "postgres" not in backends or not settings.pg_dsn:
+        return {"skipped": "needs PostgreSQL"}
+    assert settings.pg_dsn
+    runs = QUICK_RUNS_PER_WORKER if settings.quick else RUNS_PER_WORKER
+    server = _durable(settings.pg_dsn, True)
+    cells: list[dict[str, Any]] = []
+    try:
+        for workers in WORKER_COUNTS:
+            for variant in ("plain", "effect"):
+                log(f"throughput: {variant} x{workers}")
+                cells.append(measure(variant, workers, runs, settings.pg_dsn))
+    finally:
+        _durable(settings.pg_dsn, False)
+    rows = []
+    for workers in WORKER_COUNTS:
+        plain = next(c for c in cells if c["workers"] == workers and c["variant"] == "plain")
+        ours = next(c for c in cells if c["workers"] == workers and c["variant"] == "effect")
+        gap = (1 - ours["runs_per_s"] / plain["runs_per_s"]) * 100
+        rows.append(
+            {
+                "workers": workers,
+                "plain_runs_per_s": plain["runs_per_s"],
+                "effect_runs_per_s": ours["runs_per_s"],
+                "plain_calls_per_s": plain["calls_per_s"],
+                "effect_calls_per_s": ours["calls_per_s"],
+                "slower_pct": rnd(gap, 1),
+                "within_target": gap <= TARGET_PCT,
+            }
+        )
+    return {
+        "server": server,
+        "calls_per_run": CALLS,
+        "runs_per_worker": runs,
+        "cells": cells,
+        "rows": rows,
+        "target_pct": TARGET_PCT,
+    }
+
+
+def table(result: dict[str, Any]) -> str:
+    """The section's results as a Markdown table."""
+    if "rows" not in result:
+        return f"throughput: {result.get('skipped', 'no result')}"
+    cells = {(c["variant"], c["workers"]): c for c in result["cells"]}
+    lines = [
+        "| workers | plain runs/s | ours runs/s | plain calls/s | ours calls/s | slower | "
+        "ledger rows/run | GB per 10^5 runs (ours / plain) | commits/run (ours / plain) | "
+        "WAL kB/run (ours / plain) | lock waits (mean, max) | worker CPU / wall (ours / plain) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in result["rows"]:
+        plain, ours = cells[("plain", row["workers"])], cells[("effect", row["workers"])]
+        lines.append(
+            f"| {row['workers']} | {row['plain_runs_per_s']} | {row['effect_runs_per_s']} | "
+            f"{row['plain_calls_per_s']} | {row['effect_calls_per_s']} | "
+            f"{row['slower_pct']} % {'PASS' if row['within_target'] else 'MISS'} | "
+            f"{ours['ledger_rows_per_run']} | {ours['gb_per_100k_runs']} / "
+            f"{plain['gb_per_100k_runs']} | "
+            f"{ours['commits_per_run']} / {plain['commits_per_run']} | "
+            f"{rnd(ours['wal_bytes_per_run'] / 1024, 1)} / "
+            f"{rnd(plain['wal_bytes_per_run'] / 1024, 1)} | "
+            f"{ours['mean_lock_waits']}, {ours['max_lock_waits']} | "
+            f"{ours['worker_cpu_share_of_wall']} / {plain['worker_cpu_share_of_wall']} |"
+        )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    worker_main(json.loads(sys.argv[1]))

@@ -1,0 +1,237 @@
+"""The pytest plugin that puts langgraph-cancel under LangGraph's and LangChain's own tests.
+
+``scripts/peer-suites`` runs the peers' test files unchanged, with this plugin
+loaded first (``-p plugin``). Before any test module is imported it swaps the drop-in
+in, according to ``LGC_PEER_MODE``:
+
+``toolnode-classified``
+    ``langgraph.prebuilt.ToolNode`` (and its other import paths) is an
+    ``EffectToolNode`` whose tools are classified ``irreversible`` with
+    ``requires_approval=False``: the strictest path that runs unasked (an intent
+    written before each dispatch, one side effect at a time, the outcome recorded).
+``toolnode-unclassified``
+    The same ``EffectToolNode``, the tools as the test wrote them: nobody classified
+    them, so each needs approval. A test that fails here may differ only by that.
+``create-agent``
+    ``langchain.agents.create_agent`` adds ``EffectMiddleware`` to every agent (given
+    the agent's ``HumanInTheLoopMiddleware`` as ``approval=``, as the README says),
+    and classifies the agent's tools as in ``toolnode-classified``.
+
+Each test's outcome is written to the JSON file ``LGC_PEER_RESULTS`` names, with
+whether langgraph-cancel asked for an approval during it (an interrupt of its
+review, or ``ApprovalRequiredError``), which the runner needs to judge the
+unclassified pass.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+import tomllib
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from langchain_core.tools import BaseTool
+from langchain_core.tools import tool as as_tool
+
+MODES = ("toolnode-classified", "toolnode-unclassified", "create-agent")
+
+#: Whether the running test asked for an approval.
+_approval_asked: list[bool] = [False]
+#: A test that runs away (a loop whose messages grow each turn) is stopped here, with
+#: the results so far written, before it takes the machine's memory.
+#: The exit code of a run stopped so (the runner then runs the tests not yet run).
+RUNAWAY_EXIT_CODE = 86
+MEMORY_LIMIT_BYTES = int(os.environ.get("LGC_PEER_MEMORY_LIMIT_MB", "2048")) * 1024 * 1024
+
+
+def classified(tool: BaseTool | Callable[..., Any] | dict[str, Any]) -> Any:
+    """``tool`` classified irreversible, running without approval (a dict, a provider's
+    built-in tool, is left as it is: it never runs in the process)."""
+    from langgraph_cancel import EffectKind, effect
+
+    if isinstance(tool, dict):
+        return tool
+    base = tool if isinstance(tool, BaseTool) else as_tool(tool)
+    return effect(EffectKind.IRREVERSIBLE, base, requires_approval=False)
+
+
+def _install_tool_node(*, classify: bool) -> None:
+    import langgraph.prebuilt
+    import langgraph.prebuilt.chat_agent_executor
+    import langgraph.prebuilt.tool_node
+
+    from langgraph_cancel import EffectToolNode
+
+    class PeerToolNode(EffectToolNode):
+        """``EffectToolNode`` under the name the peers' tests use."""
+
+        def __init__(self, tools: Sequence[Any], *args: Any, **kwargs: Any) -> None:
+            if classify:
+                tools = [classified(tool) for tool in tools]
+            super().__init__(tools, *args, **kwargs)
+
+    PeerToolNode.__name__ = PeerToolNode.__qualname__ = "ToolNode"
+    langgraph.prebuilt.ToolNode = PeerToolNode  # type: ignore[misc]
+    langgraph.prebuilt.tool_node.ToolNode = PeerToolNode  # type: ignore[misc]
+    setattr(langgraph.prebuilt.chat_agent_executor, "ToolNode", PeerToolNode)  # noqa: B010
+
+
+def _install_create_agent() -> None:
+    import langchain.agents
+    import langchain.agents.factory
+    from langchain.agents.middleware import HumanInTheLoopMiddleware
+
+    from langgraph_cancel.middleware import EffectMiddleware
+
+    original = langchain.agents.factory.create_agent
+
+    def create_agent(model: Any, tools: Any = None, *args: Any, **kwargs: Any) -> Any:
+        middleware = list(kwargs.pop("middleware", None) or ())
+        hitl = next((m for m in middleware if isinstance(m, HumanInTheLoopMiddleware)), None)
+        for each in middleware:
+            own_tools = getattr(each, "tools", None)
+            if own_tools:
+                each.tools = [classified(tool) for tool in own_tools]
+        middleware.append(EffectMiddleware(approval=hitl if hitl is not None else True))
+        if tools is not None:
+            tools = [classified(tool) for tool in tools]
+        return original(model, tools, *args, middleware=middleware, **kwargs)
+
+    create_agent.__doc__ = original.__doc__
+    langchain.agents.create_agent = create_agent
+    langchain.agents.factory.create_agent = create_agent
+
+
+def _watch_approvals() -> None:
+    import langgraph_cancel.execution.protocol as protocol
+    from langgraph_cancel.errors import ApprovalRequiredError
+
+    ask = getattr(protocol, "interrupt")  # noqa: B009 - the name it calls, replaced below
+
+    def interrupt(value: Any, *args: Any, **kwargs: Any) -> Any:
+        _approval_asked[0] = True
+        return ask(value, *args, **kwargs)
+
+    setattr(protocol, "interrupt", interrupt)  # noqa: B010
+    refuse = ApprovalRequiredError.__init__
+
+    def refused(self: ApprovalRequiredError, *args: Any, **kwargs: Any) -> None:
+        _approval_asked[0] = True
+        refuse(self, *args, **kwargs)
+
+    setattr(ApprovalRequiredError, "__init__", refused)  # noqa: B010
+
+
+class Recorder:
+    """Collects each test's outcome, deselects what needs an outside service."""
+
+    def __init__(self, results: Path, deselect: dict[str, str]) -> None:
+        self.results = results
+        self.deselect = deselect
+        # After a run that had to be stopped, the runner starts another for the tests
+        # not yet run: what the earlier one recorded stays.
+        self.outcomes: dict[str, dict[str, Any]] = (
+            json.loads(results.read_text()) if results.exists() else {}
+        )
+        self.running: str | None = None
+        self.lock = threading.Lock()
+        threading.Thread(target=self._watch_memory, name="lgc-peer-memory", daemon=True).start()
+
+    def _watch_memory(self) -> None:
+        page = os.sysconf("SC_PAGE_SIZE")
+        statm = Path("/proc/self/statm")
+        if not statm.exists():
+            return
+        while True:
+            time.sleep(0.2)
+            resident = int(statm.read_text().split()[1]) * page
+            if resident > MEMORY_LIMIT_BYTES:
+                with self.lock:
+                    if self.running is not None:
+                        self.outcomes[self.running] = {
+                            "outcome": "failed",
+                            "summary": f"stopped: more than {MEMORY_LIMIT_BYTES >> 20} MB "
+                            "resident (a run that does not end)",
+                            "approval_asked": _approval_asked[0],
+                        }
+                    self._write()
+                os._exit(RUNAWAY_EXIT_CODE)
+
+    def _write(self) -> None:
+        self.results.write_text(json.dumps(self.outcomes, indent=1, sort_keys=True))
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(
+        self, config: pytest.Config, items: list[pytest.Item]
+    ) -> None:
+        kept, dropped = [], []
+        for item in items:
+            if item.nodeid in self.outcomes:
+                dropped.append(item)
+                continue
+            reason = next(
+                (why for match, why in self.deselect.items() if match in item.nodeid), None
+            )
+            if reason is None:
+                kept.append(item)
+            else:
+                dropped.append(item)
+                self.outcomes[item.nodeid] = {"outcome": "deselected", "reason": reason}
+        if dropped:
+            config.hook.pytest_deselected(items=dropped)
+            items[:] = kept
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_protocol(self, item: pytest.Item) -> Iterator[None]:
+        _approval_asked[0] = False
+        self.running = item.nodeid
+        try:
+            return (yield)
+        finally:
+            with self.lock:
+                self.running = None
+                entry = self.outcomes.setdefault(item.nodeid, {"outcome": "passed"})
+                entry["approval_asked"] = _approval_asked[0]
+                self._write()
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        entry = self.outcomes.setdefault(report.nodeid, {"outcome": "passed"})
+        if report.skipped and entry["outcome"] == "passed":
+            entry["outcome"] = "skipped"
+        elif report.failed:
+            entry["outcome"] = "failed" if report.when == "call" else "error"
+            entry["summary"] = _summary(report)
+
+    def pytest_sessionfinish(self) -> None:
+        with self.lock:
+            self._write()
+
+
+def _summary(report: pytest.TestReport) -> str:
+    crash = getattr(report.longrepr, "reprcrash", None)
+    text = getattr(crash, "message", None) or str(report.longrepr)
+    return " ".join(text.split())[:300]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Swap the drop-in in before the peers' test modules are imported."""
+    mode = os.environ.get("LGC_PEER_MODE", "")
+    if mode not in MODES:
+        raise pytest.UsageError(f"LGC_PEER_MODE must be one of {', '.join(MODES)}, not {mode!r}")
+    if mode == "create-agent":
+        _install_create_agent()
+    else:
+        _install_tool_node(classify=mode == "toolnode-classified")
+    _watch_approvals()
+    deselect_file = os.environ.get("LGC_PEER_DESELECT")
+    deselect: dict[str, str] = {}
+    if deselect_file:
+        for entry in tomllib.loads(Path(deselect_file).read_text()).get("deselect", []):
+            deselect[entry["test"]] = entry["reason"]
+    results = Path(os.environ["LGC_PEER_RESULTS"])
+    config.pluginmanager.register(Recorder(results, deselect), "lgc-peer-recorder")
