@@ -54,6 +54,8 @@ from langgraph_cancel.window import settle_windows
 
 logger = logging.getLogger("langgraph_cancel.outbox")
 
+#: The owner prefix of the calls an outbox worker released: theirs to settle.
+OUTBOX_OWNER_PREFIX = "outbox:"
 #: Seconds a released call may stay ``dispatched`` before another drain takes it over.
 DEFAULT_STALE_AFTER = 30.0
 #: The next action recorded on a released call whose outcome nobody can tell.
@@ -113,7 +115,7 @@ class Outbox:
         else:
             self.tools = {t.name: t for t in tools}
         self.ledger = ledger
-        self.owner = f"outbox:{worker or default_worker()}"
+        self.owner = f"{OUTBOX_OWNER_PREFIX}{worker or default_worker()}"
         self.batch_size = batch_size
         self.stale_after = stale_after
 
@@ -291,6 +293,7 @@ def _iso(value: datetime | None) -> str | None:
 __all__ = [
     "ASK_PROVIDER",
     "DEFAULT_STALE_AFTER",
+    "OUTBOX_OWNER_PREFIX",
     "DrainResult",
     "Outbox",
     "default_worker",

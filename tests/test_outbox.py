@@ -28,7 +28,7 @@ from langgraph_cancel.ledger import Ledger
 from langgraph_cancel.outbox import Outbox
 from langgraph_cancel.report import CancellationReport
 from langgraph_cancel.testing import tool_call
-from langgraph_cancel.types import EffectStatus, utcnow
+from langgraph_cancel.types import EffectStatus, RunStatus, utcnow
 from module_fixtures import db_url_fixture, saver_fixture  # noqa: F401 (fixtures)
 
 REPO = Path(__file__).resolve().parent.parent
@@ -194,3 +194,33 @@ def test_kill9_of_the_graph_and_of_the_outbox_worker_sends_the_call_once(
             EffectStatus.DISPATCHED,
             EffectStatus.COMMITTED,
         ]
+
+
+def test_the_sweeper_leaves_a_call_the_outbox_is_sending_to_the_outbox(
+    saver: Any, providers: Providers
+) -> None:
+    from langgraph_cancel.sweeper import Sweeper
+
+    tool = held_tool(providers, timedelta(seconds=0.05))
+    thread_id = new_thread()
+    ledger = saver.ledger
+    run = ledger.start_run(thread_id)
+    rec, _ = ledger.plan(
+        thread_id=thread_id,
+        run_id=run.run_id,
+        tool_call_id="h1",
+        tool="send_later",
+        kind=EffectKind.IRREVERSIBLE,
+        args={"to": "a@x.io", "subject": "s"},
+    )
+    ledger.transition(rec.effect_id, EffectStatus.SCHEDULED)
+    ledger.finish_run(run.run_id, RunStatus.COMPLETED)
+    # An outbox worker has released it and is waiting for the provider's answer.
+    ledger.transition(
+        rec.effect_id,
+        EffectStatus.DISPATCHED,
+        owner="outbox:busy-worker",
+        require_active_run=False,
+    )
+    Sweeper(ledger, tools=[tool]).sweep_once()
+    assert ledger.get_effect(rec.effect_id).status is EffectStatus.DISPATCHED
