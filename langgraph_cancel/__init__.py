@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from langgraph_cancel.ledger import AsyncLedger, Ledger
     from langgraph_cancel.limits import LimitName, Limits, Prices
     from langgraph_cancel.nodes import ApprovalGate, EffectToolNode
+    from langgraph_cancel.outbox import Outbox, drain_outbox
     from langgraph_cancel.report import CancellationReport
     from langgraph_cancel.runtime import is_cancelled
     from langgraph_cancel.sweeper import Sweeper, SweepSummary, sweep
@@ -75,6 +76,8 @@ _EXPORTS: dict[str, str] = {
     "Prices": "langgraph_cancel.limits",
     "ApprovalGate": "langgraph_cancel.nodes",
     "EffectToolNode": "langgraph_cancel.nodes",
+    "Outbox": "langgraph_cancel.outbox",
+    "drain_outbox": "langgraph_cancel.outbox",
     "CancellationReport": "langgraph_cancel.report",
     "is_cancelled": "langgraph_cancel.runtime",
     "Sweeper": "langgraph_cancel.sweeper",
@@ -119,6 +122,7 @@ __all__ = [
     "Ledger",
     "LimitName",
     "Limits",
+    "Outbox",
     "Outcome",
     "Prices",
     "RunStatus",
@@ -133,6 +137,7 @@ __all__ = [
     "aget_report",
     "arequest_cancel",
     "compensate",
+    "drain_outbox",
     "effect",
     "get_report",
     "idempotency_key",

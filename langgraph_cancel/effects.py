@@ -12,10 +12,12 @@ import warnings
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any, Literal, TypeVar, overload
 
 from langchain_core.tools import BaseTool
 from langchain_core.tools import tool as as_tool
+from typing_extensions import TypedDict
 
 from langgraph_cancel.errors import EffectDeclarationError
 from langgraph_cancel.types import CancelPolicy, EffectKind, effect_kind
@@ -24,6 +26,9 @@ OutcomeStatusLiteral = Literal["committed", "not_applied", "unknown"]
 
 ReconcileHook = Callable[[str, dict[str, Any]], "Awaitable[Outcome] | Outcome"]
 CompensateHook = Callable[[str, dict[str, Any], Any], "Awaitable[None] | None"]
+#: ``revoke(key, args, handle) -> bool``: True when the provider withdrew the scheduled
+#: call, False when it answers that the call is already final (delivered, captured).
+RevokeHook = Callable[[str, dict[str, Any], Any], "Awaitable[bool] | bool"]
 KeyFunction = Callable[[dict[str, Any]], str]
 ApprovalRule = bool | Callable[[dict[str, Any]], bool]
 
@@ -63,6 +68,21 @@ class Outcome:
         return cls("unknown", reason=reason)
 
 
+class DelayWindow(TypedDict):
+    """The delay window as a reviewer sees it in an approval request.
+
+    Attributes:
+        seconds: How long the effect stays revocable after it is made.
+        held_by: ``provider`` (the tool's provider holds the call, a revoke hook
+            withdraws it) or ``outbox`` (the package holds it and sends it after).
+        text: The same in one sentence.
+    """
+
+    seconds: float
+    held_by: Literal["provider", "outbox"]
+    text: str
+
+
 @dataclass(frozen=True, slots=True)
 class EffectSpec:
     """The declaration ``effect(...)`` attaches to a tool.
@@ -83,6 +103,10 @@ class EffectSpec:
         permanence: Why the effect cannot be undone, shown to approvers.
         hook_timeout: Seconds a reconcile or compensate hook may take.
         cancel_timeout: Seconds cancel waits for an in-flight call of this tool.
+        delay: The delay window: how long the effect stays revocable after it is
+            made. With ``revoke`` the provider holds the call (a send-at email);
+            without it the package holds it in its outbox until the window passes.
+        revoke: Withdraws a call the provider holds (``revoke(key, args, handle)``).
         classified: False for the fail-safe spec of a tool nobody classified.
     """
 
@@ -98,7 +122,40 @@ class EffectSpec:
     permanence: str | None = None
     hook_timeout: float = 30.0
     cancel_timeout: float | None = None
+    delay: timedelta | None = None
+    revoke: RevokeHook | None = None
     classified: bool = field(default=True)
+
+    @property
+    def deferred(self) -> bool:
+        """True for a tool with a delay window (provider-held or package-held)."""
+        return self.delay is not None
+
+    @property
+    def held(self) -> bool:
+        """True when the package holds the call in its outbox until the window passes."""
+        return self.delay is not None and self.revoke is None
+
+    def window(self) -> DelayWindow | None:
+        """The delay window for a reviewer's payload, or ``None`` without one."""
+        if self.delay is None:
+            return None
+        return {
+            "seconds": self.delay.total_seconds(),
+            "held_by": "provider" if self.revoke is not None else "outbox",
+            "text": self.window_text() or "",
+        }
+
+    def window_text(self) -> str | None:
+        """A sentence for approvers on the delay window, or ``None`` without one."""
+        if self.delay is None:
+            return None
+        seconds = self.delay.total_seconds()
+        span = f"{seconds / 60:g} min" if seconds >= 60 else f"{seconds:g} s"
+        holder = "the provider holds it" if self.revoke is not None else "it waits in the outbox"
+        return (
+            f"Revocable for {span} after it is made ({holder}); a stop inside the window undoes it."
+        )
 
     @property
     def side_effecting(self) -> bool:
@@ -118,6 +175,8 @@ class EffectSpec:
         """A sentence for approvers on what cancelling can and cannot undo."""
         if self.permanence:
             return self.permanence
+        if self.kind is EffectKind.IRREVERSIBLE and self.delay is not None:
+            return "Irreversible once its delay window has passed: " + (self.window_text() or "")
         if self.kind is EffectKind.IRREVERSIBLE:
             return "Irreversible: once dispatched, cancelling the run cannot undo it."
         if self.kind is EffectKind.REVERSIBLE:
@@ -145,6 +204,8 @@ def effect(
     permanence: str | None = ...,
     hook_timeout: float = ...,
     cancel_timeout: float | None = ...,
+    delay: timedelta | None = ...,
+    revoke: RevokeHook | None = ...,
 ) -> Callable[[BaseTool | Callable[..., Any]], BaseTool]: ...
 
 
@@ -165,6 +226,8 @@ def effect(
     permanence: str | None = ...,
     hook_timeout: float = ...,
     cancel_timeout: float | None = ...,
+    delay: timedelta | None = ...,
+    revoke: RevokeHook | None = ...,
 ) -> T: ...
 
 
@@ -184,6 +247,8 @@ def effect(
     permanence: str | None = None,
     hook_timeout: float = 30.0,
     cancel_timeout: float | None = None,
+    delay: timedelta | None = None,
+    revoke: RevokeHook | None = None,
 ) -> Any:
     """Classify a LangChain tool by what it does to the world.
 
@@ -211,6 +276,12 @@ def effect(
         permanence: Text for approvers on why the effect is permanent.
         hook_timeout: Seconds a reconcile/compensate hook may run.
         cancel_timeout: Seconds cancel waits for an in-flight call of this tool.
+        delay: A delay window that makes the effect revocable for that long. With
+            ``revoke`` the tool hands the call to a provider that holds it (a
+            send-at email) and returns a handle; without it the package holds the
+            call in its durable outbox and sends it once the window has passed.
+        revoke: ``f(key, args, handle) -> bool`` (sync or async): withdraws a call
+            the provider holds; ``False`` when the provider says it is already final.
 
     Returns:
         A decorator, or the classified tool when ``tool`` is given.
@@ -245,6 +316,13 @@ def effect(
         raise EffectDeclarationError("max_attempts must be at least 1")
     if hook_timeout <= 0:
         raise EffectDeclarationError("hook_timeout must be positive")
+    if revoke is not None and delay is None:
+        raise EffectDeclarationError("a revoke hook needs a delay window: effect(..., delay=...)")
+    if delay is not None:
+        if not isinstance(delay, timedelta) or delay <= timedelta(0):
+            raise EffectDeclarationError("delay must be a positive datetime.timedelta")
+        if parsed_kind is EffectKind.READ_ONLY:
+            raise EffectDeclarationError("a read_only tool has no effect to delay")
     if requires_approval is not None and not (
         isinstance(requires_approval, bool) or callable(requires_approval)
     ):
@@ -263,6 +341,8 @@ def effect(
         permanence=permanence,
         hook_timeout=hook_timeout,
         cancel_timeout=cancel_timeout,
+        delay=delay,
+        revoke=revoke,
     )
 
     def apply(target: BaseTool | Callable[..., Any]) -> BaseTool:
@@ -343,9 +423,11 @@ def bound_idempotency_key(key: str) -> Iterator[None]:
 __all__ = [
     "CLASSIFIED_TOOLS",
     "DEFAULT_RETRYABLE",
+    "DelayWindow",
     "EffectSpec",
     "Outcome",
     "OutcomeStatusLiteral",
+    "RevokeHook",
     "UnclassifiedToolWarning",
     "bound_idempotency_key",
     "effect",

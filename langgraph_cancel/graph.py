@@ -89,6 +89,7 @@ from langgraph_cancel.types import (
     RunStatus,
     utcnow,
 )
+from langgraph_cancel.window import revoke_window
 
 logger = logging.getLogger("langgraph_cancel.graph")
 
@@ -339,6 +340,8 @@ def finalize_cancel(
             _record_dangling_dropped(scope, settings, call)
         # 2. In flight: wait within the timeout, then reconcile or record unknown.
         _settle_dispatched(scope, settings, ledger.run_effects(run.run_id))
+        # 2b. Delay windows: a scheduled effect is revoked while its window is open.
+        revoke_window(ledger, ledger.run_effects(run.run_id), settings.all_tools())
         # 3. Children (sub-agents) stop too: wait, bounded, for each to end.
         _wait_for_children(scope, settings.cancel_timeout)
         # 4. Compensation, when asked for.

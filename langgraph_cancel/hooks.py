@@ -101,6 +101,29 @@ async def call_compensate(spec: EffectSpec, key: str, args: dict[str, Any], resu
         raise HookError(f"compensate hook raised {exc!r}") from exc
 
 
+async def call_revoke(spec: EffectSpec, key: str, args: dict[str, Any], handle: Any) -> bool:
+    """Ask the provider to withdraw a scheduled call; True when it did.
+
+    Raises:
+        HookError: When the hook is missing, raises, times out or answers with
+            something other than a bool (nobody can tell what became of the call).
+    """
+    hook = spec.revoke
+    if hook is None:
+        raise HookError("the tool has no revoke hook")
+    try:
+        answer = await _call(hook, key, args, handle, seconds=spec.hook_timeout)
+    except TimeoutError as exc:
+        raise HookError(f"revoke hook timed out after {spec.hook_timeout:g}s") from exc
+    except HookError:
+        raise
+    except Exception as exc:
+        raise HookError(f"revoke hook raised {exc!r}") from exc
+    if not isinstance(answer, bool):
+        raise HookError(f"revoke hook answered {answer!r}, not a bool")
+    return answer
+
+
 class _SharedExecutor(ThreadPoolExecutor):
     """The default executor of every private loop: its threads outlive the loops.
 
@@ -212,4 +235,4 @@ def run_sync(coro: Any) -> Any:
     return result[0]
 
 
-__all__ = ["call_compensate", "call_reconcile", "run_sync"]
+__all__ = ["call_compensate", "call_reconcile", "call_revoke", "run_sync"]

@@ -45,6 +45,8 @@ class ReportEffect(BaseModel):
     child_run_id: str | None = None
     #: That child run's thread.
     child_thread_id: str | None = None
+    #: End of the delay window, for a scheduled or revoked effect.
+    release_at: str | None = None
 
 
 #: The report's buckets, in the order it shows them. Every call of the run (and of
@@ -58,6 +60,8 @@ BUCKETS: tuple[str, ...] = (
     "failed",
     "not_run",
     "rejected",
+    "scheduled",
+    "revoked",
     "reads",
 )
 
@@ -75,6 +79,9 @@ class CancellationReport(BaseModel):
             provider's refusal, a malformed call, a tool's exception.
         not_run: Calls dropped before dispatch, reads included: they never happened.
         rejected: Calls refused at approval (or answered by the reviewer instead).
+        scheduled: Effects inside their delay window, revocable until ``release_at``.
+        revoked: Effects undone inside their delay window, before they became
+            permanent (withdrawn from the provider, or dropped from the outbox).
         reads: Read-only calls that ran.
         dispatched_after_cancel: Dispatches after the run observed its cancel signal
             (must be 0).
@@ -112,6 +119,8 @@ class CancellationReport(BaseModel):
     failed: list[ReportEffect] = Field(default_factory=list)
     not_run: list[ReportEffect] = Field(default_factory=list)
     rejected: list[ReportEffect] = Field(default_factory=list)
+    scheduled: list[ReportEffect] = Field(default_factory=list)
+    revoked: list[ReportEffect] = Field(default_factory=list)
     reads: list[ReportEffect] = Field(default_factory=list)
     dispatched_after_cancel: int = 0
     orphans: int = 0
@@ -153,6 +162,7 @@ def _entry(e: EffectRecord, child: RunRecord | None = None) -> ReportEffect:
         error=e.error if e.status is not EffectStatus.COMMITTED else None,
         child_run_id=child.run_id if child is not None else None,
         child_thread_id=child.thread_id if child is not None else None,
+        release_at=_iso(e.release_at),
     )
 
 
@@ -171,6 +181,10 @@ def bucket_of(e: EffectRecord) -> str:
         return "not_run"
     if status is EffectStatus.COMMITTED:
         return "permanent" if e.kind is EffectKind.IRREVERSIBLE else "reversible_committed"
+    if status is EffectStatus.SCHEDULED:
+        return "scheduled"
+    if status is EffectStatus.REVOKED:
+        return "revoked"
     if status is EffectStatus.COMPENSATED:
         return "compensated"
     if status in (EffectStatus.COMPENSATION_FAILED, EffectStatus.COMPENSATING):
@@ -213,6 +227,10 @@ def summarize(report: CancellationReport) -> str:
         parts.append(f"{len(report.failed)} failed (no effect)")
     if report.rejected:
         parts.append(f"{len(report.rejected)} rejected at approval")
+    if report.revoked:
+        parts.append(f"{_counted(report.revoked)} revoked inside the delay window")
+    if report.scheduled:
+        parts.append(f"{_counted(report.scheduled)} scheduled (revocable until sent)")
     n = len(report.not_run)
     parts.append(f"{n} step{'s' if n != 1 else ''} not run")
     if report.limit is not None and report.reason:

@@ -51,6 +51,7 @@ from langgraph_cancel.execution.identity import dangling_tool_calls
 from langgraph_cancel.graph import CancellationSettings, finalize_cancel
 from langgraph_cancel.ledger import Ledger
 from langgraph_cancel.ledgers import coerce_ledger
+from langgraph_cancel.outbox import OUTBOX_OWNER_PREFIX
 from langgraph_cancel.recovery import reconcile
 from langgraph_cancel.runtime import CancelSignal, RunScope, worker_id
 from langgraph_cancel.types import (
@@ -383,6 +384,10 @@ class Sweeper:
         return dangling_tool_calls(messages)
 
     def _reconcilable(self, rec: EffectRecord) -> bool:
+        if rec.status is EffectStatus.DISPATCHED and (rec.owner or "").startswith(
+            OUTBOX_OWNER_PREFIX
+        ):
+            return False  # sent by the outbox, which settles it (or takes it over when stale)
         if rec.status is not EffectStatus.UNKNOWN:
             return True  # in flight or half-compensated: settle or record unknown
         tool = self.settings.tool(rec.tool)

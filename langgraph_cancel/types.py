@@ -43,6 +43,8 @@ class EffectStatus(str, Enum):
     UNKNOWN = "unknown"
     REJECTED = "rejected"
     DROPPED = "dropped"
+    SCHEDULED = "scheduled"
+    REVOKED = "revoked"
 
 
 EffectStatusLiteral = Literal[
@@ -59,18 +61,37 @@ EffectStatusLiteral = Literal[
     "unknown",
     "rejected",
     "dropped",
+    "scheduled",
+    "revoked",
 ]
 
 _E = EffectStatus
 
 EFFECT_TRANSITIONS: dict[EffectStatus, frozenset[EffectStatus]] = {
+    # planned/approved -> scheduled: a held call, written to the outbox with its release
+    # time instead of being dispatched.
     _E.PLANNED: frozenset(
-        {_E.PENDING_APPROVAL, _E.APPROVED, _E.DISPATCHED, _E.DROPPED, _E.FAILED, _E.REJECTED}
+        {
+            _E.PENDING_APPROVAL,
+            _E.APPROVED,
+            _E.DISPATCHED,
+            _E.DROPPED,
+            _E.FAILED,
+            _E.REJECTED,
+            _E.SCHEDULED,
+        }
     ),
     _E.PENDING_APPROVAL: frozenset({_E.APPROVED, _E.REJECTED, _E.DROPPED, _E.PENDING_APPROVAL}),
-    _E.APPROVED: frozenset({_E.DISPATCHED, _E.DROPPED}),
+    _E.APPROVED: frozenset({_E.DISPATCHED, _E.DROPPED, _E.SCHEDULED}),
     # dispatched -> dispatched: a retry with the same key, only for retry-safe tools.
-    _E.DISPATCHED: frozenset({_E.DISPATCHED, _E.COMMITTED, _E.FAILED, _E.NOT_APPLIED, _E.UNKNOWN}),
+    # dispatched -> scheduled: the provider accepted a call it holds until its window ends.
+    _E.DISPATCHED: frozenset(
+        {_E.DISPATCHED, _E.COMMITTED, _E.FAILED, _E.NOT_APPLIED, _E.UNKNOWN, _E.SCHEDULED}
+    ),
+    # Revocable until its release time: revoked inside the window, committed once the
+    # provider made it final, or (a held call) dispatched by the outbox after the window.
+    # A revoke whose answer is lost leaves the outcome unknown.
+    _E.SCHEDULED: frozenset({_E.REVOKED, _E.COMMITTED, _E.DISPATCHED, _E.UNKNOWN}),
     # An unknown effect may be re-labelled (new owner / next action) or settled.
     _E.UNKNOWN: frozenset({_E.COMMITTED, _E.NOT_APPLIED, _E.UNKNOWN}),
     # Reconciled "no effect": a fresh attempt with the same key, or nothing more.
@@ -83,6 +104,7 @@ EFFECT_TRANSITIONS: dict[EffectStatus, frozenset[EffectStatus]] = {
     _E.FAILED: frozenset(),
     _E.REJECTED: frozenset(),
     _E.DROPPED: frozenset(),
+    _E.REVOKED: frozenset(),
 }
 
 #: Statuses in which an effect still needs something to happen to it.
@@ -97,6 +119,10 @@ UNDISPATCHED_STATUSES: frozenset[EffectStatus] = frozenset(
 MAYBE_APPLIED_STATUSES: frozenset[EffectStatus] = frozenset(
     {_E.DISPATCHED, _E.COMMITTED, _E.UNKNOWN, _E.COMPENSATING, _E.COMPENSATION_FAILED}
 )
+#: Statuses of an effect inside its delay window: still revocable until ``release_at``.
+#: Not unsettled: nothing has to happen for the run to end, and a later run is not held
+#: up by it; the outbox worker or a cancel moves it on.
+WINDOW_STATUSES: frozenset[EffectStatus] = frozenset({_E.SCHEDULED})
 
 
 class RunStatus(str, Enum):
@@ -212,11 +238,26 @@ class EffectRecord(_Record):
     updated_at: datetime
     dispatched_at: datetime | None = None
     settled_at: datetime | None = None
+    #: End of the delay window: until then a ``scheduled`` effect can be revoked.
+    release_at: datetime | None = None
 
     @property
     def settled(self) -> bool:
         """True when nothing more needs to happen to this effect."""
         return self.status not in UNSETTLED_STATUSES
+
+    @property
+    def held(self) -> bool:
+        """True for a call the package holds in its outbox (scheduled, never dispatched)."""
+        return self.status is EffectStatus.SCHEDULED and self.dispatched_at is None
+
+    def revocable(self, now: datetime) -> bool:
+        """True while this effect is scheduled and its window has not passed at ``now``."""
+        return (
+            self.status is EffectStatus.SCHEDULED
+            and self.release_at is not None
+            and now < self.release_at
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,6 +309,7 @@ class TransitionRequest:
     approval: dict[str, Any] | None = None
     args: dict[str, Any] | None = None
     require_active_run: bool | None = None
+    release_at: datetime | None = None
 
 
 class TransitionRecord(_Record):
@@ -366,6 +408,7 @@ __all__ = [
     "TERMINAL_RUN_STATUSES",
     "UNDISPATCHED_STATUSES",
     "UNSETTLED_STATUSES",
+    "WINDOW_STATUSES",
     "CancelPolicy",
     "CancelPolicyLiteral",
     "CancelRequestResult",

@@ -473,6 +473,7 @@ def test_every_command_takes_db_and_data_commands_take_json() -> None:
         "compensate",
         "resume",
         "reconcile",
+        "outbox",
         "sweep",
         "stats",
         "completion",

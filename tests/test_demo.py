@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from cli_util import flat, ok, ok_json, one_line_error, run_cli
+from langgraph_cancel.demo.send_at import SendAtMail
 from langgraph_cancel.demo.services import Providers
 from langgraph_cancel.report import CancellationReport
 
@@ -217,6 +218,24 @@ def test_cancel_at_plan_closes_the_model_stream(tmp_path: Path) -> None:
     assert report["reversible_committed"] == []  # nothing of turn 2 was dispatched
     assert report["dispatched_after_cancel"] == 0
     assert report["tokens_after_cancel"] is not None
+
+
+def test_cancel_at_window_revokes_the_scheduled_email(tmp_path: Path) -> None:
+    run = _demo(tmp_path, "--cancel-at", "window")
+    report = run.report
+    assert report["status"] == "cancelled"
+    assert _tools(report["permanent"]) == ["issue_refund", "send_email", "send_email"]
+    (revoked,) = report["revoked"]
+    assert revoked["tool"] == "schedule_email" and revoked["status"] == "revoked"
+    assert revoked["release_at"] is not None
+    assert report["scheduled"] == [] and report["unknown"] == []
+    assert report["dispatched_after_cancel"] == 0
+    assert "1 schedule_email revoked inside the delay window" in report["summary"]
+    # The send-at provider's own truth: withdrawn before delivery, never delivered.
+    mail = SendAtMail(tmp_path / "refund-providers.db").truth()
+    assert [e["key"] for e in mail["revoked"]] == [revoked["idempotency_key"]]
+    assert mail["delivered"] == [] and mail["scheduled"] == []
+    assert len(run.truth["emails"]) == 2  # only the two plain emails went out
 
 
 @pytest.mark.slow

@@ -254,7 +254,7 @@ def run(args: argparse.Namespace) -> int:
         if button.error is not None:
             raise CommandLineError(f"the stop button failed: {button.error}")
         report = get_report(ledger, thread)
-    check = scenario.check_truth(report, providers.truth())
+    check = scenario.check_truth(report, providers.truth(), tools.send_at_mail().truth())
     if quiet:
         print(report.model_dump_json(indent=2))
         return 0 if check.agrees else 1

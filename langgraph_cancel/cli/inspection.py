@@ -33,6 +33,8 @@ _DONE = (
     EffectStatus.COMPENSATED,
     EffectStatus.FAILED,
     EffectStatus.NOT_APPLIED,
+    # Withdrawn inside its delay window: settled, nothing permanent.
+    EffectStatus.REVOKED,
 )
 _NOT_DONE = (
     EffectStatus.DROPPED,
@@ -46,6 +48,8 @@ _MAYBE_COMMITTED = (
     EffectStatus.UNKNOWN,
     EffectStatus.COMPENSATING,
     EffectStatus.COMPENSATION_FAILED,
+    # Inside its delay window: permanent unless revoked before ``release_at``.
+    EffectStatus.SCHEDULED,
 )
 _SIDE_EFFECT_SHOWN = (
     EffectStatus.COMMITTED,

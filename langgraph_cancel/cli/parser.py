@@ -35,6 +35,7 @@ DEMO_STEPS: tuple[str, ...] = (
     "budget",
     "ordered",
     "subagent",
+    "window",
     "none",
 )
 DEMO_THREAD = "refund-demo"
@@ -288,7 +289,8 @@ def build_parser() -> Parser:
         "budget of 6 tool calls stops the run, and the report names the limit), ordered "
         "(the plan put irreversible calls last: stop while the refund waits for approval "
         "leaves nothing permanent), subagent (at the parent, while the refund its sub-agent "
-        "makes on a thread of its own is in flight), none (never: the run completes)",
+        "makes on a thread of its own is in flight), window (while a follow-up email waits in "
+        "its delay window: the stop revokes it), none (never: the run completes)",
     )
     demo.add_argument(
         "--thread",
@@ -427,6 +429,35 @@ def build_parser() -> Parser:
         "--all",
         action="store_true",
         help="every thread that needs it, after reaping the leases of dead workers",
+    )
+    outbox = command(
+        "outbox",
+        "outbox:run",
+        [db, as_json, graph],
+        help="send the calls held for a delay window once it has passed",
+        description="Send each call the package holds for its delay window (a tool declared "
+        "with effect(..., delay=...) and no revoke hook) once its window has passed, under its "
+        "idempotency key; settle the calls a killed outbox worker left in flight; record as "
+        "permanent the provider-held calls whose window has passed.",
+    )
+    outbox.add_argument(
+        "--watch",
+        action="store_true",
+        help="keep draining every --interval seconds until SIGINT or SIGTERM",
+    )
+    outbox.add_argument(
+        "--interval",
+        type=float,
+        default=1.0,
+        metavar="SECONDS",
+        help="seconds between drains with --watch (default: 1)",
+    )
+    outbox.add_argument(
+        "--stale-after",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="take over a released call another worker left in flight this long (default: 30)",
     )
     sweep = command(
         "sweep",

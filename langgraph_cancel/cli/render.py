@@ -164,6 +164,8 @@ CATEGORIES: tuple[tuple[str, str, str], ...] = (
     ("unknown", "Unknown outcome", "bold red"),
     ("not_run", "Not run", "green"),
     ("rejected", "Rejected at approval", "magenta"),
+    ("revoked", "Revoked inside the delay window", "cyan"),
+    ("scheduled", "Scheduled (revocable until sent)", "yellow"),
 )
 
 
@@ -180,6 +182,10 @@ def _report_note(bucket: str, effect: ReportEffect, thread_id: str) -> str:
         return f"owner: {effect.owner or '?'}; next: {effect.next_action or '?'}"
     if bucket == "not_run":
         return "never dispatched"
+    if bucket == "revoked":
+        return f"undone before it became permanent (window until {timestamp(effect.release_at)})"
+    if bucket == "scheduled":
+        return f"revocable until {timestamp(effect.release_at)}"
     return short(effect.error or "refused by the reviewer", 60)
 
 

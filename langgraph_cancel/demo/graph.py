@@ -75,13 +75,15 @@ CUSTOMER_EMAIL = "dana@example.com"
 QUEUED_CALLS: tuple[str, ...] = ("create_ticket", "send_email", "update_order", "issue_refund")
 
 
-def seed_script(refund_amount: float = 40.0) -> list[AIMessage]:
+def seed_script(refund_amount: float = 40.0, *, follow_up: bool = False) -> list[AIMessage]:
     """The model's three turns in the seed scenario.
 
     Args:
         refund_amount: The refund of turn 1. The seed's 40.00 is under the
             approval threshold (100); more makes the ``ApprovalGate`` stop the
             turn for a human decision.
+        follow_up: Turn 1 also schedules a follow-up email to Dana
+            (``schedule_email``: delivered five minutes later, revocable until then).
 
     Returns:
         Turn 1: ``lookup_order(o-88)``, ``issue_refund(o-88, 40.0)``, two
@@ -110,6 +112,20 @@ def seed_script(refund_amount: float = 40.0) -> list[AIMessage]:
                     "subject": f"Refund issued: o-88, {amount} USD",
                     "body": f"Partial refund of {amount} USD on o-88 (damaged item).",
                 },
+            ),
+            *(
+                [
+                    tool_call(
+                        "schedule_email",
+                        {
+                            "to": CUSTOMER_EMAIL,
+                            "subject": "How did we do with order o-88?",
+                            "body": "Hi Dana, could you rate the help you got with o-88?",
+                        },
+                    )
+                ]
+                if follow_up
+                else []
             ),
             content="I'll check the order, refund the damaged item and notify Dana and finance.",
         ),

@@ -36,6 +36,11 @@ Steps (``--cancel-at``):
            Result: the parent's report lists the child's refund as permanent,
            marked with the child's run; the child's email and the parent's
            wrap-up not run.
+``window`` turn 1 also schedules a follow-up email to Dana with a send-at provider
+           (delivered five minutes later); stop is pressed once it is scheduled,
+           while the model writes turn 2. Result: the refund and 2 emails are
+           permanent, the follow-up is revoked inside its delay window (the
+           provider's truth: withdrawn, never delivered), nothing of turn 2 ran.
 ``none``   stop is never pressed: the run completes; every call ran.
 ========== =====================================================================
 """
@@ -76,6 +81,8 @@ class Step:
         match: Arguments the triggering call must have.
         status: The status the triggering call must be in.
         refund_amount: Turn 1's refund (over 100 needs approval).
+        follow_up: Turn 1 also schedules a follow-up email (``schedule_email``).
+        slow_model: The model writes slowly (the stop lands while it writes).
         expect: What the report should say, in words.
         ordered: Play the irreversible-last plan (``ordered_script``), not the seed's.
         limits: The run's budget, if any (a breach stops it, not the stop button).
@@ -91,6 +98,8 @@ class Step:
     match: Mapping[str, Any] = field(default_factory=dict)
     status: EffectStatus = EffectStatus.DISPATCHED
     refund_amount: float = 40.0
+    follow_up: bool = False
+    slow_model: bool = False
     expect: str = ""
     ordered: bool = False
     limits: Limits | None = None
@@ -101,7 +110,7 @@ class Step:
         """The model's turns for this step."""
         if self.ordered:
             return ordered_script(self.refund_amount)
-        return seed_script(self.refund_amount)
+        return seed_script(self.refund_amount, follow_up=self.follow_up)
 
 
 STEPS: dict[str, Step] = {
@@ -134,6 +143,7 @@ STEPS: dict[str, Step] = {
         Step(
             "plan",
             "while the model is writing turn 2, before any of its calls exist",
+            slow_model=True,
             expect="the refund and 2 emails are permanent; nothing of turn 2 ran",
         ),
         Step(
@@ -170,6 +180,15 @@ STEPS: dict[str, Step] = {
             expect="the child's refund is permanent, marked with the child run; its email "
             "not run; the parent stops before its wrap-up",
             in_child=True,
+        ),
+        Step(
+            "window",
+            "while the follow-up email waits in its five-minute delay window",
+            tool="schedule_email",
+            status=EffectStatus.SCHEDULED,
+            follow_up=True,
+            slow_model=True,
+            expect="the refund and 2 emails permanent; the follow-up email revoked, never sent",
         ),
         Step("none", "never: the run completes", expect="every call ran; nothing dropped"),
     )
@@ -230,7 +249,7 @@ def demo_model(step: Step, started: threading.Event) -> ScriptedChatModel:
         return script[min(replies, len(script) - 1)]
 
     return ScriptedChatModel(
-        [turn], on_exhausted="repeat_last", delay_per_token=0.1 if step.name == "plan" else 0.0
+        [turn], on_exhausted="repeat_last", delay_per_token=0.1 if step.slow_model else 0.0
     )
 
 
@@ -268,8 +287,13 @@ def _effects(report: CancellationReport, buckets: Sequence[str]) -> list[ReportE
     return out
 
 
-def check_truth(report: CancellationReport, truth: Mapping[str, Any]) -> TruthCheck:
-    """Compare a report with the providers' truth (``Providers.truth()``)."""
+def check_truth(
+    report: CancellationReport,
+    truth: Mapping[str, Any],
+    send_at: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
+) -> TruthCheck:
+    """Compare a report with the providers' truth (``Providers.truth()``), and with the
+    send-at provider's (``SendAtMail.truth()``) when given."""
     keys: Mapping[str, Mapping[str, Any]] = truth.get("keys", {})
 
     def executions(key: str) -> int:
@@ -296,6 +320,15 @@ def check_truth(report: CancellationReport, truth: Mapping[str, Any]) -> TruthCh
             problems.append(
                 f"the provider applied {info.get('operation')} {key}, not in the report"
             )
+    scheduled_mail = send_at or {}
+    delivered = {e["key"] for e in scheduled_mail.get("delivered", [])}
+    withdrawn = {e["key"] for e in scheduled_mail.get("revoked", [])}
+    for e in report.revoked:
+        if e.idempotency_key in delivered:
+            problems.append(f"{e.tool} {e.idempotency_key} is reported revoked but was delivered")
+    held_by_report = {e.idempotency_key for e in report.permanent + report.scheduled} | unknown
+    for key in sorted(delivered - held_by_report):
+        problems.append(f"the send-at provider delivered {key}, not in the report as permanent")
     applied = {
         "refunds": len(truth.get("refunds", [])),
         "emails": len(truth.get("emails", [])),
@@ -320,6 +353,9 @@ def check_truth(report: CancellationReport, truth: Mapping[str, Any]) -> TruthCh
     what = ", ".join(done) if done else "nothing"
     if updates:
         what += f" ({'; '.join(updates)})"
+    if withdrawn:
+        what += f"; the send-at provider withdrew {_plural(len(withdrawn), 'scheduled email')}"
+        what += " before delivery"
     n_not = len(report.not_run) + len(report.rejected)
     if problems:
         line = f"Providers' truth DISAGREES with the report: {'; '.join(problems)}"

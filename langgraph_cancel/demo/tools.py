@@ -9,6 +9,7 @@
 | ``issue_refund`` | irreversible | amount > 100 | - / ``find_refund`` |
 | ``send_email`` | irreversible | no (pre-approved notifications) | - / ``find_email`` |
 | ``notify_slack`` | irreversible | yes (the default for irreversible) | - / ``find_message`` |
+| ``schedule_email`` | irreversible, 5 min delay window | no | revoke: ``SendAtMail.revoke`` |
 
 Every side-effecting tool reads this call's key with ``idempotency_key()`` and
 forwards it to the provider, which applies a key at most once. Reconcile hooks
@@ -24,10 +25,12 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Mapping
+from datetime import timedelta
 from typing import Any
 
 from langchain_core.tools import BaseTool, tool
 
+from langgraph_cancel.demo.send_at import SendAtMail
 from langgraph_cancel.demo.services import Providers, default_path
 from langgraph_cancel.effects import Outcome, effect, idempotency_key
 from langgraph_cancel.types import EffectKind
@@ -53,6 +56,11 @@ def providers_path() -> str:
 def providers() -> Providers:
     """The fake external systems the tools talk to (see :func:`providers_path`)."""
     return Providers(providers_path())
+
+
+def send_at_mail() -> SendAtMail:
+    """The send-at email provider, in the same providers' file (tables of its own)."""
+    return SendAtMail(providers_path())
 
 
 def _dump(value: Any) -> str:
@@ -296,6 +304,48 @@ def notify_slack(channel: str, text: str) -> str:
     return _dump(providers().post_message(channel, text, idempotency_key()))
 
 
+#: How long a scheduled email stays revocable: the provider delivers it after that.
+EMAIL_DELAY = timedelta(minutes=5)
+
+
+def revoke_scheduled_email(key: str, args: dict[str, Any], handle: Any) -> bool:
+    """Withdraw the email scheduled under ``key``; False once the provider delivered it."""
+    return send_at_mail().revoke(key)
+
+
+def reconcile_scheduled_email(key: str, args: dict[str, Any]) -> Outcome:
+    """Ask the send-at provider whether it accepted the email keyed ``key``."""
+    found = send_at_mail().find(key)
+    if found is None:
+        return Outcome.not_applied(f"the send-at provider has no email with key {key!r}")
+    return Outcome.committed(_dump(found))
+
+
+@effect(
+    EffectKind.IRREVERSIBLE,
+    delay=EMAIL_DELAY,
+    revoke=revoke_scheduled_email,
+    reconcile=reconcile_scheduled_email,
+    requires_approval=False,
+    retry_safe=True,
+)
+@tool(parse_docstring=True)
+def schedule_email(to: str, subject: str, body: str) -> str:
+    """Schedule an email to a customer; it is delivered five minutes later.
+
+    Until then stopping the run withdraws it; after that it is permanent.
+
+    Args:
+        to: The recipient's email address.
+        subject: The subject line.
+        body: The plain-text message.
+    """
+    handle = send_at_mail().schedule(
+        to, subject, body, EMAIL_DELAY.total_seconds(), idempotency_key()
+    )
+    return _dump(handle)
+
+
 #: Every tool of the refund agent, reads first.
 TOOLS: list[BaseTool] = [
     lookup_order,
@@ -305,9 +355,11 @@ TOOLS: list[BaseTool] = [
     issue_refund,
     send_email,
     notify_slack,
+    schedule_email,
 ]
 
 __all__ = [
+    "EMAIL_DELAY",
     "TOOLS",
     "compensation_key",
     "create_ticket",
@@ -320,11 +372,15 @@ __all__ = [
     "reconcile_email",
     "reconcile_message",
     "reconcile_refund",
+    "reconcile_scheduled_email",
     "reconcile_ticket",
     "reconcile_update",
     "refund_key",
     "refund_needs_approval",
+    "revoke_scheduled_email",
+    "schedule_email",
     "search_policy",
+    "send_at_mail",
     "send_email",
     "set_providers_path",
     "undo_create_ticket",

@@ -32,6 +32,8 @@ _ANSWERED = frozenset(
         EffectStatus.COMPENSATING,
         EffectStatus.COMPENSATED,
         EffectStatus.COMPENSATION_FAILED,
+        # A call its provider holds for a delay window answered with its handle.
+        EffectStatus.SCHEDULED,
     }
 )
 
@@ -105,7 +107,12 @@ def replay_message(rec: EffectRecord, call: ToolCall | None = None) -> ToolMessa
     status: Literal["success", "error"] = "success"
     content: Any
     artifact = None
-    if rec.status in _ANSWERED:
+    if rec.held:
+        content = (
+            f"Scheduled: held until {rec.release_at.isoformat() if rec.release_at else '?'}, "
+            "then sent; a stop before then withdraws it."
+        )
+    elif rec.status in _ANSWERED:
         result = rec.result
         if isinstance(result, dict) and "content" in result:
             content = result["content"]
@@ -126,6 +133,9 @@ def replay_message(rec: EffectRecord, call: ToolCall | None = None) -> ToolMessa
             f"Outcome unknown: {rec.error or 'no answer from the external system'}. "
             f"Owner: {rec.owner}. Next action: {rec.next_action}. Do not retry this call."
         )
+        status = "error"
+    elif rec.status is EffectStatus.REVOKED:
+        content = "Revoked inside its delay window: it never became permanent."
         status = "error"
     elif rec.status is EffectStatus.NOT_APPLIED:
         content, status = "Not applied: the external system has no record of this call.", "error"

@@ -108,6 +108,7 @@ from langgraph_cancel.types import (
     EffectRecord,
     EffectStatus,
     TransitionRequest,
+    utcnow,
 )
 
 if TYPE_CHECKING:
@@ -388,9 +389,50 @@ def _effect(
                 return replay(rec, plan.call)
         elif rec.status is EffectStatus.PENDING_APPROVAL:
             rec = yield from _trust(ctx, rec)
+    if plan.spec.held and rec.status in (EffectStatus.PLANNED, EffectStatus.APPROVED):
+        return (yield from _hold(ctx, plan, rec))
     if rec.status in (EffectStatus.PLANNED, EffectStatus.APPROVED, EffectStatus.NOT_APPLIED):
         return (yield from _dispatch(request, ctx, plan, rec))
     return replay(rec, plan.call)
+
+
+def _hold(ctx: CallContext, plan: CallPlan, rec: EffectRecord) -> Protocol[Any]:
+    """A call the package holds for its delay window: its intent goes to the outbox.
+
+    Nothing leaves the process: the record moves to ``scheduled`` with its release
+    time (refused, like a dispatch, once the run is no longer running), and the
+    outbox sends it after the window (``langgraph_cancel.outbox``).
+    """
+    yield from ctx.batch.flush_outcome()
+    yield AwaitPlanSaved(ctx.config, ctx.checkpoint_timeout)
+    delay = plan.spec.delay
+    if delay is None or (yield CancelCheck()):
+        yield Observe()
+        yield from _drop(ctx, plan, rec)
+        return replay_message((yield from ledger_call(Ledger.get_effect, rec.effect_id)), plan.call)
+    (held,) = yield from ledger_call(
+        Ledger.transition_many,
+        [
+            TransitionRequest(
+                effect_id=rec.effect_id,
+                to=EffectStatus.SCHEDULED,
+                expected=frozenset({rec.status}),
+                actor=ctx.owner,
+                owner=ctx.owner,
+                release_at=utcnow() + delay,
+                require_active_run=True,
+                detail={"held": True, "idempotency_key": rec.idempotency_key},
+            )
+        ],
+    )
+    if isinstance(held, DispatchRefusedError):
+        ctx.scope.signal.set()
+        yield Observe()
+        yield from _drop(ctx, plan, rec)
+        held = yield from ledger_call(Ledger.get_effect, rec.effect_id)
+    elif isinstance(held, Exception):
+        held = yield from ledger_call(Ledger.get_effect, rec.effect_id)
+    return replay_message(held, plan.call)
 
 
 def _fresh_dispatch(plan: CallPlan, rec: EffectRecord | None) -> bool:
@@ -601,15 +643,31 @@ def _returned(
             lost_ok=True,
         )
         return answer
+    success = success_request(ctx, rec, answer, plan.spec)
     if defer:
-        yield from ctx.batch.succeeded(success_request(ctx, rec, answer))
+        yield from ctx.batch.succeeded(success)
     else:
-        yield from _transition(ctx, success_request(ctx, rec, answer), lost_ok=True)
+        yield from _transition(ctx, success, lost_ok=True)
     return answer
 
 
-def success_request(ctx: CallContext, rec: EffectRecord, answer: Any) -> TransitionRequest:
-    """The outcome write of a call that returned."""
+def success_request(
+    ctx: CallContext, rec: EffectRecord, answer: Any, spec: EffectSpec | None = None
+) -> TransitionRequest:
+    """The outcome write of a call that returned.
+
+    A call its provider holds for a delay window (``effect(..., delay=, revoke=)``)
+    is recorded ``scheduled``, revocable until its release time, instead of committed.
+    """
+    if spec is not None and spec.delay is not None and spec.revoke is not None:
+        return TransitionRequest(
+            effect_id=rec.effect_id,
+            to=EffectStatus.SCHEDULED,
+            expected=frozenset({EffectStatus.DISPATCHED}),
+            actor=ctx.owner,
+            result=outcome_payload(answer),
+            release_at=(rec.dispatched_at or utcnow()) + spec.delay,
+        )
     return TransitionRequest(
         effect_id=rec.effect_id,
         to=EffectStatus.COMMITTED,

@@ -34,7 +34,7 @@ from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import BaseTool
 from pydantic import BaseModel, PlainValidator, ValidationError, WithJsonSchema
 
-from langgraph_cancel.effects import EffectSpec
+from langgraph_cancel.effects import DelayWindow, EffectSpec
 from langgraph_cancel.errors import DuplicateIdempotencyKeyError, IllegalTransitionError
 from langgraph_cancel.execution.identity import reused_call_id
 from langgraph_cancel.execution.steps import Protocol, ledger_call
@@ -66,6 +66,7 @@ class ToolReviewRequest(TypedDict):
     why_permanent: str
     idempotency_key: str
     allowed_decisions: list[DecisionType]
+    delay_window: NotRequired[DelayWindow]
     error: NotRequired[str]
     ordering: NotRequired[OrderingNote]
     """Irreversible effects of this run that already went out before this read-only or
@@ -108,7 +109,7 @@ def review_request(
         f"{description_prefix}\n\nTool: {tool.name}\nArgs: {args}\n"
         f"Effect: {rec.kind.value}. {spec.why_permanent()}"
     )
-    return {
+    request: ToolReviewRequest = {
         "type": "tool_approval",
         "tool_call_id": call_id,
         "name": tool.name,
@@ -120,6 +121,10 @@ def review_request(
         "idempotency_key": rec.idempotency_key,
         "allowed_decisions": list(REVIEW_DECISIONS),
     }
+    window = spec.window()
+    if window is not None:
+        request["delay_window"] = window
+    return request
 
 
 def review_schema(tool: BaseTool) -> type[Any]:

@@ -153,6 +153,7 @@ def effect_record(row: dict[str, Any], codec: Codec) -> EffectRecord:
         updated_at=required(codec.ts_out(row["updated_at"])),
         dispatched_at=codec.ts_out(row["dispatched_at"]),
         settled_at=codec.ts_out(row["settled_at"]),
+        release_at=codec.ts_out(row.get("release_at")),
     )
 
 
@@ -621,6 +622,7 @@ def cas_params(req: TransitionRequest, token: str, now: datetime, codec: Codec) 
         "approval": codec.json_in(req.approval),
         "args": codec.json_in(req.args),
         "settles": 1 if req.to in SETTLING else 0,
+        "release_at": codec.ts_in(req.release_at),
     }
 
 
@@ -666,6 +668,7 @@ def pg_transition_rows(
             "approval": req.approval,
             "args": req.args,
             "settles": req.to in SETTLING,
+            "release_at": None if req.release_at is None else req.release_at.isoformat(),
             "actor": req.actor,
             "detail": req.detail or {},
         }

@@ -15,12 +15,60 @@ UNSETTLED_SQL = (
     "('planned', 'pending_approval', 'approved', 'dispatched', 'unknown', 'compensating')"
 )
 
-_EFFECT_STATUSES = (
+_EFFECT_STATUSES_V0 = (
     "'planned', 'pending_approval', 'approved', 'dispatched', 'committed', 'compensating', "
     "'compensated', 'compensation_failed', 'failed', 'not_applied', 'unknown', 'rejected', "
     "'dropped'"
 )
+# v4: the delay window's statuses.
+_EFFECT_STATUSES = f"{_EFFECT_STATUSES_V0}, 'scheduled', 'revoked'"
 _RUN_STATUSES = "'running', 'cancel_requested', 'cancelling', 'cancelled', 'completed', 'failed'"
+
+
+def _effects_table(
+    ts: str, js: str, statuses: str, *, name: str = "lgc_effects", release: bool = False
+) -> list[str]:
+    """The effects table and its indexes (``release``: with the v4 ``release_at`` column)."""
+    release_column = f"release_at {ts},\n            " if release else ""
+    return [
+        f"""CREATE TABLE IF NOT EXISTS {name} (
+            effect_id TEXT PRIMARY KEY,
+            thread_id TEXT NOT NULL,
+            run_id TEXT NOT NULL,
+            tool_call_id TEXT NOT NULL,
+            tool TEXT NOT NULL,
+            kind TEXT NOT NULL CHECK (kind IN ('read_only', 'reversible', 'irreversible')),
+            status TEXT NOT NULL CHECK (status IN ({statuses})),
+            idempotency_key TEXT NOT NULL UNIQUE,
+            args {js} NOT NULL,
+            seq INTEGER NOT NULL DEFAULT 0,
+            result {js},
+            error TEXT,
+            owner TEXT,
+            next_action TEXT,
+            approval {js},
+            version INTEGER NOT NULL DEFAULT 1,
+            last_token TEXT,
+            created_at {ts} NOT NULL,
+            updated_at {ts} NOT NULL,
+            dispatched_at {ts},
+            settled_at {ts},
+            {release_column}CHECK (status <> 'unknown'
+                OR (owner IS NOT NULL AND next_action IS NOT NULL))
+        )""",
+        *_EFFECT_INDEXES,
+    ]
+
+
+_EFFECT_INDEXES = [
+    # Partial index: the cost of "what is unsettled in this thread" does not
+    # grow with the settled history.
+    f"""CREATE INDEX IF NOT EXISTS lgc_effects_unsettled ON lgc_effects (thread_id, seq)
+        WHERE status IN {UNSETTLED_SQL}""",
+    "CREATE INDEX IF NOT EXISTS lgc_effects_thread ON lgc_effects (thread_id, created_at)",
+    "CREATE INDEX IF NOT EXISTS lgc_effects_run ON lgc_effects (run_id, seq)",
+    "CREATE INDEX IF NOT EXISTS lgc_effects_status ON lgc_effects (status)",
+]
 
 
 def _tables(ts: str, js: str, serial: str) -> list[str]:
@@ -47,37 +95,7 @@ def _tables(ts: str, js: str, serial: str) -> list[str]:
         f"""CREATE UNIQUE INDEX IF NOT EXISTS lgc_runs_one_active ON lgc_runs (thread_id)
             WHERE status NOT IN {TERMINAL_RUN_SQL}""",
         "CREATE INDEX IF NOT EXISTS lgc_runs_parent ON lgc_runs (parent_run_id)",
-        f"""CREATE TABLE IF NOT EXISTS lgc_effects (
-            effect_id TEXT PRIMARY KEY,
-            thread_id TEXT NOT NULL,
-            run_id TEXT NOT NULL,
-            tool_call_id TEXT NOT NULL,
-            tool TEXT NOT NULL,
-            kind TEXT NOT NULL CHECK (kind IN ('read_only', 'reversible', 'irreversible')),
-            status TEXT NOT NULL CHECK (status IN ({_EFFECT_STATUSES})),
-            idempotency_key TEXT NOT NULL UNIQUE,
-            args {js} NOT NULL,
-            seq INTEGER NOT NULL DEFAULT 0,
-            result {js},
-            error TEXT,
-            owner TEXT,
-            next_action TEXT,
-            approval {js},
-            version INTEGER NOT NULL DEFAULT 1,
-            last_token TEXT,
-            created_at {ts} NOT NULL,
-            updated_at {ts} NOT NULL,
-            dispatched_at {ts},
-            settled_at {ts},
-            CHECK (status <> 'unknown' OR (owner IS NOT NULL AND next_action IS NOT NULL))
-        )""",
-        # Partial index: the cost of "what is unsettled in this thread" does not
-        # grow with the settled history.
-        f"""CREATE INDEX IF NOT EXISTS lgc_effects_unsettled ON lgc_effects (thread_id, seq)
-            WHERE status IN {UNSETTLED_SQL}""",
-        "CREATE INDEX IF NOT EXISTS lgc_effects_thread ON lgc_effects (thread_id, created_at)",
-        "CREATE INDEX IF NOT EXISTS lgc_effects_run ON lgc_effects (run_id, seq)",
-        "CREATE INDEX IF NOT EXISTS lgc_effects_status ON lgc_effects (status)",
+        *_effects_table(ts, js, _EFFECT_STATUSES_V0),
         f"""CREATE TABLE IF NOT EXISTS lgc_transitions (
             id {serial},
             effect_id TEXT NOT NULL,
@@ -97,6 +115,18 @@ def _tables(ts: str, js: str, serial: str) -> list[str]:
         )""",
     ]
 
+
+# v4: the delay window. Effects get a release time and two statuses, ``scheduled``
+# (revocable until ``release_at``) and ``revoked``; the outbox finds due held calls
+# through a partial index. SQLite cannot alter a CHECK constraint: the table is
+# rebuilt under the same name, in the migration's transaction.
+_V0_EFFECT_COLUMNS = (
+    "effect_id, thread_id, run_id, tool_call_id, tool, kind, status, idempotency_key, args, seq, "
+    "result, error, owner, next_action, approval, version, last_token, created_at, updated_at, "
+    "dispatched_at, settled_at"
+)
+_RELEASE_INDEX = """CREATE INDEX IF NOT EXISTS lgc_effects_release ON lgc_effects (release_at)
+    WHERE status = 'scheduled'"""
 
 # v1: runs carry a write token, as effects do: a retried cancel request or terminal
 # transition whose first attempt committed (its acknowledgement lost) knows it won.
@@ -133,6 +163,15 @@ SQLITE_MIGRATIONS: list[list[str]] = [
     [_RUN_TOKEN],
     _lease_takeovers("TEXT", "INTEGER PRIMARY KEY AUTOINCREMENT"),
     [_RUN_TOKENS_USED],
+    [
+        _effects_table("TEXT", "TEXT", _EFFECT_STATUSES, name="lgc_effects_v2", release=True)[0],
+        f"""INSERT INTO lgc_effects_v2 ({_V0_EFFECT_COLUMNS})
+            SELECT {_V0_EFFECT_COLUMNS} FROM lgc_effects""",
+        "DROP TABLE lgc_effects",
+        "ALTER TABLE lgc_effects_v2 RENAME TO lgc_effects",
+        *_EFFECT_INDEXES,
+        _RELEASE_INDEX,
+    ],
 ]
 
 POSTGRES_MIGRATIONS: list[list[str]] = [
@@ -153,6 +192,13 @@ POSTGRES_MIGRATIONS: list[list[str]] = [
     [_RUN_TOKEN],
     _lease_takeovers("TIMESTAMPTZ", "BIGSERIAL PRIMARY KEY"),
     [_RUN_TOKENS_USED],
+    [
+        "ALTER TABLE lgc_effects ADD COLUMN IF NOT EXISTS release_at TIMESTAMPTZ",
+        "ALTER TABLE lgc_effects DROP CONSTRAINT IF EXISTS lgc_effects_status_check",
+        f"""ALTER TABLE lgc_effects ADD CONSTRAINT lgc_effects_status_check
+            CHECK (status IN ({_EFFECT_STATUSES}))""",
+        _RELEASE_INDEX,
+    ],
 ]
 
 SELECT_VERSION = "SELECT MAX(v) FROM lgc_migrations"
@@ -163,11 +209,7 @@ RUN_COLUMNS = (
     "requested_by, reason, observed_at, quiesced_at, tokens_after_cancel, report, last_token, "
     "tokens_used"
 )
-EFFECT_COLUMNS = (
-    "effect_id, thread_id, run_id, tool_call_id, tool, kind, status, idempotency_key, args, seq, "
-    "result, error, owner, next_action, approval, version, last_token, created_at, updated_at, "
-    "dispatched_at, settled_at"
-)
+EFFECT_COLUMNS = f"{_V0_EFFECT_COLUMNS}, release_at"
 
 INSERT_RUN = f"""
 INSERT INTO lgc_runs (run_id, thread_id, status, created_at, updated_at, owner, parent_run_id)
@@ -308,7 +350,8 @@ UPDATE lgc_effects SET status = %(to)s, version = version + 1, last_token = %(to
     approval = COALESCE(%(approval)s, approval),
     args = COALESCE(%(args)s, args),
     dispatched_at = CASE WHEN %(to)s = 'dispatched' THEN %(now)s ELSE dispatched_at END,
-    settled_at = CASE WHEN %(settles)s = 1 THEN %(now)s ELSE settled_at END
+    settled_at = CASE WHEN %(settles)s = 1 THEN %(now)s ELSE settled_at END,
+    release_at = COALESCE(%(release_at)s, release_at)
 WHERE {_SQLITE_CAS}
 RETURNING {EFFECT_COLUMNS}"""
 
@@ -330,7 +373,8 @@ WITH prev AS (
         approval = COALESCE(%(approval)s, approval),
         args = COALESCE(%(args)s, args),
         dispatched_at = CASE WHEN %(to)s = 'dispatched' THEN %(now)s ELSE dispatched_at END,
-        settled_at = CASE WHEN %(settles)s = 1 THEN %(now)s ELSE settled_at END
+        settled_at = CASE WHEN %(settles)s = 1 THEN %(now)s ELSE settled_at END,
+        release_at = COALESCE(%(release_at)s::timestamptz, release_at)
     FROM prev
     WHERE lgc_effects.effect_id = prev.effect_id AND lgc_effects.status IN ({{statuses}})
         -- a retry whose first attempt committed (lost ack) must not apply twice
@@ -356,7 +400,8 @@ WITH req AS (
     SELECT * FROM jsonb_to_recordset(%(rows)s::jsonb) AS r(n int, effect_id text, "to" text,
         token text, allowed text[], guard bool, set_result bool, result jsonb,
         set_error bool, error text, owner text, set_next_action bool, next_action text,
-        approval jsonb, args jsonb, settles bool, actor text, detail jsonb)
+        approval jsonb, args jsonb, settles bool, actor text, detail jsonb,
+        release_at timestamptz)
 ), prev AS (
     SELECT e.effect_id, e.status AS from_status FROM lgc_effects e
     WHERE e.effect_id = ANY (%(ids)s::text[]) ORDER BY e.effect_id FOR UPDATE
@@ -370,7 +415,8 @@ WITH req AS (
         approval = COALESCE(r.approval, e.approval),
         args = COALESCE(r.args, e.args),
         dispatched_at = CASE WHEN r."to" = 'dispatched' THEN %(now)s ELSE e.dispatched_at END,
-        settled_at = CASE WHEN r.settles THEN %(now)s ELSE e.settled_at END
+        settled_at = CASE WHEN r.settles THEN %(now)s ELSE e.settled_at END,
+        release_at = COALESCE(r.release_at, e.release_at)
     FROM req r JOIN prev p ON p.effect_id = r.effect_id
     WHERE e.effect_id = ANY (%(ids)s::text[]) AND e.effect_id = r.effect_id
         AND e.status = ANY (r.allowed)

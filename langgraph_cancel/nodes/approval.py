@@ -63,7 +63,7 @@ from langgraph.types import interrupt
 from pydantic import BaseModel, PlainValidator, TypeAdapter, WithJsonSchema
 from typing_extensions import TypedDict
 
-from langgraph_cancel.effects import EffectSpec, spec_of
+from langgraph_cancel.effects import DelayWindow, EffectSpec, spec_of
 from langgraph_cancel.errors import (
     DuplicateIdempotencyKeyError,
     IllegalTransitionError,
@@ -113,6 +113,8 @@ class ApprovalActionRequest(TypedDict):
     effect_kind: str
     why_permanent: str
     idempotency_key: str
+    delay_window: NotRequired[DelayWindow]
+    """How long the effect stays revocable after it is made (delay-window tools only)."""
     error: NotRequired[str]
     """Why the last edit of this call was refused (only when asking again)."""
 
@@ -487,6 +489,9 @@ class ApprovalGate(RunnableCallable):
                 "why_permanent": g.spec.why_permanent(),
                 "idempotency_key": rec.idempotency_key,
             }
+            window = g.spec.window()
+            if window is not None:
+                action["delay_window"] = window
             if position in errors:
                 action["error"] = errors[position]
                 action["description"] = (
