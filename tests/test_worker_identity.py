@@ -84,12 +84,17 @@ class Holder:
         self.proc.wait(10)
 
 
-@pytest.fixture
-def file_url(request: pytest.FixtureRequest, db_url: str) -> str:
-    """``db_url`` for backends another process can open (memory:// is one process's)."""
-    if db_url.startswith("memory://"):
-        pytest.skip("memory:// is private to one process: no other holder can exist")
-    return db_url
+@pytest.fixture(
+    params=[
+        pytest.param("sqlite", id="sqlite"),
+        pytest.param("postgres", id="postgres", marks=pytest.mark.postgres),
+    ]
+)
+def file_url(request: pytest.FixtureRequest) -> str:
+    """A database another process can open (memory:// is one process's own)."""
+    fixture = "sqlite_url" if request.param == "sqlite" else "pg_url"
+    url: str = request.getfixturevalue(fixture)
+    return url
 
 
 @pytest.fixture
