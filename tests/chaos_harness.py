@@ -1001,19 +1001,22 @@ def check_persisted_state_answers(runner: Runner) -> None:
         snapshot = runner.graph.get_state(runner.cfg)
         saved = runner.saver.get_tuple(runner.cfg)
         if not (snapshot.next or snapshot.interrupts or (saved and saved.pending_writes)):
+            # A run whose cancel was asked for is finished by the next invoke of the
+            # thread, whatever its checkpoint names: the graph had ended when the cancel
+            # came, or a stopped task showed its stop under way in the thread state
+            # (which leaves the calls it waited for unanswered), and the crash hit the
+            # finish outside the graph (a compensation, say). The ledger says so (the
+            # run's status), and that finish settles every effect the run left and
+            # answers every call: it drops what never went out, reconciles what did
+            # and compensates again what was being compensated. ``drive`` resumes it,
+            # and the checks after the plan see that it did (I5 included).
+            stopping = run.status in (RunStatus.CANCEL_REQUESTED, RunStatus.CANCELLING)
             messages = snapshot.values.get("messages", [])
-            assert not dangling_calls(messages), (
+            assert stopping or not dangling_calls(messages), (
                 f"I7: run {run.run_id} is live, its checkpoint names no next step and leaves "
                 f"calls unanswered: {dangling_calls(messages)}"
             )
-            # A run whose cancel was asked for is finished by the next invoke of the
-            # thread, whatever its checkpoint names: the graph had ended when the cancel
-            # came, and the crash hit its finish outside the graph (a compensation, say).
-            # The ledger says so (the run's status), and that finish settles every
-            # effect the run left: it drops what never went out, reconciles what did
-            # and compensates again what was being compensated. ``drive`` resumes it,
-            # and the checks after the plan see that it did.
-            if run.status not in (RunStatus.CANCEL_REQUESTED, RunStatus.CANCELLING):
+            if not stopping:
                 stuck = [
                     e for e in effects if e.status in UNSETTLED_STATUSES - {EffectStatus.UNKNOWN}
                 ]
