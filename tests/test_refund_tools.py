@@ -64,6 +64,7 @@ def test_every_tool_is_classified() -> None:
         "issue_refund": EffectKind.IRREVERSIBLE,
         "send_email": EffectKind.IRREVERSIBLE,
         "notify_slack": EffectKind.IRREVERSIBLE,
+        "schedule_email": EffectKind.IRREVERSIBLE,
     }
     for tool in t.TOOLS:
         spec = spec_of(tool)
