@@ -146,30 +146,32 @@ def _ms(start: datetime | None, end: datetime | None) -> float | None:
     return round(max((end - start).total_seconds(), 0.0) * 1000.0, 3)
 
 
-def _entry(e: EffectRecord, child: RunRecord | None = None) -> ReportEffect:
+def _entry(effect: EffectRecord, child: RunRecord | None = None) -> ReportEffect:
     return ReportEffect(
-        effect_id=e.effect_id,
-        tool=e.tool,
-        kind=e.kind.value,
-        status=e.status.value,
-        idempotency_key=e.idempotency_key,
-        tool_call_id=e.tool_call_id,
-        args=e.args,
-        dispatched_at=_iso(e.dispatched_at),
-        settled_at=_iso(e.settled_at),
-        owner=e.owner if e.status in (EffectStatus.UNKNOWN, EffectStatus.DISPATCHED) else None,
-        next_action=e.next_action,
-        error=e.error if e.status is not EffectStatus.COMMITTED else None,
+        effect_id=effect.effect_id,
+        tool=effect.tool,
+        kind=effect.kind.value,
+        status=effect.status.value,
+        idempotency_key=effect.idempotency_key,
+        tool_call_id=effect.tool_call_id,
+        args=effect.args,
+        dispatched_at=_iso(effect.dispatched_at),
+        settled_at=_iso(effect.settled_at),
+        owner=effect.owner
+        if effect.status in (EffectStatus.UNKNOWN, EffectStatus.DISPATCHED)
+        else None,
+        next_action=effect.next_action,
+        error=effect.error if effect.status is not EffectStatus.COMMITTED else None,
         child_run_id=child.run_id if child is not None else None,
         child_thread_id=child.thread_id if child is not None else None,
-        release_at=_iso(e.release_at),
+        release_at=_iso(effect.release_at),
     )
 
 
-def bucket_of(e: EffectRecord) -> str:
+def bucket_of(effect: EffectRecord) -> str:
     """The report bucket a call is in (see ``BUCKETS``)."""
-    status = e.status
-    if e.kind is EffectKind.READ_ONLY:
+    status = effect.status
+    if effect.kind is EffectKind.READ_ONLY:
         if status is EffectStatus.COMMITTED:
             return "reads"
         if status is EffectStatus.FAILED:
@@ -180,7 +182,7 @@ def bucket_of(e: EffectRecord) -> str:
             return "unknown"
         return "not_run"
     if status is EffectStatus.COMMITTED:
-        return "permanent" if e.kind is EffectKind.IRREVERSIBLE else "reversible_committed"
+        return "permanent" if effect.kind is EffectKind.IRREVERSIBLE else "reversible_committed"
     if status is EffectStatus.SCHEDULED:
         return "scheduled"
     if status is EffectStatus.REVOKED:

@@ -276,8 +276,8 @@ class TruthCheck:
     line: str
 
 
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+def _plural(count: int, word: str) -> str:
+    return f"{count} {word}" if count == 1 else f"{count} {word}s"
 
 
 def _effects(report: CancellationReport, buckets: Sequence[str]) -> list[ReportEffect]:

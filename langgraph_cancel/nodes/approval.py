@@ -591,22 +591,30 @@ class ApprovalGate(RunnableCallable):
                     edited[str(g.call.get("id"))] = dict(rec.args)
         return self._update(input, batch.message, edited)
 
-    def _record(self, scope: RunScope, g: _Gated, d: _Decision, reviewer: str) -> EffectRecord:
-        if g.record.status is not EffectStatus.PENDING_APPROVAL:
-            return g.record  # decided in an earlier pass: never asked twice
-        review = Review(d.type, args=d.args, message=d.message, reviewer=reviewer)
-        key = edited_key(g.spec, g.record, d.args) if d.args is not None else None
+    def _record(
+        self, scope: RunScope, gated: _Gated, decision: _Decision, reviewer: str
+    ) -> EffectRecord:
+        if gated.record.status is not EffectStatus.PENDING_APPROVAL:
+            return gated.record  # decided in an earlier pass: never asked twice
+        review = Review(
+            decision.type, args=decision.args, message=decision.message, reviewer=reviewer
+        )
+        key = (
+            edited_key(gated.spec, gated.record, decision.args)
+            if decision.args is not None
+            else None
+        )
         if key is not None:
             replaced = drive_ledger(
                 scope.ledger,
                 replacement_steps(
-                    g.record,
-                    g.call,
+                    gated.record,
+                    gated.call,
                     review,
                     reviewer,
                     key,
-                    ledger_id=g.record.tool_call_id,
-                    seq=g.index,
+                    ledger_id=gated.record.tool_call_id,
+                    seq=gated.index,
                 ),
             )
             if isinstance(replaced, EffectRecord):
@@ -614,7 +622,7 @@ class ApprovalGate(RunnableCallable):
             # The new key is another effect's: the call stays as it was, and the tool
             # node answers it as refused.
             review = Review("reject", message=replaced, reviewer=reviewer)
-        req = decision_request(g.record, review, reviewer, source=APPROVAL_SOURCE)
+        req = decision_request(gated.record, review, reviewer, source=APPROVAL_SOURCE)
         try:
             return scope.ledger.transition(
                 req.effect_id,
@@ -627,7 +635,7 @@ class ApprovalGate(RunnableCallable):
             )
         except IllegalTransitionError:
             # Moved meanwhile (a cancel dropped it): the tool node replays what it is.
-            return scope.ledger.get_effect(g.record.effect_id)
+            return scope.ledger.get_effect(gated.record.effect_id)
 
     def _update(
         self, input: Any, message: AIMessage | None, args_by_call: Mapping[str, dict[str, Any]]
@@ -673,12 +681,12 @@ def _needs_approval(spec: EffectSpec, args: dict[str, Any], name: str) -> bool:
         return True
 
 
-def _key_problem(g: _Gated, args: dict[str, Any]) -> str | None:
+def _key_problem(gated: _Gated, args: dict[str, Any]) -> str | None:
     """Why an edit cannot be taken: its idempotency key cannot be derived."""
-    if g.spec.idempotency_key is None:
+    if gated.spec.idempotency_key is None:
         return None
     try:
-        str(g.spec.idempotency_key(args))
+        str(gated.spec.idempotency_key(args))
     except Exception as exc:
         return f"cannot derive the idempotency key of the edited call: {exc!r}"
     return None
