@@ -50,6 +50,29 @@ def _move(ledger: Ledger, request: TransitionRequest) -> EffectRecord:
     return done
 
 
+def _unanswered(
+    ledger: Ledger,
+    rec: EffectRecord,
+    expected: frozenset[EffectStatus],
+    next_action: str,
+    *,
+    error: str | None = None,
+) -> EffectRecord:
+    """Record a scheduled effect nobody could revoke as ``unknown``, an operator's to settle."""
+    return _move(
+        ledger,
+        TransitionRequest(
+            effect_id=rec.effect_id,
+            to=EffectStatus.UNKNOWN,
+            expected=expected,
+            actor=REVOKER,
+            owner="operator",
+            next_action=next_action,
+            error=error,
+        ),
+    )
+
+
 def revoke_effect(
     ledger: Ledger, rec: EffectRecord, spec: EffectSpec | None, *, now: datetime | None = None
 ) -> EffectRecord:
@@ -82,33 +105,14 @@ def revoke_effect(
     if not rec.revocable(at):
         return _settle_passed(ledger, rec)
     if spec is None or spec.revoke is None:
-        return _move(
-            ledger,
-            TransitionRequest(
-                effect_id=rec.effect_id,
-                to=EffectStatus.UNKNOWN,
-                expected=expected,
-                actor=REVOKER,
-                owner="operator",
-                next_action=f"no revoke hook known for {rec.tool}: {REVOKE_UNANSWERED}",
-            ),
+        return _unanswered(
+            ledger, rec, expected, f"no revoke hook known for {rec.tool}: {REVOKE_UNANSWERED}"
         )
     try:
         withdrawn = run_sync(call_revoke(spec, rec.idempotency_key, rec.args, _stored_handle(rec)))
     except HookError as exc:
         logger.warning("revoke of %s got no answer: %s", rec.effect_id, exc)
-        return _move(
-            ledger,
-            TransitionRequest(
-                effect_id=rec.effect_id,
-                to=EffectStatus.UNKNOWN,
-                expected=expected,
-                actor=REVOKER,
-                owner="operator",
-                next_action=REVOKE_UNANSWERED,
-                error=str(exc),
-            ),
-        )
+        return _unanswered(ledger, rec, expected, REVOKE_UNANSWERED, error=str(exc))
     if withdrawn:
         return _move(
             ledger,
