@@ -37,7 +37,6 @@ from langgraph_cancel.errors import BatchSuperseded, LedgerError
 from langgraph_cancel.execution.batch import Batch
 from langgraph_cancel.execution.drive import acall_ledger, adrive, call_ledger, drive
 from langgraph_cancel.execution.group import AsyncGroupCommit, ThreadGroupCommit
-from langgraph_cancel.execution.protocol import DispatchCancelled
 from langgraph_cancel.execution.settlement import (
     mark_unknown,
     record_late_outcome,
@@ -48,6 +47,7 @@ from langgraph_cancel.execution.steps import (
     AwaitPlanSaved,
     CancelCheck,
     Dispatch,
+    DispatchCancelled,
     GroupWrite,
     LedgerCall,
     Observe,
