@@ -7,7 +7,6 @@ in-flight call, reconciliation) follows from that declaration.
 
 from __future__ import annotations
 
-import contextvars
 import warnings
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
@@ -20,6 +19,7 @@ from langchain_core.tools import tool as as_tool
 from typing_extensions import TypedDict
 
 from langgraph_cancel.errors import EffectDeclarationError
+from langgraph_cancel.process import CLASSIFIED_TOOLS, WARNED_UNCLASSIFIED, current_idempotency_key
 from langgraph_cancel.types import CancelPolicy, EffectKind, effect_kind
 
 OutcomeStatusLiteral = Literal["committed", "not_applied", "unknown"]
@@ -34,9 +34,6 @@ ApprovalRule = bool | Callable[[dict[str, Any]], bool]
 
 _SPEC_ATTR = "_langgraph_cancel_spec"
 
-#: Every tool classified with ``effect(...)`` in this process, by name: where the
-#: cancel node, the reconciler and the CLI find hooks for a tool they did not run.
-CLASSIFIED_TOOLS: dict[str, BaseTool] = {}
 DEFAULT_RETRYABLE: tuple[type[BaseException], ...] = (ConnectionError, TimeoutError)
 
 
@@ -360,9 +357,6 @@ def effect(
     return apply
 
 
-_warned_unclassified: set[str] = set()
-
-
 def spec_of(tool: BaseTool) -> EffectSpec:
     """The effect declaration of ``tool``; unclassified tools count as irreversible.
 
@@ -371,8 +365,8 @@ def spec_of(tool: BaseTool) -> EffectSpec:
     spec = getattr(tool, _SPEC_ATTR, None)
     if isinstance(spec, EffectSpec):
         return spec
-    if tool.name not in _warned_unclassified:
-        _warned_unclassified.add(tool.name)
+    if tool.name not in WARNED_UNCLASSIFIED:
+        WARNED_UNCLASSIFIED.add(tool.name)
         warnings.warn(
             f"tool {tool.name!r} has no effect(...) classification; treating it as "
             "irreversible (approval required, reported as permanent)",
@@ -388,10 +382,6 @@ class UnclassifiedToolWarning(UserWarning):
 
 _UNCLASSIFIED = EffectSpec(kind=EffectKind.IRREVERSIBLE, classified=False)
 
-_current_key: contextvars.ContextVar[str | None] = contextvars.ContextVar(
-    "langgraph_cancel_idempotency_key", default=None
-)
-
 
 def idempotency_key() -> str:
     """This call's idempotency key, inside a tool dispatched by ``EffectToolNode``.
@@ -402,7 +392,7 @@ def idempotency_key() -> str:
     Raises:
         RuntimeError: When called outside a dispatched tool call.
     """
-    key = _current_key.get()
+    key = current_idempotency_key.get()
     if key is None:
         raise RuntimeError(
             "idempotency_key() is only available inside a tool call dispatched by EffectToolNode"
@@ -413,11 +403,11 @@ def idempotency_key() -> str:
 @contextmanager
 def bound_idempotency_key(key: str) -> Iterator[None]:
     """Make ``key`` what ``idempotency_key()`` returns for the duration of the block."""
-    token = _current_key.set(key)
+    token = current_idempotency_key.set(key)
     try:
         yield
     finally:
-        _current_key.reset(token)
+        current_idempotency_key.reset(token)
 
 
 __all__ = [
