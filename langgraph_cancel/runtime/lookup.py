@@ -83,41 +83,46 @@ def scope_for(
     if resolved is None:
         return ephemeral_scope(config, owner=worker, run_id=run_id)
     thread_id = str(named)
-
-    def leased(found: RunScope) -> RunScope:
+    found = _known_scope(resolved, thread_id, new_run=new_run)
+    if found is not None:
         if lease_ttl is not None:
             resolved.acquire_lease(thread_id, worker, ttl=lease_ttl)
         if prefetch_unsettled:
             found.unsettled_at_start = None  # an older read is no snapshot of now
         return found
-
-    active = None if new_run else current_scope.get()
-    if active is not None and active.thread_id == thread_id and active.ledger.url == resolved.url:
-        return leased(active)
-    key = (resolved.url, thread_id)
-    with SCOPES_LOCK:
-        scope = SCOPES.get(key)
-    if scope is not None and (not scope.run.terminal or not new_run):
-        return leased(scope)
-    run: RunRecord | None = None
     if not new_run:
         latest = resolved.latest_run(thread_id)
         if latest is not None and latest.terminal:
-            run = latest
             if lease_ttl is not None:
                 resolved.acquire_lease(thread_id, worker, ttl=lease_ttl)
+            return _cache_new_scope(resolved, thread_id, latest, worker, None)
     unsettled: list[EffectRecord] | None = None
-    if run is None:
-        start = resolved.start_run_and_unsettled if prefetch_unsettled else resolved.start_run
-        started = start(
-            thread_id,
-            run_id=run_id,
-            owner=worker,
-            parent_run_id=parent_run_id,
-            lease_ttl=lease_ttl,
-        )
-        run, unsettled = started if isinstance(started, tuple) else (started, None)
+    start = resolved.start_run_and_unsettled if prefetch_unsettled else resolved.start_run
+    started = start(
+        thread_id,
+        run_id=run_id,
+        owner=worker,
+        parent_run_id=parent_run_id,
+        lease_ttl=lease_ttl,
+    )
+    run, unsettled = started if isinstance(started, tuple) else (started, None)
     return _cache_new_scope(resolved, thread_id, run, worker, unsettled)
+
+
+def _known_scope(ledger: Ledger, thread_id: str, *, new_run: bool) -> RunScope | None:
+    """The scope this process already has for the thread, when ``scope_for`` returns it.
+
+    The invocation's own (unless a new run is asked for), else the one kept for the
+    thread while its run goes on (or, when no new run is asked for, even once over).
+    """
+    active = None if new_run else current_scope.get()
+    if active is not None and active.thread_id == thread_id and active.ledger.url == ledger.url:
+        return active
+    with SCOPES_LOCK:
+        kept = SCOPES.get((ledger.url, thread_id))
+    if kept is not None and (not kept.run.terminal or not new_run):
+        return kept
+    return None
 
 
 def _cache_new_scope(
