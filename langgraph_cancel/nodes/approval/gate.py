@@ -17,11 +17,10 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from langchain_core.messages import AIMessage, AnyMessage, ToolCall, ToolMessage
-from langchain_core.runnables import RunnableConfig
+from langchain_core.runnables import RunnableConfig, RunnableLambda
 from langchain_core.tools import BaseTool
 from langchain_core.tools import tool as as_tool
-from langgraph._internal._runnable import RunnableCallable
-from langgraph.runtime import Runtime
+from langgraph.runtime import Runtime, get_runtime
 from langgraph.types import interrupt
 from pydantic import BaseModel
 
@@ -85,7 +84,7 @@ class _GatePass:
         ]
 
 
-class ApprovalGate(RunnableCallable):
+class ApprovalGate(RunnableLambda[Any, Any]):
     """A node that interrupts for a human decision before calls that need approval.
 
     Args:
@@ -108,7 +107,7 @@ class ApprovalGate(RunnableCallable):
         ledger: Ledger | str | None = None,
         description_prefix: str = DEFAULT_DESCRIPTION_PREFIX,
     ) -> None:
-        super().__init__(self._func, self._afunc, name=name, trace=False)
+        super().__init__(self._func, afunc=self._afunc, name=name)
         by_name: Mapping[str, BaseTool] | None = getattr(tools, "tools_by_name", None)
         items: list[BaseTool | Callable[..., Any]] = (
             list(by_name.values()) if by_name is not None else list(tools)
@@ -127,19 +126,19 @@ class ApprovalGate(RunnableCallable):
         self.description_prefix = description_prefix
 
     # ------------------------------------------------------------ LangGraph
-    def _func(self, input: Any, config: RunnableConfig, runtime: Runtime[Any]) -> Any:
+    def _func(self, input: Any, config: RunnableConfig) -> Any:
         scope = scope_for(config, ledger=self.ledger, new_run=False)
         batch = self._prepare(input, scope)
         answer = self._ask(batch)
-        return self._finish(input, batch, answer, reviewer_of(config, runtime))
+        return self._finish(input, batch, answer, reviewer_of(config, _graph_runtime()))
 
-    async def _afunc(self, input: Any, config: RunnableConfig, runtime: Runtime[Any]) -> Any:
+    async def _afunc(self, input: Any, config: RunnableConfig) -> Any:
         scope = await asyncio.to_thread(scope_for, config, ledger=self.ledger, new_run=False)
         batch = await asyncio.to_thread(self._prepare, input, scope)
         # interrupt() reads the node's config from a context variable: call it here,
         # in the node's own context, not in a worker thread.
         answer = self._ask(batch)
-        reviewer = reviewer_of(config, runtime)
+        reviewer = reviewer_of(config, _graph_runtime())
         return await asyncio.to_thread(self._finish, input, batch, answer, reviewer)
 
     # ------------------------------------------------------------- planning
@@ -341,6 +340,15 @@ class ApprovalGate(RunnableCallable):
 
 
 # ---------------------------------------------------------------- helpers
+def _graph_runtime() -> Runtime[Any] | None:
+    """The graph run's ``Runtime`` (it knows a server's authenticated user); None
+    outside a graph."""
+    try:
+        return get_runtime()
+    except RuntimeError:
+        return None
+
+
 def _ask_about_planned(scope: RunScope, planned: EffectRecord) -> EffectRecord:
     """A call planned without approval, moved to ``pending_approval`` (or as it now is)."""
     try:
