@@ -380,68 +380,55 @@ def first_created_once(
     return out
 
 
-def plan_fields(thread_id: str, run_id: str, item: NewEffect) -> dict[str, Any]:
-    """The keyword arguments of a single plan for one item of a batch."""
+def planned_key(thread_id: str, item: NewEffect) -> str:
+    """The idempotency key an item is recorded under: its own, or the derived one."""
+    return item.idempotency_key or derive_idempotency_key(thread_id, item.tool_call_id)
+
+
+def plan_params(
+    thread_id: str,
+    run_id: str,
+    item: NewEffect,
+    *,
+    owner: str | None,
+    actor: str,
+    stamp: Any,
+    codec: Codec,
+) -> dict[str, Any]:
+    """The parameters of ``INSERT_EFFECT`` / ``PG_INSERT_EFFECT`` (the audit row's too).
+
+    Args:
+        thread_id: The thread.
+        run_id: The run.
+        item: The tool call to record.
+        owner: The worker planning it.
+        actor: Who acts (kept in the audit trail).
+        stamp: The timestamp, already adapted for the column (``codec.ts_in``).
+        codec: The dialect's codec.
+    """
+    settles = item.status not in UNSETTLED_STATUSES
     return {
+        "effect_id": derive_effect_id(thread_id, item.tool_call_id),
         "thread_id": thread_id,
         "run_id": run_id,
         "tool_call_id": item.tool_call_id,
         "tool": item.tool,
-        "kind": effect_kind(item.kind),
-        "args": item.args,
-        "key": item.idempotency_key or derive_idempotency_key(thread_id, item.tool_call_id),
+        "kind": effect_kind(item.kind).value,
+        "status": item.status.value,
+        "idempotency_key": planned_key(thread_id, item),
+        "args": codec.json_in(item.args),
         "seq": item.seq,
-        "status": item.status,
-        "result": item.result,
+        "result": codec.json_in(item.result),
         "error": item.error,
-        "detail": item.detail,
-    }
-
-
-def plan_params(
-    *,
-    effect_id: str,
-    thread_id: str,
-    run_id: str,
-    tool_call_id: str,
-    tool: str,
-    kind: str,
-    status: EffectStatus,
-    key: str,
-    args: dict[str, Any],
-    seq: int,
-    result: Any,
-    error: str | None,
-    owner: str | None,
-    actor: str,
-    detail: dict[str, Any] | None,
-    now: datetime,
-    codec: Codec,
-) -> dict[str, Any]:
-    """The parameters of ``INSERT_EFFECT`` / ``PG_INSERT_EFFECT`` (the audit row's too)."""
-    settles = status not in UNSETTLED_STATUSES
-    return {
-        "effect_id": effect_id,
-        "thread_id": thread_id,
-        "run_id": run_id,
-        "tool_call_id": tool_call_id,
-        "tool": tool,
-        "kind": kind,
-        "status": status.value,
-        "idempotency_key": key,
-        "args": codec.json_in(args),
-        "seq": seq,
-        "result": codec.json_in(result),
-        "error": error,
         "owner": owner,
         "next_action": None,
         "approval": None,
         "token": None,
-        "now": codec.ts_in(now),
+        "now": stamp,
         "dispatched_at": None,
-        "settled_at": codec.ts_in(now) if settles else None,
+        "settled_at": stamp if settles else None,
         "actor": actor,
-        "detail": codec.json_in(detail or {}),
+        "detail": codec.json_in(item.detail or {}),
     }
 
 
@@ -464,90 +451,45 @@ def released_key(key: str, taker: str) -> dict[str, Any]:
 
 def pg_plan_rows(thread_id: str, run_id: str, unique: dict[str, NewEffect]) -> list[dict[str, Any]]:
     """PostgreSQL: the JSON rows of ``PG_INSERT_EFFECTS`` for a batch (one per call id)."""
-    rows = []
-    for item in unique.values():
-        fields = plan_fields(thread_id, run_id, item)
-        rows.append(
-            {
-                "effect_id": derive_effect_id(thread_id, item.tool_call_id),
-                "tool_call_id": item.tool_call_id,
-                "tool": fields["tool"],
-                "kind": fields["kind"].value,
-                "status": fields["status"].value,
-                "idempotency_key": fields["key"],
-                "args": fields["args"],
-                "seq": fields["seq"],
-                "result": fields["result"],
-                "error": fields["error"],
-                "settles": fields["status"] not in UNSETTLED_STATUSES,
-                "detail": fields["detail"] or {},
-            }
-        )
-    return rows
+    return [
+        {
+            "effect_id": derive_effect_id(thread_id, item.tool_call_id),
+            "tool_call_id": item.tool_call_id,
+            "tool": item.tool,
+            "kind": effect_kind(item.kind).value,
+            "status": item.status.value,
+            "idempotency_key": planned_key(thread_id, item),
+            "args": item.args,
+            "seq": item.seq,
+            "result": item.result,
+            "error": item.error,
+            "settles": item.status not in UNSETTLED_STATUSES,
+            "detail": item.detail or {},
+        }
+        for item in unique.values()
+    ]
 
 
 def sqlite_plan_rows(
     thread_id: str,
     run_id: str,
     new: dict[str, NewEffect],
-    ids: dict[str, str],
     *,
     owner: str | None,
     actor: str,
-    now: Any,
+    stamp: Any,
     codec: Codec,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """SQLite: the rows of ``INSERT_EFFECT_ROW`` and ``INSERT_TRANSITION`` for new calls.
 
-    Args:
-        thread_id: The thread.
-        run_id: The run.
-        new: The calls not recorded yet, by tool-call id.
-        ids: Their effect ids, by tool-call id.
-        owner: The worker planning them.
-        actor: Who acts (kept in the audit trail).
-        now: The timestamp, already adapted for the column.
-        codec: The dialect's codec.
+    Arguments as ``plan_params``; ``new`` holds the calls not recorded yet, by
+    tool-call id.
     """
-    rows: list[dict[str, Any]] = []
-    audits: list[dict[str, Any]] = []
-    for call_id, item in new.items():
-        fields = plan_fields(thread_id, run_id, item)
-        status: EffectStatus = fields["status"]
-        rows.append(
-            {
-                "effect_id": ids[call_id],
-                "thread_id": thread_id,
-                "run_id": run_id,
-                "tool_call_id": call_id,
-                "tool": fields["tool"],
-                "kind": fields["kind"].value,
-                "status": status.value,
-                "idempotency_key": fields["key"],
-                "args": codec.json_in(fields["args"]),
-                "seq": fields["seq"],
-                "result": codec.json_in(fields["result"]),
-                "error": fields["error"],
-                "owner": owner,
-                "next_action": None,
-                "approval": None,
-                "token": None,
-                "now": now,
-                "dispatched_at": None,
-                "settled_at": now if status not in UNSETTLED_STATUSES else None,
-            }
-        )
-        audits.append(
-            {
-                "effect_id": ids[call_id],
-                "from_status": None,
-                "to_status": status.value,
-                "now": now,
-                "actor": actor,
-                "detail": codec.json_in(fields["detail"] or {}),
-            }
-        )
-    return rows, audits
+    rows = [
+        plan_params(thread_id, run_id, item, owner=owner, actor=actor, stamp=stamp, codec=codec)
+        for item in new.values()
+    ]
+    return rows, [plan_audit(row) for row in rows]
 
 
 def inserted_record(row: dict[str, Any], now: Any, codec: Codec) -> EffectRecord:
@@ -576,6 +518,15 @@ def moved_prefix(tool_call_id: str) -> str:
 
 
 # ------------------------------------------------------------------ transitions
+#: One compare-and-set: the request, its allowed "from" statuses and whether the
+#: run must be running, and the write token that recognises a retry's own write.
+CasJob = tuple[TransitionRequest, tuple[frozenset[EffectStatus], bool], str]
+
+#: What a compare-and-set found: ``(moved, None)`` when it applied, ``(None, current)``
+#: when it did not (``current`` None: no such effect).
+CasOutcome = tuple[dict[str, Any] | None, dict[str, Any] | None]
+
+
 def checked(req: TransitionRequest) -> tuple[frozenset[EffectStatus], bool]:
     """The statuses a transition may start from, and whether the run guard applies.
 
@@ -646,9 +597,7 @@ def cas_statement(
     return sql, params
 
 
-def pg_transition_rows(
-    jobs: Sequence[tuple[TransitionRequest, tuple[frozenset[EffectStatus], bool], str]],
-) -> list[dict[str, Any]]:
+def pg_transition_rows(jobs: Sequence[CasJob]) -> list[dict[str, Any]]:
     """PostgreSQL: the JSON rows of ``PG_TRANSITION_EFFECTS``, one per job."""
     return [
         {
@@ -726,6 +675,8 @@ __all__ = [
     "IN_CHUNK",
     "PREDECESSORS",
     "SETTLING",
+    "CasJob",
+    "CasOutcome",
     "Codec",
     "LostCas",
     "cancel_answer",
@@ -758,8 +709,8 @@ __all__ = [
     "pg_plan_rows",
     "pg_transition_rows",
     "plan_audit",
-    "plan_fields",
     "plan_params",
+    "planned_key",
     "predecessors",
     "released_key",
     "required",

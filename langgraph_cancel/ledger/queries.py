@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from langgraph_cancel.ledger import decisions as d
-from langgraph_cancel.ledger.backends import transient_retry
 from langgraph_cancel.ledger.core import Ledger
+from langgraph_cancel.ledger.retry import transient_retry
 from langgraph_cancel.ledger.sql import EFFECT_COLUMNS, RUN_COLUMNS
 from langgraph_cancel.types import EffectRecord, RunRecord, TransitionRecord
 
