@@ -6,7 +6,8 @@ PostgreSQL, aiosqlite on a SQLite file, the shared in-memory database inline.
 The statements (``sql.py``), the migrations and every decision
 (``decisions.py``) are the sync ledger's own; only the I/O differs. Each
 aggregate is the twin of a sync one: leases in ``aio_leases.py``, runs and
-cancel requests in ``aio_runs.py``, effects in ``aio_effects.py``; the database
+cancel requests in ``aio_runs.py``, transitions in ``aio_transitions.py``, effects
+in ``aio_effects.py``; the database
 access is in ``aio_backends.py`` and ``aio_postgres.py``.
 
 Open one with ``await AsyncLedger.from_url(url)``, or as the twin of a sync

@@ -9,6 +9,7 @@ from langgraph_cancel.ledger import decisions as d
 from langgraph_cancel.ledger import sql as q
 from langgraph_cancel.ledger.aio_backends import atransient_retry
 from langgraph_cancel.ledger.aio_store import AsyncLedgerStore
+from langgraph_cancel.ledger.records import lease_takeover_record
 from langgraph_cancel.types import LeaseRecord, LeaseTakeover, LeaseTakeoverCause, utcnow
 from langgraph_cancel.workers import holder_is_gone
 
@@ -72,7 +73,7 @@ class AsyncLeaseLedger(AsyncLedgerStore):
     async def alease_takeovers(self, thread_id: str) -> list[LeaseTakeover]:
         """The leases' audit trail for a thread: who took it from whom, why, when."""
         rows = await self._all(q.SELECT_LEASE_TAKEOVERS, {"thread_id": thread_id})
-        return [d.lease_takeover_record(r, self.backend) for r in rows]
+        return [lease_takeover_record(r, self.backend) for r in rows]
 
     @atransient_retry()
     async def aheartbeat(self, thread_id: str, owner: str, *, ttl: float = 30.0) -> bool:

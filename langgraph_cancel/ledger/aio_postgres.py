@@ -18,6 +18,7 @@ from langgraph_cancel.ledger.aio_backends import AsyncBackend, AsyncCursor
 from langgraph_cancel.ledger.backends import Dialect, json_text
 from langgraph_cancel.ledger.decisions import CasJob, CasOutcome
 from langgraph_cancel.ledger.postgres import SETUP_LOCK_KEY
+from langgraph_cancel.ledger.records import effect_record
 from langgraph_cancel.types import EffectRecord, NewEffect, utcnow
 
 if TYPE_CHECKING:
@@ -220,12 +221,12 @@ class AsyncPostgresBackend(AsyncBackend):
             if not read_back:
                 return found
             for row in await cur.fetchall():
-                found[row["tool_call_id"]] = (d.effect_record(row, self), True)
+                found[row["tool_call_id"]] = (effect_record(row, self), True)
             missing = [r["effect_id"] for r in rows if r["tool_call_id"] not in found]
             if missing:
                 await cur.execute(q.PG_SELECT_EFFECTS_ANY, {"ids": missing})
                 for row in await cur.fetchall():
-                    found[row["tool_call_id"]] = (d.effect_record(row, self), False)
+                    found[row["tool_call_id"]] = (effect_record(row, self), False)
         return found
 
     async def effect_rows(self, effect_ids: list[str]) -> list[dict[str, Any]]:

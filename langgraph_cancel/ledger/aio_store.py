@@ -2,7 +2,8 @@
 
 ``AsyncLedger`` (``aio.py``) is assembled from the aggregates built on this class,
 each the twin of a sync one: leases (``aio_leases.py``), runs and cancel requests
-(``aio_runs.py``), effects and their transitions (``aio_effects.py``).
+(``aio_runs.py``), transitions (``aio_transitions.py``) and effects
+(``aio_effects.py``).
 """
 
 from __future__ import annotations
@@ -10,8 +11,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from langgraph_cancel.ledger import decisions as d
 from langgraph_cancel.ledger.aio_backends import AsyncBackend, AsyncMemoryBackend
+from langgraph_cancel.ledger.records import effect_record, lease_record, run_record
 from langgraph_cancel.ledger.store import CancelListener
 from langgraph_cancel.types import EffectRecord, LeaseRecord, RunRecord
 
@@ -34,13 +35,13 @@ class AsyncLedgerStore:
 
     # ------------------------------------------------------------------ reads
     def _run(self, row: dict[str, Any]) -> RunRecord:
-        return d.run_record(row, self.backend)
+        return run_record(row, self.backend)
 
     def _effect(self, row: dict[str, Any]) -> EffectRecord:
-        return d.effect_record(row, self.backend)
+        return effect_record(row, self.backend)
 
     def _lease(self, row: dict[str, Any]) -> LeaseRecord:
-        return d.lease_record(row, self.backend)
+        return lease_record(row, self.backend)
 
     async def _one(self, sql: str, params: dict[str, Any]) -> dict[str, Any] | None:
         async with self.backend.read() as cur:

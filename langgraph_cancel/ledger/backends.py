@@ -29,6 +29,7 @@ from tenacity import (
 from langgraph_cancel.ledger import decisions as d
 from langgraph_cancel.ledger import sql as q
 from langgraph_cancel.ledger.decisions import CasJob, CasOutcome
+from langgraph_cancel.ledger.records import effect_record, inserted_record
 from langgraph_cancel.ledger.retry import is_transient, raise_transient, transient_retry
 from langgraph_cancel.types import EffectRecord, NewEffect, utcnow
 
@@ -318,7 +319,7 @@ class SqliteBackend(Backend):
                 if ids[call_id] not in known:
                     new[call_id] = item
                 elif read_back:
-                    found[call_id] = (d.effect_record(known[ids[call_id]], self), False)
+                    found[call_id] = (effect_record(known[ids[call_id]], self), False)
             rows, audits = d.sqlite_plan_rows(
                 thread_id, run_id, new, owner=owner, actor=actor, stamp=stamp, codec=self
             )
@@ -327,7 +328,7 @@ class SqliteBackend(Backend):
                 cur.executemany(q.INSERT_TRANSITION, audits)
         if read_back:
             for row in rows:
-                found[row["tool_call_id"]] = (d.inserted_record(row, stamp, self), True)
+                found[row["tool_call_id"]] = (inserted_record(row, stamp, self), True)
         return found
 
     def effect_rows(self, effect_ids: list[str]) -> list[dict[str, Any]]:

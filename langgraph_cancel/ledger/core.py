@@ -14,7 +14,8 @@ its own module, as the async ``AsyncLedger`` has them (``aio_*.py``):
 
 - ``leases.py``: leases on threads and their takeovers;
 - ``runs.py``: runs, cancel requests, the one terminal transition;
-- ``effects.py``: effect plans and compare-and-set transitions.
+- ``effects.py``: effect plans and reads;
+- ``transitions.py``: compare-and-set transitions and the audit trail.
 
 What differs between SQLite and PostgreSQL is a method of the backend
 (``backends.py``, ``postgres.py``).

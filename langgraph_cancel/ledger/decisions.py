@@ -4,8 +4,8 @@ The sync ``Ledger`` (``core.py``) and the async one (``aio.py``) differ only in 
 they talk to the database. Everything else lives here, as pure functions: the
 legal "from" statuses of a compare-and-set, what a compare-and-set that did not
 apply means (our own lost acknowledgement, a refusal, a conflict), the answer to a
-cancel request, the parameters of each statement, and the mapping of a row to its
-record.
+cancel request, and the parameters of each statement. Rows become records in
+``records.py``.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import hashlib
 import sqlite3
 from collections.abc import Sequence
 from datetime import datetime, timedelta
-from typing import Any, Protocol
+from typing import Any
 
 from langgraph_cancel.errors import (
     DuplicateIdempotencyKeyError,
@@ -23,6 +23,7 @@ from langgraph_cancel.errors import (
     TransitionConflictError,
 )
 from langgraph_cancel.ledger import sql as q
+from langgraph_cancel.ledger.records import Codec, run_record
 from langgraph_cancel.types import (
     EFFECT_TRANSITIONS,
     RUN_TRANSITIONS,
@@ -31,39 +32,14 @@ from langgraph_cancel.types import (
     CancelRequestResult,
     EffectRecord,
     EffectStatus,
-    LeaseRecord,
-    LeaseTakeover,
-    LeaseTakeoverCause,
     NewEffect,
     RunRecord,
     RunStatus,
-    TransitionRecord,
     TransitionRequest,
     effect_kind,
-    effect_status,
     run_status,
 )
 from langgraph_cancel.workers import new_worker_id
-
-
-class Codec(Protocol):
-    """How a dialect stores timestamps and JSON (every ledger backend is one)."""
-
-    def ts_in(self, value: datetime | None) -> Any:
-        """Adapt a datetime for a timestamp column."""
-        ...
-
-    def ts_out(self, value: Any) -> datetime | None:
-        """Read a timestamp column."""
-        ...
-
-    def json_in(self, value: Any) -> Any:
-        """Adapt a JSON-able value for a JSON column."""
-        ...
-
-    def json_out(self, value: Any) -> Any:
-        """Read a JSON column."""
-        ...
 
 
 def default_owner() -> str:
@@ -107,78 +83,6 @@ INITIAL_STATUSES = frozenset(
 SETTLING = frozenset(EffectStatus) - UNSETTLED_STATUSES
 
 
-# ------------------------------------------------------------------ rows -> records
-# Rows the ledger wrote itself: records are built without re-validating them.
-def run_record(row: dict[str, Any], codec: Codec) -> RunRecord:
-    """The ``RunRecord`` of a ``runs`` row."""
-    return RunRecord.model_construct(
-        run_id=row["run_id"],
-        thread_id=row["thread_id"],
-        status=run_status(row["status"]),
-        created_at=required(codec.ts_out(row["created_at"])),
-        updated_at=required(codec.ts_out(row["updated_at"])),
-        owner=row["owner"],
-        parent_run_id=row["parent_run_id"],
-        requested_at=codec.ts_out(row["requested_at"]),
-        requested_by=row["requested_by"],
-        reason=row["reason"],
-        observed_at=codec.ts_out(row["observed_at"]),
-        quiesced_at=codec.ts_out(row["quiesced_at"]),
-        tokens_after_cancel=row["tokens_after_cancel"],
-        report=codec.json_out(row["report"]),
-        tokens_used=row.get("tokens_used") or 0,
-    )
-
-
-def effect_record(row: dict[str, Any], codec: Codec) -> EffectRecord:
-    """The ``EffectRecord`` of an ``effects`` row."""
-    return EffectRecord.model_construct(
-        effect_id=row["effect_id"],
-        thread_id=row["thread_id"],
-        run_id=row["run_id"],
-        tool_call_id=row["tool_call_id"],
-        tool=row["tool"],
-        kind=effect_kind(row["kind"]),
-        status=effect_status(row["status"]),
-        idempotency_key=row["idempotency_key"],
-        args=codec.json_out(row["args"]) or {},
-        seq=row["seq"],
-        result=codec.json_out(row["result"]),
-        error=row["error"],
-        owner=row["owner"],
-        next_action=row["next_action"],
-        approval=codec.json_out(row["approval"]),
-        version=row["version"],
-        created_at=required(codec.ts_out(row["created_at"])),
-        updated_at=required(codec.ts_out(row["updated_at"])),
-        dispatched_at=codec.ts_out(row["dispatched_at"]),
-        settled_at=codec.ts_out(row["settled_at"]),
-        release_at=codec.ts_out(row.get("release_at")),
-    )
-
-
-def lease_record(row: dict[str, Any], codec: Codec) -> LeaseRecord:
-    """The ``LeaseRecord`` of a ``leases`` row."""
-    return LeaseRecord.model_construct(
-        thread_id=row["thread_id"],
-        owner=row["owner"],
-        acquired_at=required(codec.ts_out(row["acquired_at"])),
-        heartbeat_at=required(codec.ts_out(row["heartbeat_at"])),
-        expires_at=required(codec.ts_out(row["expires_at"])),
-    )
-
-
-def lease_takeover_record(row: dict[str, Any], codec: Codec) -> LeaseTakeover:
-    """The ``LeaseTakeover`` of a ``lease_takeovers`` row."""
-    return LeaseTakeover(
-        thread_id=row["thread_id"],
-        previous_owner=row["previous_owner"],
-        owner=row["owner"],
-        cause=LeaseTakeoverCause(row["cause"]),
-        at=required(codec.ts_out(row["at"])),
-    )
-
-
 def lease_params(
     thread_id: str, owner: str, now: datetime, ttl: float, codec: Codec
 ) -> dict[str, Any]:
@@ -189,29 +93,6 @@ def lease_params(
         "now": codec.ts_in(now),
         "expires_at": codec.ts_in(now + timedelta(seconds=ttl)),
     }
-
-
-def transition_record(row: dict[str, Any], codec: Codec) -> TransitionRecord:
-    """The ``TransitionRecord`` of an audit row."""
-    return TransitionRecord(
-        effect_id=row["effect_id"],
-        from_status=None if row["from_status"] is None else effect_status(row["from_status"]),
-        to_status=effect_status(row["to_status"]),
-        at=required(codec.ts_out(row["at"])),
-        actor=row["actor"],
-        detail=codec.json_out(row["detail"]) or {},
-    )
-
-
-def required(value: datetime | None) -> datetime:
-    """A NOT NULL timestamp column's value.
-
-    Raises:
-        ValueError: The row holds NULL there (a corrupt row).
-    """
-    if value is None:
-        raise ValueError("missing timestamp in a ledger row")
-    return value
 
 
 # ------------------------------------------------------------------------- runs
@@ -492,11 +373,6 @@ def sqlite_plan_rows(
     return rows, [plan_audit(row) for row in rows]
 
 
-def inserted_record(row: dict[str, Any], now: Any, codec: Codec) -> EffectRecord:
-    """The record of a row as ``INSERT_EFFECT_ROW`` wrote it (version 1, made ``now``)."""
-    return effect_record({**row, "version": 1, "created_at": now, "updated_at": now}, codec)
-
-
 #: SQLite binds at most 32766 parameters per statement (fewer before 3.32).
 IN_CHUNK = 500
 
@@ -677,7 +553,6 @@ __all__ = [
     "SETTLING",
     "CasJob",
     "CasOutcome",
-    "Codec",
     "LostCas",
     "cancel_answer",
     "cancel_notice",
@@ -691,17 +566,13 @@ __all__ = [
     "default_owner",
     "derive_effect_id",
     "derive_idempotency_key",
-    "effect_record",
     "finish_params",
     "finish_statement",
     "finish_verdict",
     "first_created_once",
     "in_chunks",
-    "inserted_record",
     "is_unique_violation",
     "lease_params",
-    "lease_record",
-    "lease_takeover_record",
     "lost_transition",
     "moved_prefix",
     "nothing_to_cancel",
@@ -713,8 +584,5 @@ __all__ = [
     "planned_key",
     "predecessors",
     "released_key",
-    "required",
-    "run_record",
     "sqlite_plan_rows",
-    "transition_record",
 ]

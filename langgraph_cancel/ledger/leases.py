@@ -8,6 +8,7 @@ from datetime import timedelta
 from langgraph_cancel.errors import ThreadBusyError
 from langgraph_cancel.ledger import decisions as d
 from langgraph_cancel.ledger import sql as q
+from langgraph_cancel.ledger.records import lease_takeover_record
 from langgraph_cancel.ledger.retry import transient_retry
 from langgraph_cancel.ledger.store import LedgerStore, to_thread
 from langgraph_cancel.types import LeaseRecord, LeaseTakeover, LeaseTakeoverCause, utcnow
@@ -92,7 +93,7 @@ class LeaseLedger(LedgerStore):
     def lease_takeovers(self, thread_id: str) -> list[LeaseTakeover]:
         """The leases' audit trail for a thread: who took it from whom, why, when."""
         rows = self._all(q.SELECT_LEASE_TAKEOVERS, {"thread_id": thread_id})
-        return [d.lease_takeover_record(r, self.backend) for r in rows]
+        return [lease_takeover_record(r, self.backend) for r in rows]
 
     @transient_retry()
     def leases(self) -> list[LeaseRecord]:

@@ -16,6 +16,7 @@ from langgraph_cancel.ledger import decisions as d
 from langgraph_cancel.ledger import sql as q
 from langgraph_cancel.ledger.backends import Backend, Cursor, Dialect, json_text
 from langgraph_cancel.ledger.decisions import CasJob, CasOutcome
+from langgraph_cancel.ledger.records import effect_record
 from langgraph_cancel.types import EffectRecord, NewEffect, utcnow
 
 if TYPE_CHECKING:
@@ -209,12 +210,12 @@ class PostgresBackend(Backend):
             if not read_back:
                 return found
             for row in cur.fetchall():
-                found[row["tool_call_id"]] = (d.effect_record(row, self), True)
+                found[row["tool_call_id"]] = (effect_record(row, self), True)
             missing = [r["effect_id"] for r in rows if r["tool_call_id"] not in found]
             if missing:
                 cur.execute(q.PG_SELECT_EFFECTS_ANY, {"ids": missing})
                 for row in cur.fetchall():
-                    found[row["tool_call_id"]] = (d.effect_record(row, self), False)
+                    found[row["tool_call_id"]] = (effect_record(row, self), False)
         return found
 
     def effect_rows(self, effect_ids: list[str]) -> list[dict[str, Any]]:

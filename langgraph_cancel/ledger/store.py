@@ -1,8 +1,8 @@
 """What every aggregate of the sync ledger stands on: its backend, row decoding, reads.
 
 ``Ledger`` (``core.py``) is assembled from the aggregates built on this class:
-leases (``leases.py``), runs and cancel requests (``runs.py``), effects and their
-transitions (``effects.py``).
+leases (``leases.py``), runs and cancel requests (``runs.py``), transitions
+(``transitions.py``) and effects (``effects.py``), each built on the one before.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import functools
 from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar
 
-from langgraph_cancel.ledger import decisions as d
 from langgraph_cancel.ledger.backends import Backend
+from langgraph_cancel.ledger.records import effect_record, lease_record, run_record
 from langgraph_cancel.types import EffectRecord, LeaseRecord, RunRecord
 
 P = ParamSpec("P")
@@ -48,13 +48,13 @@ class LedgerStore:
     # ------------------------------------------------------------- decoding
     # Rows the ledger wrote itself: records are built without re-validating them.
     def _run(self, row: dict[str, Any]) -> RunRecord:
-        return d.run_record(row, self.backend)
+        return run_record(row, self.backend)
 
     def _effect(self, row: dict[str, Any]) -> EffectRecord:
-        return d.effect_record(row, self.backend)
+        return effect_record(row, self.backend)
 
     def _lease(self, row: dict[str, Any]) -> LeaseRecord:
-        return d.lease_record(row, self.backend)
+        return lease_record(row, self.backend)
 
     def _one(self, sql: str, params: dict[str, Any]) -> dict[str, Any] | None:
         with self.backend.read() as cur:
