@@ -156,15 +156,15 @@ def compensate(args: argparse.Namespace) -> int:
     tools = tools_of(load_object(args.graph))
     with open_ledger(db) as ledger:
         ledger.require_latest_run(args.thread)
-        me = worker_id()
+        worker = worker_id()
         try:
-            ledger.acquire_lease(args.thread, me, ttl=COMPENSATE_LEASE_TTL)
+            ledger.acquire_lease(args.thread, worker, ttl=COMPENSATE_LEASE_TTL)
         except ThreadBusyError as exc:
             raise CommandLineError(f"{exc}; compensate once it has stopped") from exc
         try:
             done = undo(ledger, args.thread, tools=tools)
         finally:
-            ledger.release_lease(args.thread, me)
+            ledger.release_lease(args.thread, worker)
     if args.json:
         render.print_json([effect_json(e) for e in done])
     else:
