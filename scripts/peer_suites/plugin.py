@@ -213,9 +213,11 @@ class Recorder:
 
 
 def _summary(report: pytest.TestReport) -> str:
+    """Where the test failed (the file and line of the crash) and what it said."""
     crash = getattr(report.longrepr, "reprcrash", None)
     text = getattr(crash, "message", None) or str(report.longrepr)
-    return " ".join(text.split())[:300]
+    where = f"{Path(crash.path).name}:{crash.lineno}: " if crash is not None else ""
+    return where + " ".join(text.split())[:300]
 
 
 def pytest_configure(config: pytest.Config) -> None:
