@@ -66,6 +66,7 @@ from langgraph_cancel.graph import (
 )
 from langgraph_cancel.ledger import Ledger
 from langgraph_cancel.limits import LimitGuard, Limits, tokens_of
+from langgraph_cancel.nodes.tool_node import Classification, ServedEffects
 from langgraph_cancel.offloop import off_the_loop
 from langgraph_cancel.progress import announce_cancelled
 from langgraph_cancel.runtime import RunScope, check_durability, drop_scope, scope_for
@@ -107,6 +108,10 @@ class EffectMiddleware(AgentMiddleware[CancelAgentState, Any, Any]):
             of the model step that asked for it before it is refused.
         limits: A run's budget and deadline (``Limits``): a breach stops the run
             as a cancel request would, naming the limit in the report.
+        effects: Classifications by tool name (``effect(...)`` as a decorator, or a
+            kind) for tools no ``effect(...)`` decorated: ones a middleware adds to
+            a model request and serves from its ``wrap_tool_call``, or the agent's
+            own. A name not given stays unclassified (irreversible, approval).
     """
 
     state_schema = CancelAgentState
@@ -120,8 +125,10 @@ class EffectMiddleware(AgentMiddleware[CancelAgentState, Any, Any]):
         cancel_timeout: float = DEFAULT_CANCEL_TIMEOUT,
         checkpoint_timeout: float = PLAN_SAVE_TIMEOUT,
         limits: Limits | None = None,
+        effects: Mapping[str, Classification] | None = None,
     ) -> None:
         super().__init__()
+        self.served = ServedEffects(effects)
         self.ledger = ledger
         self.limits = limits
         self.approval = approval
@@ -308,6 +315,7 @@ class EffectMiddleware(AgentMiddleware[CancelAgentState, Any, Any]):
         """The request as it will run: with a reviewer's edit, whatever the order of
         this middleware and ``HumanInTheLoopMiddleware`` (which applies the same edit
         again when it is inside this one)."""
+        request = self.served.request(request)
         if request.tool is not None:
             self.settings.tools[request.tool.name] = request.tool
         state = request.state

@@ -308,3 +308,53 @@ async def test_a_task_cancelled_mid_model_call_ends_cancelled_on_the_next_turn(
     assert saver.ledger.get_run(stopped.run_id).status.value == "cancelled"
     assert get_report(saver, "mw-model-stop", run_id=stopped.run_id).status == "cancelled"
     assert saver.ledger.latest_run("mw-model-stop").status.value == "completed"
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_a_tool_added_per_request_runs_as_classified_by_name(
+    saver: Any, use_async: bool
+) -> None:
+    """A middleware adds a tool to the model request and serves it: ``effects=`` on
+    ``EffectMiddleware`` classifies it by name, as ``effect(...)`` would have."""
+    from langchain.agents.middleware import AgentMiddleware
+
+    ran: list[str] = []
+
+    @tool
+    def weather(city: str) -> str:
+        """The weather in a city."""
+        ran.append(city)
+        return f"sunny in {city}"
+
+    class WeatherMiddleware(AgentMiddleware[Any, Any, Any]):
+        def wrap_model_call(self, request: Any, handler: Any) -> Any:
+            return handler(request.override(tools=[*request.tools, weather]))
+
+        async def awrap_model_call(self, request: Any, handler: Any) -> Any:
+            return await handler(request.override(tools=[*request.tools, weather]))
+
+        def wrap_tool_call(self, request: Any, handler: Any) -> Any:
+            served = weather if request.tool_call["name"] == "weather" else request.tool
+            return handler(request.override(tool=served))
+
+        async def awrap_tool_call(self, request: Any, handler: Any) -> Any:
+            served = weather if request.tool_call["name"] == "weather" else request.tool
+            return await handler(request.override(tool=served))
+
+    model = ScriptedChatModel(
+        [AIMessage("", tool_calls=[tool_call("weather", {"city": "Oslo"})]), "sunny"]
+    )
+    agent = agents.create_agent(
+        model,
+        [],
+        middleware=[WeatherMiddleware(), EffectMiddleware(effects={"weather": "read_only"})],
+        checkpointer=saver,
+    )
+    config: RunnableConfig = {"configurable": {"thread_id": f"mw-served-{use_async}"}}
+    message = {"messages": [HumanMessage("weather in Oslo?")]}
+    out = await agent.ainvoke(message, config) if use_async else agent.invoke(message, config)
+    assert "__interrupt__" not in out
+    assert out["messages"][-1].content == "sunny"
+    assert ran == ["Oslo"]
+    (rec,) = saver.ledger.effects(f"mw-served-{use_async}")
+    assert rec.kind is EffectKind.READ_ONLY
