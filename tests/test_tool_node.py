@@ -1230,7 +1230,7 @@ def test_a_tool_a_wrapper_serves_runs_as_classified_by_name(use_async: bool) -> 
     )
 
     def run(call: Any, thread: str) -> Any:
-        message = {"messages": [AIMessage("", tool_calls=[call])]}
+        message: Any = {"messages": [AIMessage("", tool_calls=[call])]}
         config = config_for(thread)
         if use_async:
             return asyncio.run(graph.ainvoke(message, config))
