@@ -177,16 +177,8 @@ class EffectToolNode(ToolNode):
             carry_ledger_errors=True,
             carry_tool_errors=wrap_tool_call is None and awrap_tool_call is None,
         )
-        self.served = ServedEffects(effects)
-        interceptor = self.interceptor
-        served = self.served
-
-        def guarded(request: ToolCallRequest, execute: Callable[..., Any]) -> Any:
-            return interceptor.wrap(served.request(request), execute)
-
-        async def aguarded(request: ToolCallRequest, execute: Callable[..., Any]) -> Any:
-            return await interceptor.awrap(served.request(request), execute)
-
+        self.served = served = ServedEffects(effects)
+        guarded, aguarded = _effect_seam(self.interceptor, served)
         # ToolNode calls a sync wrapper from its async path when it has no async one;
         # so does this node, for a sync wrapper of yours.
         async_wrapper = (
@@ -516,6 +508,21 @@ class EffectToolNode(ToolNode):
             outputs[i] = answer
         for i, twin in copies:
             outputs[i] = _copy(outputs[twin])
+
+
+def _effect_seam(
+    interceptor: EffectInterceptor, served: ServedEffects
+) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """The interceptor as ``ToolNode``'s wrapper pair, each request's tool classified by
+    name first (a tool your wrapper serves)."""
+
+    def guarded(request: ToolCallRequest, execute: Callable[..., Any]) -> Any:
+        return interceptor.wrap(served.request(request), execute)
+
+    async def aguarded(request: ToolCallRequest, execute: Callable[..., Any]) -> Any:
+        return await interceptor.awrap(served.request(request), execute)
+
+    return guarded, aguarded
 
 
 def _twins(phases: _Sorted, calls: list[ToolCall]) -> tuple[list[int], list[tuple[int, int]]]:
