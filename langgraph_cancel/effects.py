@@ -80,6 +80,10 @@ class DelayWindow(TypedDict):
     text: str
 
 
+#: The key of a classified tool's ``metadata`` that names its kind (``effect(...)`` sets it).
+EFFECT_KIND_METADATA = "effect_kind"
+
+
 @dataclass(frozen=True, slots=True)
 class EffectSpec:
     """The declaration ``effect(...)`` attaches to a tool.
@@ -373,7 +377,7 @@ def _classified(target: BaseTool | Callable[..., Any], spec: EffectSpec) -> Base
     if not isinstance(base, BaseTool):  # pragma: no cover - as_tool overloads
         raise EffectDeclarationError(f"cannot make a tool of {target!r}")
     classified = base.model_copy()
-    classified.metadata = {**(base.metadata or {}), "effect_kind": spec.kind.value}
+    classified.metadata = {**(base.metadata or {}), EFFECT_KIND_METADATA: spec.kind.value}
     object.__setattr__(classified, _SPEC_ATTR, spec)
     CLASSIFIED_TOOLS[classified.name] = classified
     return classified
@@ -435,6 +439,7 @@ def bound_idempotency_key(key: str) -> Iterator[None]:
 __all__ = [
     "CLASSIFIED_TOOLS",
     "DEFAULT_RETRYABLE",
+    "EFFECT_KIND_METADATA",
     "DelayWindow",
     "EffectSpec",
     "Outcome",
