@@ -119,7 +119,7 @@ def _reconciled_json(results: Sequence[Any]) -> list[dict[str, Any]]:
 
 def reconcile(args: argparse.Namespace) -> int:
     """``langgraph-cancel reconcile [THREAD | --all]``."""
-    from langgraph_cancel.recovery import reconcile as settle
+    from langgraph_cancel.nodes.reconcile import reconcile as settle
 
     if (args.thread is None) == (not args.all):
         raise CommandLineError("reconcile wants a THREAD or --all (not both)")
@@ -169,8 +169,8 @@ def resume(args: argparse.Namespace) -> int:
     from langgraph.types import Command
 
     from langgraph_cancel.api import get_report
-    from langgraph_cancel.recovery import LEASE_TTL
-    from langgraph_cancel.recovery import reconcile as settle
+    from langgraph_cancel.nodes.reconcile import RECONCILE_LEASE_TTL as LEASE_TTL
+    from langgraph_cancel.nodes.reconcile import reconcile as settle
     from langgraph_cancel.runtime import worker_id
 
     db = resolve_database(args.db)

@@ -22,7 +22,7 @@ from langgraph_cancel.cli.config import PROG
 
 if TYPE_CHECKING:
     from langgraph_cancel.cli.inspection import ThreadState
-    from langgraph_cancel.recovery import ThreadReconciliation
+    from langgraph_cancel.nodes.reconcile import ThreadReconciliation
     from langgraph_cancel.report import CancellationReport, ReportEffect
     from langgraph_cancel.types import (
         CancelRequestResult,
