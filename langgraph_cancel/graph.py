@@ -34,7 +34,7 @@ from langgraph.types import Command
 
 from langgraph_cancel.errors import ConfigurationError
 from langgraph_cancel.ledger import Ledger
-from langgraph_cancel.lifecycle import CONFIG_KEY_WORKER, LEASE_TTL, CancellableGraph
+from langgraph_cancel.lifecycle import CONFIG_KEY_WORKER, CancellableGraph
 from langgraph_cancel.limits import Limits, tokens_of
 from langgraph_cancel.nodes.cancel import (
     DRAIN_REASON,
@@ -271,7 +271,6 @@ __all__ = [
     "CANCEL_NODE",
     "CONFIG_KEY_WORKER",
     "DRAIN_REASON",
-    "LEASE_TTL",
     "RECONCILE_NODE",
     "REPORT_KEY",
     "CancellableGraph",

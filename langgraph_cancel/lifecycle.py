@@ -36,10 +36,7 @@ from langgraph_cancel.errors import IllegalTransitionError
 from langgraph_cancel.ledger import Ledger
 from langgraph_cancel.ledger.aio import async_twin_of
 from langgraph_cancel.limits import LimitGuard
-from langgraph_cancel.nodes.cancel import (
-    DRAIN_REASON,
-    finalize_cancel,
-)
+from langgraph_cancel.nodes.cancel import DRAIN_REASON, finalize_cancel
 from langgraph_cancel.nodes.settings import CancellationSettings
 from langgraph_cancel.runtime import (
     CONFIG_KEY_LEDGER,
@@ -288,6 +285,9 @@ class Invocation:
         invocation otherwise leaves its run live, to be resumed like a crash;
         a run with no checkpoint and no effect has nothing to resume, so it is
         closed ``failed`` instead of being left ``running`` forever.
+
+        A stream that returned after the graph paused at an interrupt ended
+        ``PAUSED``, not ``COMPLETED``: the run goes on later.
         """
         if ending is RunEnding.COMPLETED and self.watch.paused:
             ending = RunEnding.PAUSED
