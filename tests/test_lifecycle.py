@@ -7,7 +7,8 @@ tests hold it to the enum, and a real graph to the run each ending leaves.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, get_args
+from collections.abc import AsyncGenerator, Generator
+from typing import Any, cast, get_args
 
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage
@@ -93,14 +94,14 @@ def test_a_stream_closed_early_leaves_its_run_live(db_url: str, use_async: bool)
         inp = {"messages": [HumanMessage("go")]}
 
         async def first_chunk() -> None:
-            stream = graph.astream(inp, config_for(thread))
+            stream = cast(AsyncGenerator[Any, None], graph.astream(inp, config_for(thread)))
             await anext(stream)
             await stream.aclose()
 
         if use_async:
             asyncio.run(first_chunk())
         else:
-            stream = graph.stream(inp, config_for(thread))
+            stream = cast(Generator[Any, None, None], graph.stream(inp, config_for(thread)))
             next(stream)
             stream.close()
         run = saver.ledger.latest_run(thread)
