@@ -27,6 +27,8 @@ from langgraph_cancel.ledger.steps import (
     Unit,
     in_order,
     nothing,
+    read,
+    within,
 )
 from langgraph_cancel.types import EffectRecord, NewEffect, utcnow
 
@@ -126,7 +128,7 @@ class SqliteStatements(DialectStatements):
     """SQLite: each write a transaction of plain statements (the audit row its own)."""
 
     def insert_effect(self, params: Row) -> Operation[tuple[Row, bool]]:
-        return (yield Unit("transaction", self._insert_effect(params)))  # type: ignore[no-any-return]
+        return (yield from within("transaction", self._insert_effect(params)))
 
     def _insert_effect(self, params: Row) -> Generator[Step, Any, tuple[Row, bool]]:
         row = yield Execute(q.INSERT_EFFECT, params)
@@ -196,10 +198,10 @@ class SqliteStatements(DialectStatements):
         return known, rows
 
     def effect_rows(self, effect_ids: list[str]) -> Operation[list[Row]]:
-        return (yield Unit("read", select_in(q.SELECT_EFFECTS_IN, effect_ids)))  # type: ignore[no-any-return]
+        return (yield from within("read", select_in(q.SELECT_EFFECTS_IN, effect_ids)))
 
     def compare_and_set(self, job: CasJob) -> Operation[CasOutcome]:
-        return (yield Unit("transaction", self._compare_and_set(job)))  # type: ignore[no-any-return]
+        return (yield from within("transaction", self._compare_and_set(job)))
 
     def _compare_and_set(self, job: CasJob) -> Generator[Step, Any, CasOutcome]:
         req, (allowed, guard), token = job
@@ -217,7 +219,7 @@ class SqliteStatements(DialectStatements):
         return None, (yield Execute(q.SELECT_EFFECT, {"effect_id": req.effect_id}))
 
     def compare_and_set_many(self, jobs: Sequence[CasJob]) -> Operation[list[CasOutcome]]:
-        return (yield Unit("transaction", self._each_in_one(jobs)))  # type: ignore[no-any-return]
+        return (yield from within("transaction", self._each_in_one(jobs)))
 
     def _each_in_one(self, jobs: Sequence[CasJob]) -> Generator[Step, Any, list[CasOutcome]]:
         """All of them in one transaction (each a nested unit joining it)."""
@@ -238,7 +240,7 @@ class PostgresStatements(DialectStatements):
         yield Execute(q.NOTIFY_CANCEL, d.cancel_notice(thread_id, run_id), "none")
 
     def insert_effect(self, params: Row) -> Operation[tuple[Row, bool]]:
-        return (yield Unit("statement", self._insert_effect(params)))  # type: ignore[no-any-return]
+        return (yield from within("statement", self._insert_effect(params)))
 
     def _insert_effect(self, params: Row) -> Generator[Step, Any, tuple[Row, bool]]:
         row = yield Execute(q.PG_INSERT_EFFECT, params)
@@ -270,7 +272,7 @@ class PostgresStatements(DialectStatements):
             "actor": actor,
             "now": self.ts_in(utcnow()),
         }
-        return (yield Unit("statement", self._insert_batch(rows, params, read_back)))  # type: ignore[no-any-return]
+        return (yield from within("statement", self._insert_batch(rows, params, read_back)))
 
     def _insert_batch(
         self, rows: list[Row], params: Row, read_back: bool
@@ -288,11 +290,11 @@ class PostgresStatements(DialectStatements):
         return found
 
     def effect_rows(self, effect_ids: list[str]) -> Operation[list[Row]]:
-        select = Execute(q.PG_SELECT_EFFECTS_ANY, {"ids": effect_ids}, "all")
-        return (yield Unit("read", in_order(select)))  # type: ignore[no-any-return]
+        rows: list[Row] = yield read(q.PG_SELECT_EFFECTS_ANY, {"ids": effect_ids}, "all")
+        return rows
 
     def compare_and_set(self, job: CasJob) -> Operation[CasOutcome]:
-        return (yield Unit("statement", self._compare_and_set(job)))  # type: ignore[no-any-return]
+        return (yield from within("statement", self._compare_and_set(job)))
 
     def _compare_and_set(self, job: CasJob) -> Generator[Step, Any, CasOutcome]:
         req, (allowed, guard), token = job

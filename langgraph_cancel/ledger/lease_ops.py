@@ -74,14 +74,16 @@ def take_over_lease(
 def _take_over(
     params: dict[str, Any], previous: str, cause: LeaseTakeoverCause
 ) -> Generator[Step, Any, dict[str, Any] | None]:
-    row = yield Execute(q.TAKE_OVER_LEASE, {**params, "previous_owner": previous})
+    row: dict[str, Any] | None = yield Execute(
+        q.TAKE_OVER_LEASE, {**params, "previous_owner": previous}
+    )
     if row is not None:
         yield Execute(
             q.INSERT_LEASE_TAKEOVER,
             {**params, "previous_owner": previous, "cause": cause.value},
             "none",
         )
-    return row  # type: ignore[no-any-return]
+    return row
 
 
 def break_lease(

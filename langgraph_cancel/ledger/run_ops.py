@@ -210,12 +210,12 @@ def mark_observed(codec: Codec, run_id: str) -> Operation[RunRecord]:
 
 
 def _observe(run_id: str, now: Any) -> Generator[Step, Any, dict[str, Any]]:
-    row = yield Execute(q.MARK_OBSERVED, {"run_id": run_id, "now": now})
+    row: dict[str, Any] | None = yield Execute(q.MARK_OBSERVED, {"run_id": run_id, "now": now})
     if row is None:
         row = yield Execute(q.SELECT_RUN, {"run_id": run_id})
         if row is None:
             raise UnknownRunError(run_id)
-    return row  # type: ignore[no-any-return]
+    return row
 
 
 def finish_run(

@@ -82,6 +82,14 @@ def in_order(*executes: Execute) -> Generator[Step, Any, Any]:
     return reply
 
 
+def within(
+    kind: Literal["transaction", "statement", "read"], body: Generator[Any, Any, T]
+) -> Operation[T]:
+    """``body`` run in a unit of this kind, typed: ``x = yield from within(kind, body)``."""
+    result: T = yield Unit(kind, body)
+    return result
+
+
 def read(sql: str, params: dict[str, Any], fetch: Fetch = "one") -> Unit:
     """A read unit of one ``SELECT``."""
     return Unit("read", in_order(Execute(sql, params, fetch)))
@@ -188,4 +196,5 @@ __all__ = [
     "nothing",
     "read",
     "run",
+    "within",
 ]
