@@ -3,12 +3,13 @@
 ``AsyncLedger`` has the sync ledger's ``a*`` methods, each a coroutine with its
 real return type, doing its I/O on the caller's loop: psycopg's async pool on
 PostgreSQL, aiosqlite on a SQLite file, the shared in-memory database inline.
-The statements (``sql.py``), the migrations and every decision
-(``decisions.py``) are the sync ledger's own; only the I/O differs. Each
-aggregate is the twin of a sync one: leases in ``aio_leases.py``, runs and
-cancel requests in ``aio_runs.py``, transitions in ``aio_transitions.py``, effects
-in ``aio_effects.py``; the database
-access is in ``aio_backends.py`` and ``aio_postgres.py``.
+The operations (``*_ops.py``, written once as generators of database steps,
+see ``steps.py``), the statements (``sql.py``), the migrations and every
+decision (``decisions.py``) are the sync ledger's own; only the driver differs.
+Each aggregate is the twin of a sync one: leases in ``aio_leases.py``, runs and
+cancel requests in ``aio_runs.py``, transitions in ``aio_transitions.py``,
+effects in ``aio_effects.py``; the connections are ``aio_backends.py``'s and
+``aio_postgres.py``'s.
 
 Open one with ``await AsyncLedger.from_url(url)``, or as the twin of a sync
 ledger on the same database with ``await AsyncLedger.twin_of(ledger)``. An async
@@ -30,7 +31,6 @@ from langgraph_cancel.errors import (
     LedgerError,
 )
 from langgraph_cancel.ledger import decisions as d
-from langgraph_cancel.ledger import sql as q
 from langgraph_cancel.ledger.aio_backends import (
     AsyncBackend,
     AsyncMemoryBackend,
@@ -42,7 +42,8 @@ from langgraph_cancel.ledger.aio_postgres import AsyncPostgresBackend
 from langgraph_cancel.ledger.backends import SqliteBackend, parse_url
 from langgraph_cancel.ledger.core import Ledger
 from langgraph_cancel.ledger.postgres import PostgresBackend
-from langgraph_cancel.ledger.store import CancelListener
+from langgraph_cancel.ledger.steps import arun
+from langgraph_cancel.ledger.store import CancelListener, migrate
 
 
 class AsyncLedger(AsyncEffectLedger):
@@ -113,20 +114,7 @@ class AsyncLedger(AsyncEffectLedger):
 
     @atransient_retry()
     async def _setup_once(self) -> None:
-        migrations = self.backend.migrations
-        async with self.backend.transaction() as cur:
-            await self.backend.lock_for_setup(cur)
-            await cur.execute(migrations[0][0])
-            await cur.execute(q.SELECT_VERSION)
-            row = await cur.fetchone()
-            current = -1 if row is None else next(iter(row.values()))
-            current = -1 if current is None else int(current)
-            for version, statements in enumerate(migrations):
-                if version <= current:
-                    continue
-                for statement in statements:
-                    await cur.execute(statement)
-                await cur.execute(q.INSERT_VERSION, {"v": version})
+        await arun(self.backend, migrate(self.backend, self.backend.migrations))
 
     def add_cancel_listener(self, listener: CancelListener) -> None:
         """Call ``listener(thread_id, run_id)`` when this ledger requests a cancel."""

@@ -26,13 +26,10 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
-from langgraph_cancel.ledger import decisions as d
 from langgraph_cancel.ledger import sql as q
 from langgraph_cancel.ledger.backends import Dialect, SqliteBackend
-from langgraph_cancel.ledger.decisions import CasJob, CasOutcome
-from langgraph_cancel.ledger.records import effect_record, inserted_record
+from langgraph_cancel.ledger.dialects import DialectStatements, SqliteStatements
 from langgraph_cancel.ledger.retry import atransient_retry, is_transient
-from langgraph_cancel.types import EffectRecord, NewEffect, utcnow
 
 if TYPE_CHECKING:
     import aiosqlite
@@ -58,7 +55,7 @@ class AsyncCursor(Protocol):
         ...
 
 
-class AsyncBackend:
+class AsyncBackend(DialectStatements):
     """A database the async ledger can run transactions on."""
 
     dialect: Dialect
@@ -122,61 +119,8 @@ class AsyncBackend:
         """Read a timestamp column."""
         return value  # type: ignore[no-any-return]
 
-    # ------------------------------------------------- dialect-specific work
-    async def lock_for_setup(self, cur: AsyncCursor) -> None:
-        """Serialize concurrent ``setup()`` calls inside their transaction.
 
-        SQLite's ``BEGIN IMMEDIATE`` already does; PostgreSQL takes a lock.
-        """
-
-    async def announce_cancel(self, cur: AsyncCursor, thread_id: str, run_id: str) -> None:
-        """Tell listeners elsewhere that a cancel was requested (PostgreSQL: ``NOTIFY``)."""
-
-    async def insert_effect(self, params: dict[str, Any]) -> tuple[dict[str, Any], bool]:
-        """Insert a planned effect (``decisions.plan_params``) with its audit row.
-
-        Returns:
-            ``(row, created)``: the new row, or the one already recorded.
-        """
-        raise NotImplementedError  # pragma: no cover - interface
-
-    async def insert_effects(
-        self,
-        thread_id: str,
-        run_id: str,
-        unique: dict[str, NewEffect],
-        *,
-        owner: str | None,
-        actor: str,
-        read_back: bool,
-    ) -> dict[str, tuple[EffectRecord, bool]]:
-        """Insert a batch (one item per tool-call id) with its audit rows.
-
-        Returns:
-            With ``read_back``, every item's ``(record, created)`` by tool-call id;
-            else an empty dict.
-        """
-        raise NotImplementedError  # pragma: no cover - interface
-
-    async def effect_rows(self, effect_ids: list[str]) -> list[dict[str, Any]]:
-        """The rows of these effects that exist, in one read."""
-        raise NotImplementedError  # pragma: no cover - interface
-
-    async def compare_and_set(self, job: CasJob) -> CasOutcome:
-        """One effect's compare-and-set with its audit row.
-
-        Returns:
-            ``(moved, None)`` when it applied; ``(None, current)`` when it did not,
-            ``current`` being the row as it is (None: no such effect).
-        """
-        raise NotImplementedError  # pragma: no cover - interface
-
-    async def compare_and_set_many(self, jobs: Sequence[CasJob]) -> list[CasOutcome]:
-        """``compare_and_set`` for several effects at once, one outcome per job."""
-        raise NotImplementedError  # pragma: no cover - interface
-
-
-class _SqliteDialect(AsyncBackend):
+class _SqliteDialect(SqliteStatements, AsyncBackend):
     """SQLite's statements, placeholders, timestamps (text, ISO 8601) and its way of
     writing effects: a transaction of plain statements."""
 
@@ -193,86 +137,6 @@ class _SqliteDialect(AsyncBackend):
         if value is None or isinstance(value, datetime):
             return value
         return datetime.fromisoformat(value)
-
-    async def insert_effect(self, params: dict[str, Any]) -> tuple[dict[str, Any], bool]:
-        async with self.transaction() as cur:
-            await cur.execute(q.INSERT_EFFECT, params)
-            row = await cur.fetchone()
-            if row is None:
-                await cur.execute(q.SELECT_EFFECT, {"effect_id": params["effect_id"]})
-                existing = await cur.fetchone()
-                assert existing is not None
-                return existing, False
-            await cur.execute(q.INSERT_TRANSITION, d.plan_audit(params))
-            return row, True
-
-    async def insert_effects(
-        self,
-        thread_id: str,
-        run_id: str,
-        unique: dict[str, NewEffect],
-        *,
-        owner: str | None,
-        actor: str,
-        read_back: bool,
-    ) -> dict[str, tuple[EffectRecord, bool]]:
-        """One transaction, a statement per step (not per call).
-
-        A taken idempotency key fails the whole insert (rolled back); the caller
-        then records the batch call by call to tell which key it was. The new
-        records are built from the rows as inserted (the writer lock is held, so
-        nothing else wrote them); only rows recorded before are read.
-        """
-        stamp = self.ts_in(utcnow())
-        ids = {call_id: d.derive_effect_id(thread_id, call_id) for call_id in unique}
-        found: dict[str, tuple[EffectRecord, bool]] = {}
-        template = q.SELECT_EFFECTS_IN if read_back else q.SELECT_EFFECT_IDS_IN
-        async with self.transaction() as cur:
-            known = {
-                row["effect_id"]: row for row in await aselect_in(cur, template, list(ids.values()))
-            }
-            new: dict[str, NewEffect] = {}
-            for call_id, item in unique.items():
-                if ids[call_id] not in known:
-                    new[call_id] = item
-                elif read_back:
-                    found[call_id] = (effect_record(known[ids[call_id]], self), False)
-            rows, audits = d.sqlite_plan_rows(
-                thread_id, run_id, new, owner=owner, actor=actor, stamp=stamp, codec=self
-            )
-            if rows:
-                await cur.executemany(q.INSERT_EFFECT_ROW, rows)
-                await cur.executemany(q.INSERT_TRANSITION, audits)
-        if read_back:
-            for row in rows:
-                found[row["tool_call_id"]] = (inserted_record(row, stamp, self), True)
-        return found
-
-    async def effect_rows(self, effect_ids: list[str]) -> list[dict[str, Any]]:
-        async with self.read() as cur:
-            return await aselect_in(cur, q.SELECT_EFFECTS_IN, effect_ids)
-
-    async def compare_and_set(self, job: CasJob) -> CasOutcome:
-        req, (allowed, guard), token = job
-        now = utcnow()
-        audit, params = d.cas_statement(
-            q.SQLITE_AUDIT_TRANSITION, req, allowed, guard, token, now, self
-        )
-        update, _ = d.cas_statement(
-            q.SQLITE_TRANSITION_EFFECT, req, allowed, guard, token, now, self
-        )
-        async with self.transaction() as cur:
-            await cur.execute(audit, params)
-            await cur.execute(update, params)
-            row = await cur.fetchone()
-            if row is not None:
-                return row, None
-            await cur.execute(q.SELECT_EFFECT, {"effect_id": req.effect_id})
-            return None, await cur.fetchone()
-
-    async def compare_and_set_many(self, jobs: Sequence[CasJob]) -> list[CasOutcome]:
-        async with self.transaction():  # one transaction for all of them
-            return [await self.compare_and_set(job) for job in jobs]
 
 
 class _InlineCursor:
@@ -462,20 +326,10 @@ async def _enable_wal(conn: aiosqlite.Connection, *, within: float) -> None:
             delay = min(delay * 2, 0.25)
 
 
-async def aselect_in(cur: AsyncCursor, template: str, ids: list[str]) -> list[dict[str, Any]]:
-    """SQLite: the rows of ``template`` (an ``IN ({ids})`` query) for many ids."""
-    rows: list[dict[str, Any]] = []
-    for sql, params in d.in_chunks(template, ids):
-        await cur.execute(sql, params)
-        rows.extend(await cur.fetchall())
-    return rows
-
-
 __all__ = [
     "AsyncBackend",
     "AsyncCursor",
     "AsyncMemoryBackend",
     "AsyncSqliteBackend",
-    "aselect_in",
     "atransient_retry",
 ]

@@ -12,14 +12,10 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
-from langgraph_cancel.ledger import decisions as d
 from langgraph_cancel.ledger import sql as q
 from langgraph_cancel.ledger.aio_backends import AsyncBackend, AsyncCursor
-from langgraph_cancel.ledger.backends import Dialect, json_text
-from langgraph_cancel.ledger.decisions import CasJob, CasOutcome
-from langgraph_cancel.ledger.postgres import SETUP_LOCK_KEY
-from langgraph_cancel.ledger.records import effect_record
-from langgraph_cancel.types import EffectRecord, NewEffect, utcnow
+from langgraph_cancel.ledger.backends import Dialect
+from langgraph_cancel.ledger.dialects import PostgresStatements, json_text
 
 if TYPE_CHECKING:
     from psycopg import AsyncConnection
@@ -28,7 +24,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("langgraph_cancel.ledger")
 
 
-class AsyncPostgresBackend(AsyncBackend):
+class AsyncPostgresBackend(PostgresStatements, AsyncBackend):
     """PostgreSQL through psycopg 3's async API: a pool (preferred), one connection, or a URL.
 
     Open one on a URL with ``await AsyncPostgresBackend.open(url)``; the pool is
@@ -173,106 +169,6 @@ class AsyncPostgresBackend(AsyncBackend):
             except psycopg.OperationalError:
                 logger.debug("cancel listener reconnecting", exc_info=True)
                 await asyncio.sleep(0.5)
-
-    # ------------------------------------------------- dialect-specific work
-    async def lock_for_setup(self, cur: AsyncCursor) -> None:
-        await cur.execute(f"SELECT pg_advisory_xact_lock({SETUP_LOCK_KEY})")
-
-    async def announce_cancel(self, cur: AsyncCursor, thread_id: str, run_id: str) -> None:
-        await cur.execute(q.NOTIFY_CANCEL, d.cancel_notice(thread_id, run_id))
-
-    async def insert_effect(self, params: dict[str, Any]) -> tuple[dict[str, Any], bool]:
-        """One autocommit statement; a writable CTE carries the audit row."""
-        async with self.statement() as cur:
-            await cur.execute(q.PG_INSERT_EFFECT, params)
-            row = await cur.fetchone()
-            if row is not None:
-                return row, True
-            await cur.execute(q.SELECT_EFFECT, {"effect_id": params["effect_id"]})
-            existing = await cur.fetchone()
-            assert existing is not None
-            return existing, False
-
-    async def insert_effects(
-        self,
-        thread_id: str,
-        run_id: str,
-        unique: dict[str, NewEffect],
-        *,
-        owner: str | None,
-        actor: str,
-        read_back: bool,
-    ) -> dict[str, tuple[EffectRecord, bool]]:
-        """One statement for the whole batch; rows recorded before are read back after it."""
-        rows = d.pg_plan_rows(thread_id, run_id, unique)
-        params = {
-            # One JSON document, not an array per column: psycopg quotes every array
-            # element in Python, which cost more than the server's insert.
-            "rows": json_text(rows),
-            "thread_id": thread_id,
-            "run_id": run_id,
-            "owner": owner,
-            "actor": actor,
-            "now": self.ts_in(utcnow()),
-        }
-        found: dict[str, tuple[EffectRecord, bool]] = {}
-        async with self.statement() as cur:
-            await cur.execute(q.PG_INSERT_EFFECTS, params)
-            if not read_back:
-                return found
-            for row in await cur.fetchall():
-                found[row["tool_call_id"]] = (effect_record(row, self), True)
-            missing = [r["effect_id"] for r in rows if r["tool_call_id"] not in found]
-            if missing:
-                await cur.execute(q.PG_SELECT_EFFECTS_ANY, {"ids": missing})
-                for row in await cur.fetchall():
-                    found[row["tool_call_id"]] = (effect_record(row, self), False)
-        return found
-
-    async def effect_rows(self, effect_ids: list[str]) -> list[dict[str, Any]]:
-        async with self.read() as cur:
-            await cur.execute(q.PG_SELECT_EFFECTS_ANY, {"ids": effect_ids})
-            return await cur.fetchall()
-
-    async def compare_and_set(self, job: CasJob) -> CasOutcome:
-        """One autocommit statement; a writable CTE carries the audit row."""
-        req, (allowed, guard), token = job
-        async with self.statement() as cur:
-            await cur.execute(
-                *d.cas_statement(q.PG_TRANSITION_EFFECT, req, allowed, guard, token, utcnow(), self)
-            )
-            row = await cur.fetchone()
-            if row is not None:
-                return row, None
-            await cur.execute(q.SELECT_EFFECT, {"effect_id": req.effect_id})
-            return None, await cur.fetchone()
-
-    async def compare_and_set_many(self, jobs: Sequence[CasJob]) -> list[CasOutcome]:
-        """The compare-and-sets in one statement, then one read of those that did not apply.
-
-        One statement rather than a pipeline of one per request: psycopg's pipeline
-        costs more client CPU than the server spends on the rows.
-        """
-        if len(jobs) == 1:  # the one-row statement runs faster than a row set
-            return [await self.compare_and_set(jobs[0])]
-        moved: list[dict[str, Any] | None] = [None] * len(jobs)
-        async with self.statement() as cur:
-            await cur.execute(
-                q.PG_TRANSITION_EFFECTS,
-                {
-                    "rows": json_text(d.pg_transition_rows(jobs)),
-                    "ids": [req.effect_id for req, _, _ in jobs],
-                    "now": self.ts_in(utcnow()),
-                },
-            )
-            for row in await cur.fetchall():
-                moved[row["n"]] = row
-        lost = [req.effect_id for (req, _, _), row in zip(jobs, moved, strict=True) if row is None]
-        current = {row["effect_id"]: row for row in await self.effect_rows(lost)} if lost else {}
-        return [
-            (row, None) if row is not None else (None, current.get(req.effect_id))
-            for (req, _, _), row in zip(jobs, moved, strict=True)
-        ]
 
     async def aclose(self) -> None:
         self.closed = True

@@ -2,9 +2,9 @@
 
 Two dialects share every statement they can (see ``sql.py``): SQLite (memory and
 file, here) and PostgreSQL (psycopg 3, in ``postgres.py``). What differs between
-them (the planning insert, the compare-and-set, a batch of either) is a method of
-the backend, as DBOS splits its system database: the ledger asks its backend and
-never branches on the dialect.
+them (the planning insert, the compare-and-set, a batch of either) is an operation
+of the backend, from its dialect's mixin in ``dialects.py``, as DBOS splits its
+system database: the ledger asks its backend and never branches on the dialect.
 """
 
 from __future__ import annotations
@@ -26,12 +26,9 @@ from tenacity import (
     wait_random,
 )
 
-from langgraph_cancel.ledger import decisions as d
 from langgraph_cancel.ledger import sql as q
-from langgraph_cancel.ledger.decisions import CasJob, CasOutcome
-from langgraph_cancel.ledger.records import effect_record, inserted_record
+from langgraph_cancel.ledger.dialects import DialectStatements, SqliteStatements, json_text
 from langgraph_cancel.ledger.retry import is_transient, raise_transient, transient_retry
-from langgraph_cancel.types import EffectRecord, NewEffect, utcnow
 
 Dialect = Literal["sqlite", "postgres"]
 
@@ -45,7 +42,7 @@ class Cursor(Protocol):
     def fetchall(self) -> list[dict[str, Any]]: ...
 
 
-class Backend:
+class Backend(DialectStatements):
     """A database the ledger can run transactions on."""
 
     dialect: Dialect
@@ -125,59 +122,6 @@ class Backend:
         """The append-only schema migrations of this dialect."""
         raise NotImplementedError  # pragma: no cover
 
-    # ------------------------------------------------- dialect-specific work
-    def lock_for_setup(self, cur: Cursor) -> None:
-        """Serialize concurrent ``setup()`` calls inside their transaction.
-
-        SQLite's ``BEGIN IMMEDIATE`` already does; PostgreSQL takes a lock.
-        """
-
-    def announce_cancel(self, cur: Cursor, thread_id: str, run_id: str) -> None:
-        """Tell listeners elsewhere that a cancel was requested (PostgreSQL: ``NOTIFY``)."""
-
-    def insert_effect(self, params: dict[str, Any]) -> tuple[dict[str, Any], bool]:
-        """Insert a planned effect (``decisions.plan_params``) with its audit row.
-
-        Returns:
-            ``(row, created)``: the new row, or the one already recorded.
-        """
-        raise NotImplementedError  # pragma: no cover - interface
-
-    def insert_effects(
-        self,
-        thread_id: str,
-        run_id: str,
-        unique: dict[str, NewEffect],
-        *,
-        owner: str | None,
-        actor: str,
-        read_back: bool,
-    ) -> dict[str, tuple[EffectRecord, bool]]:
-        """Insert a batch (one item per tool-call id) with its audit rows.
-
-        Returns:
-            With ``read_back``, every item's ``(record, created)`` by tool-call id;
-            else an empty dict.
-        """
-        raise NotImplementedError  # pragma: no cover - interface
-
-    def effect_rows(self, effect_ids: list[str]) -> list[dict[str, Any]]:
-        """The rows of these effects that exist, in one read."""
-        raise NotImplementedError  # pragma: no cover - interface
-
-    def compare_and_set(self, job: CasJob) -> CasOutcome:
-        """One effect's compare-and-set with its audit row.
-
-        Returns:
-            ``(moved, None)`` when it applied; ``(None, current)`` when it did not,
-            ``current`` being the row as it is (None: no such effect).
-        """
-        raise NotImplementedError  # pragma: no cover - interface
-
-    def compare_and_set_many(self, jobs: Sequence[CasJob]) -> list[CasOutcome]:
-        """``compare_and_set`` for several effects at once, one outcome per job."""
-        raise NotImplementedError  # pragma: no cover - interface
-
 
 def enable_wal(conn: sqlite3.Connection, *, timeout: float = 30.0) -> None:
     """Put a file database in WAL mode, waiting out other processes doing the same.
@@ -204,7 +148,7 @@ def enable_wal(conn: sqlite3.Connection, *, timeout: float = 30.0) -> None:
             conn.execute("PRAGMA journal_mode = WAL")
 
 
-class SqliteBackend(Backend):
+class SqliteBackend(SqliteStatements, Backend):
     """SQLite: an in-memory database or one file in WAL mode.
 
     One connection per backend, serialized by a lock; writers across processes
@@ -279,84 +223,6 @@ class SqliteBackend(Backend):
         with self._lock:
             self._conn.close()
 
-    def insert_effect(self, params: dict[str, Any]) -> tuple[dict[str, Any], bool]:
-        with self.transaction() as cur:
-            cur.execute(q.INSERT_EFFECT, params)
-            row = cur.fetchone()
-            if row is None:
-                cur.execute(q.SELECT_EFFECT, {"effect_id": params["effect_id"]})
-                existing = cur.fetchone()
-                assert existing is not None
-                return existing, False
-            cur.execute(q.INSERT_TRANSITION, d.plan_audit(params))
-            return row, True
-
-    def insert_effects(
-        self,
-        thread_id: str,
-        run_id: str,
-        unique: dict[str, NewEffect],
-        *,
-        owner: str | None,
-        actor: str,
-        read_back: bool,
-    ) -> dict[str, tuple[EffectRecord, bool]]:
-        """One transaction, a statement per step (not per call).
-
-        A taken idempotency key fails the whole insert (rolled back); the caller
-        then records the batch call by call to tell which key it was. The new
-        records are built from the rows as inserted (the writer lock is held, so
-        nothing else wrote them); only rows recorded before are read.
-        """
-        stamp = self.ts_in(utcnow())
-        ids = {call_id: d.derive_effect_id(thread_id, call_id) for call_id in unique}
-        found: dict[str, tuple[EffectRecord, bool]] = {}
-        template = q.SELECT_EFFECTS_IN if read_back else q.SELECT_EFFECT_IDS_IN
-        with self.transaction() as cur:
-            known = {row["effect_id"]: row for row in select_in(cur, template, list(ids.values()))}
-            new: dict[str, NewEffect] = {}
-            for call_id, item in unique.items():
-                if ids[call_id] not in known:
-                    new[call_id] = item
-                elif read_back:
-                    found[call_id] = (effect_record(known[ids[call_id]], self), False)
-            rows, audits = d.sqlite_plan_rows(
-                thread_id, run_id, new, owner=owner, actor=actor, stamp=stamp, codec=self
-            )
-            if rows:
-                cur.executemany(q.INSERT_EFFECT_ROW, rows)
-                cur.executemany(q.INSERT_TRANSITION, audits)
-        if read_back:
-            for row in rows:
-                found[row["tool_call_id"]] = (inserted_record(row, stamp, self), True)
-        return found
-
-    def effect_rows(self, effect_ids: list[str]) -> list[dict[str, Any]]:
-        with self.read() as cur:
-            return select_in(cur, q.SELECT_EFFECTS_IN, effect_ids)
-
-    def compare_and_set(self, job: CasJob) -> CasOutcome:
-        req, (allowed, guard), token = job
-        now = utcnow()
-        audit, params = d.cas_statement(
-            q.SQLITE_AUDIT_TRANSITION, req, allowed, guard, token, now, self
-        )
-        update, _ = d.cas_statement(
-            q.SQLITE_TRANSITION_EFFECT, req, allowed, guard, token, now, self
-        )
-        with self.transaction() as cur:
-            cur.execute(audit, params)
-            cur.execute(update, params)
-            row = cur.fetchone()
-            if row is not None:
-                return row, None
-            cur.execute(q.SELECT_EFFECT, {"effect_id": req.effect_id})
-            return None, cur.fetchone()
-
-    def compare_and_set_many(self, jobs: Sequence[CasJob]) -> list[CasOutcome]:
-        with self.transaction():  # one transaction for all of them
-            return [self.compare_and_set(job) for job in jobs]
-
 
 class _SqliteCursor:
     __slots__ = ("_backend", "_cur")
@@ -377,24 +243,6 @@ class _SqliteCursor:
 
     def fetchall(self) -> list[dict[str, Any]]:
         return [dict(r) for r in self._cur.fetchall()]
-
-
-def select_in(cur: Cursor, template: str, ids: list[str]) -> list[dict[str, Any]]:
-    """SQLite: the rows of ``template`` (an ``IN ({ids})`` query) for many ids."""
-    rows: list[dict[str, Any]] = []
-    for sql, params in d.in_chunks(template, ids):
-        cur.execute(sql, params)
-        rows.extend(cur.fetchall())
-    return rows
-
-
-def json_text(value: Any) -> str:
-    """JSON for a JSONB column; what JSON cannot hold is kept as its string.
-
-    Bound as text and cast in the statement (``%(rows)s::jsonb``), a document costs
-    psycopg less client time than a ``Jsonb`` wrapper does.
-    """
-    return json.dumps(value, default=str)
 
 
 def parse_url(url: str) -> tuple[Literal["memory", "sqlite", "postgres"], str]:
@@ -456,6 +304,5 @@ __all__ = [
     "json_text",
     "parse_url",
     "raise_transient",
-    "select_in",
     "transient_retry",
 ]

@@ -14,16 +14,16 @@ its own module, as the async ``AsyncLedger`` has them (``aio_*.py``):
 
 - ``leases.py``: leases on threads and their takeovers;
 - ``runs.py``: runs, cancel requests, the one terminal transition;
-- ``effects.py``: effect plans and reads;
-- ``transitions.py``: compare-and-set transitions and the audit trail.
+- ``transitions.py``: compare-and-set transitions and the audit trail;
+- ``effects.py``: effect plans and reads.
 
-What differs between SQLite and PostgreSQL is a method of the backend
-(``backends.py``, ``postgres.py``).
+Each drives operations written once for both ledgers (``*_ops.py``, see
+``steps.py``); what differs between SQLite and PostgreSQL is an operation of the
+backend (``dialects.py``).
 """
 
 from __future__ import annotations
 
-from langgraph_cancel.ledger import sql as q
 from langgraph_cancel.ledger.backends import Backend, backend_from_url
 from langgraph_cancel.ledger.decisions import (
     default_owner,
@@ -32,7 +32,8 @@ from langgraph_cancel.ledger.decisions import (
 )
 from langgraph_cancel.ledger.effects import EffectLedger
 from langgraph_cancel.ledger.retry import transient_retry
-from langgraph_cancel.ledger.store import CancelListener, to_thread
+from langgraph_cancel.ledger.steps import run as drive
+from langgraph_cancel.ledger.store import CancelListener, migrate, to_thread
 
 
 class Ledger(EffectLedger):
@@ -76,20 +77,7 @@ class Ledger(EffectLedger):
 
     @transient_retry()
     def _setup_once(self) -> None:
-        migrations = self.backend.migrations
-        with self.backend.transaction() as cur:
-            self.backend.lock_for_setup(cur)
-            cur.execute(migrations[0][0])
-            cur.execute(q.SELECT_VERSION)
-            row = cur.fetchone()
-            current = -1 if row is None else next(iter(row.values()))
-            current = -1 if current is None else int(current)
-            for version, statements in enumerate(migrations):
-                if version <= current:
-                    continue
-                for statement in statements:
-                    cur.execute(statement)
-                cur.execute(q.INSERT_VERSION, {"v": version})
+        drive(self.backend, migrate(self.backend, self.backend.migrations))
 
     def close(self) -> None:
         """Close the connections this ledger opened."""

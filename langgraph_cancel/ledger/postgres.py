@@ -2,7 +2,7 @@
 
 Statements that write an effect carry their audit row in a writable CTE, so each
 write is one autocommit statement; batches are one statement over a JSON
-document of rows.
+document of rows (``dialects.PostgresStatements``).
 """
 
 from __future__ import annotations
@@ -12,22 +12,16 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, cast
 
-from langgraph_cancel.ledger import decisions as d
 from langgraph_cancel.ledger import sql as q
-from langgraph_cancel.ledger.backends import Backend, Cursor, Dialect, json_text
-from langgraph_cancel.ledger.decisions import CasJob, CasOutcome
-from langgraph_cancel.ledger.records import effect_record
-from langgraph_cancel.types import EffectRecord, NewEffect, utcnow
+from langgraph_cancel.ledger.backends import Backend, Cursor, Dialect
+from langgraph_cancel.ledger.dialects import PostgresStatements, json_text
 
 if TYPE_CHECKING:
     from psycopg import Connection
     from psycopg_pool import ConnectionPool
 
-#: The advisory lock that serializes concurrent ``setup()`` calls of many workers.
-SETUP_LOCK_KEY = 7231900118
 
-
-class PostgresBackend(Backend):
+class PostgresBackend(PostgresStatements, Backend):
     """PostgreSQL through psycopg 3: a pool (preferred), one connection, or a URL."""
 
     dialect: Dialect = "postgres"
@@ -163,107 +157,6 @@ class PostgresBackend(Backend):
             cursors = [execute(sql, params) for sql, params in statements]
         return [rows(cur) for cur in cursors]
 
-    # ------------------------------------------------- dialect-specific work
-    def lock_for_setup(self, cur: Cursor) -> None:
-        cur.execute(f"SELECT pg_advisory_xact_lock({SETUP_LOCK_KEY})")
-
-    def announce_cancel(self, cur: Cursor, thread_id: str, run_id: str) -> None:
-        cur.execute(q.NOTIFY_CANCEL, d.cancel_notice(thread_id, run_id))
-
-    def insert_effect(self, params: dict[str, Any]) -> tuple[dict[str, Any], bool]:
-        """One autocommit statement; a writable CTE carries the audit row."""
-        with self.statement() as cur:
-            cur.execute(q.PG_INSERT_EFFECT, params)
-            row = cur.fetchone()
-            if row is not None:
-                return row, True
-            cur.execute(q.SELECT_EFFECT, {"effect_id": params["effect_id"]})
-            existing = cur.fetchone()
-            assert existing is not None
-            return existing, False
-
-    def insert_effects(
-        self,
-        thread_id: str,
-        run_id: str,
-        unique: dict[str, NewEffect],
-        *,
-        owner: str | None,
-        actor: str,
-        read_back: bool,
-    ) -> dict[str, tuple[EffectRecord, bool]]:
-        """One statement for the whole batch; rows recorded before are read back after it."""
-        rows = d.pg_plan_rows(thread_id, run_id, unique)
-        params = {
-            # One JSON document, not an array per column: psycopg quotes every array
-            # element in Python, which cost more than the server's insert.
-            "rows": json_text(rows),
-            "thread_id": thread_id,
-            "run_id": run_id,
-            "owner": owner,
-            "actor": actor,
-            "now": self.ts_in(utcnow()),
-        }
-        found: dict[str, tuple[EffectRecord, bool]] = {}
-        with self.statement() as cur:
-            cur.execute(q.PG_INSERT_EFFECTS, params)
-            if not read_back:
-                return found
-            for row in cur.fetchall():
-                found[row["tool_call_id"]] = (effect_record(row, self), True)
-            missing = [r["effect_id"] for r in rows if r["tool_call_id"] not in found]
-            if missing:
-                cur.execute(q.PG_SELECT_EFFECTS_ANY, {"ids": missing})
-                for row in cur.fetchall():
-                    found[row["tool_call_id"]] = (effect_record(row, self), False)
-        return found
-
-    def effect_rows(self, effect_ids: list[str]) -> list[dict[str, Any]]:
-        with self.read() as cur:
-            cur.execute(q.PG_SELECT_EFFECTS_ANY, {"ids": effect_ids})
-            rows: list[dict[str, Any]] = cur.fetchall()
-            return rows
-
-    def compare_and_set(self, job: CasJob) -> CasOutcome:
-        """One autocommit statement; a writable CTE carries the audit row."""
-        req, (allowed, guard), token = job
-        with self.statement() as cur:
-            cur.execute(
-                *d.cas_statement(q.PG_TRANSITION_EFFECT, req, allowed, guard, token, utcnow(), self)
-            )
-            row = cur.fetchone()
-            if row is not None:
-                return row, None
-            cur.execute(q.SELECT_EFFECT, {"effect_id": req.effect_id})
-            return None, cur.fetchone()
-
-    def compare_and_set_many(self, jobs: Sequence[CasJob]) -> list[CasOutcome]:
-        """The compare-and-sets in one statement, then one read of those that did not apply.
-
-        One statement rather than a pipeline of one per request: psycopg's pipeline
-        costs more client CPU than the server spends on the rows.
-        """
-        if len(jobs) == 1:  # the one-row statement runs faster than a row set
-            return [self.compare_and_set(jobs[0])]
-        moved: list[dict[str, Any] | None] = [None] * len(jobs)
-        with self.statement() as cur:
-            cur.execute(
-                q.PG_TRANSITION_EFFECTS,
-                {
-                    "rows": json_text(d.pg_transition_rows(jobs)),
-                    "ids": [req.effect_id for req, _, _ in jobs],
-                    "now": self.ts_in(utcnow()),
-                },
-            )
-            for row in cur.fetchall():
-                moved[row["n"]] = row
-        lost = [req.effect_id for (req, _, _), row in zip(jobs, moved, strict=True) if row is None]
-        current = {row["effect_id"]: row for row in self.effect_rows(lost)} if lost else {}
-        return [
-            (row, None) if row is not None else (None, current.get(req.effect_id))
-            for (req, _, _), row in zip(jobs, moved, strict=True)
-        ]
-
     def close(self) -> None:
         self.closed = True
         if self._owns and self._pool is not None:
@@ -289,4 +182,4 @@ def full_conninfo(conn: Any) -> str:
     return dsn
 
 
-__all__ = ["SETUP_LOCK_KEY", "PostgresBackend", "full_conninfo"]
+__all__ = ["PostgresBackend", "full_conninfo"]

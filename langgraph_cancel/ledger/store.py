@@ -1,8 +1,12 @@
-"""What every aggregate of the sync ledger stands on: its backend, row decoding, reads.
+"""What every aggregate of the ledger stands on: its backend, listeners and setup.
 
-``Ledger`` (``core.py``) is assembled from the aggregates built on this class:
-leases (``leases.py``), runs and cancel requests (``runs.py``), transitions
-(``transitions.py``) and effects (``effects.py``), each built on the one before.
+Each aggregate's operations are written once (``lease_ops.py``, ``run_ops.py``,
+``transition_ops.py``, ``effect_ops.py``) as generators of database steps
+(``steps.py``); the sync ledger drives them (``leases.py``, ``runs.py``,
+``transitions.py``, ``effects.py``, each class built on the one before, on
+``LedgerStore``), the async ledger awaits them (the ``aio_*.py`` twins, on
+``AsyncLedgerStore``). ``Ledger`` (``core.py``) and ``AsyncLedger`` (``aio.py``)
+are the facades.
 """
 
 from __future__ import annotations
@@ -12,9 +16,10 @@ import functools
 from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar
 
+from langgraph_cancel.ledger import sql as q
 from langgraph_cancel.ledger.backends import Backend
-from langgraph_cancel.ledger.records import effect_record, lease_record, run_record
-from langgraph_cancel.types import EffectRecord, LeaseRecord, RunRecord
+from langgraph_cancel.ledger.dialects import Body, DialectStatements
+from langgraph_cancel.ledger.steps import Execute, Operation, Unit
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -33,8 +38,27 @@ def to_thread(fn: Callable[P, R]) -> Callable[P, Any]:
     return wrapper
 
 
+def migrate(backend: DialectStatements, migrations: list[list[str]]) -> Operation[None]:
+    """Create or migrate the ledger's tables, in one transaction (for either ledger)."""
+    yield Unit("transaction", _migrate(backend, migrations))
+
+
+def _migrate(backend: DialectStatements, migrations: list[list[str]]) -> Body:
+    yield from backend.lock_for_setup()
+    yield Execute(migrations[0][0], None, "none")
+    row = yield Execute(q.SELECT_VERSION, None)
+    current = -1 if row is None else next(iter(row.values()))
+    current = -1 if current is None else int(current)
+    for version, statements in enumerate(migrations):
+        if version <= current:
+            continue
+        for statement in statements:
+            yield Execute(statement, None, "none")
+        yield Execute(q.INSERT_VERSION, {"v": version}, "none")
+
+
 class LedgerStore:
-    """The backend, the cancel listeners, and the row reads every aggregate uses.
+    """The backend and the cancel listeners every aggregate of the sync ledger uses.
 
     Args:
         backend: The database to use.
@@ -45,28 +69,5 @@ class LedgerStore:
         self.url = backend.url
         self._cancel_listeners: list[CancelListener] = []
 
-    # ------------------------------------------------------------- decoding
-    # Rows the ledger wrote itself: records are built without re-validating them.
-    def _run(self, row: dict[str, Any]) -> RunRecord:
-        return run_record(row, self.backend)
 
-    def _effect(self, row: dict[str, Any]) -> EffectRecord:
-        return effect_record(row, self.backend)
-
-    def _lease(self, row: dict[str, Any]) -> LeaseRecord:
-        return lease_record(row, self.backend)
-
-    def _one(self, sql: str, params: dict[str, Any]) -> dict[str, Any] | None:
-        with self.backend.read() as cur:
-            cur.execute(sql, params)
-            row: dict[str, Any] | None = cur.fetchone()
-            return row
-
-    def _all(self, sql: str, params: dict[str, Any]) -> list[dict[str, Any]]:
-        with self.backend.read() as cur:
-            cur.execute(sql, params)
-            rows: list[dict[str, Any]] = cur.fetchall()
-            return rows
-
-
-__all__ = ["CancelListener", "LedgerStore", "to_thread"]
+__all__ = ["CancelListener", "LedgerStore", "migrate", "to_thread"]

@@ -1,26 +1,19 @@
 """The sync ledger's transitions: moving an effect by compare-and-set, and its audit trail.
 
-Every transition is a compare-and-set whose ``WHERE`` clause the database
-evaluates; Python only decides which "from" statuses are legal
-(``decisions.py``), and what a compare-and-set that did not apply means: our own
-retry's earlier write (recognised by its write token), a refusal, or a conflict.
-How the statement is written (one statement with a writable CTE, or a
-transaction) is the backend's business.
+Each method drives an operation of ``transition_ops.py`` (written once, shared
+with ``aio_transitions.py``) on the sync backend.
 """
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from langgraph_cancel.errors import DispatchRefusedError, LedgerError, UnknownEffectError
-from langgraph_cancel.ledger import decisions as d
-from langgraph_cancel.ledger import sql as q
-from langgraph_cancel.ledger.decisions import CasJob, CasOutcome
-from langgraph_cancel.ledger.records import transition_record
+from langgraph_cancel.errors import LedgerError
+from langgraph_cancel.ledger import transition_ops as ops
 from langgraph_cancel.ledger.retry import transient_retry
 from langgraph_cancel.ledger.runs import RunLedger
+from langgraph_cancel.ledger.steps import run as drive
 from langgraph_cancel.ledger.store import to_thread
 from langgraph_cancel.types import (
     EffectRecord,
@@ -89,8 +82,7 @@ class TransitionLedger(RunLedger):
             args=args,
             require_active_run=require_active_run,
         )
-        allowed, guard = d.checked(req)
-        return self._transition((req, (allowed, guard), uuid.uuid4().hex))
+        return drive(self.backend, ops.transition(self.backend, req))
 
     def transition_many(
         self, requests: Sequence[TransitionRequest]
@@ -106,13 +98,12 @@ class TransitionLedger(RunLedger):
             IllegalTransitionError: A request the state machine forbids outright.
             ValueError: The same effect twice in one call.
         """
-        checked = [d.checked(r) for r in requests]
-        if len({r.effect_id for r in requests}) != len(requests):
-            raise ValueError("transition_many: one request per effect")
-        if not requests:
-            return []
-        tokens = [uuid.uuid4().hex for _ in requests]
-        return self._transition_many(requests, checked, tokens)
+        return drive(self.backend, ops.transition_many(self.backend, requests))
+
+    @transient_retry()
+    def history(self, effect_id: str) -> list[TransitionRecord]:
+        """The audit trail of an effect, oldest first."""
+        return drive(self.backend, ops.history(self.backend, effect_id))
 
     @transient_retry()
     def _transition_many(
@@ -121,51 +112,9 @@ class TransitionLedger(RunLedger):
         checked: Sequence[tuple[frozenset[EffectStatus], bool]],
         tokens: Sequence[str],
     ) -> list[EffectRecord | LedgerError]:
-        jobs: list[CasJob] = list(zip(requests, checked, tokens, strict=True))
-        out: list[EffectRecord | LedgerError] = []
-        for job, outcome in zip(jobs, self.backend.compare_and_set_many(jobs), strict=True):
-            try:
-                out.append(self._cas_verdict(job, outcome))
-            except LedgerError as exc:
-                out.append(exc)
-        return out
-
-    def _transition_once(self, job: CasJob) -> EffectRecord:
-        return self._cas_verdict(job, self.backend.compare_and_set(job))
-
-    _transition = transient_retry()(_transition_once)
-
-    def _cas_verdict(self, job: CasJob, outcome: CasOutcome) -> EffectRecord:
-        """The record a compare-and-set moved, or what its not applying means."""
-        moved, current = outcome
-        if moved is not None:
-            return self._effect(moved)
-        req, (allowed, guard), token = job
-        if current is None:
-            raise UnknownEffectError(f"no effect {req.effect_id!r} in the ledger")
-        return self._lost_transition(current, req.to, allowed, guard, token)
-
-    def _lost_transition(
-        self,
-        before: dict[str, Any],
-        target: EffectStatus,
-        allowed: frozenset[EffectStatus],
-        guard: bool,
-        token: str,
-    ) -> EffectRecord:
-        """The compare-and-set did not apply: our own retry, a refusal, or a conflict."""
-        current = self._effect(before)
-        verdict = d.lost_transition(current, before["last_token"], target, allowed, guard, token)
-        if verdict is d.LostCas.OWN_WRITE:
-            return current
-        run = self.get_run(current.run_id)
-        raise DispatchRefusedError(current.effect_id, f"run {run.run_id} is {run.status.value}")
-
-    @transient_retry()
-    def history(self, effect_id: str) -> list[TransitionRecord]:
-        """The audit trail of an effect, oldest first."""
-        rows = self._all(q.SELECT_TRANSITIONS, {"effect_id": effect_id})
-        return [transition_record(r, self.backend) for r in rows]
+        """One batch of compare-and-sets with these write tokens (a retry passes the
+        same ones, and recognises its own earlier writes by them)."""
+        return drive(self.backend, ops.transition_jobs(self.backend, requests, checked, tokens))
 
     atransition = to_thread(transition)
     atransition_many = to_thread(transition_many)

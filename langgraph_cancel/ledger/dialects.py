@@ -1,0 +1,347 @@
+"""What differs between SQLite and PostgreSQL, written once for the sync and async backends.
+
+Each dialect's way of writing an effect (the planning insert, the compare-and-set,
+a batch of either), its setup lock and its cancel announcement are operations
+(see ``steps.py``) of a mixin the dialect's backends inherit: ``SqliteBackend``
+and the async SQLite backends take ``SqliteStatements``, ``PostgresBackend`` and
+``AsyncPostgresBackend`` take ``PostgresStatements``. The ledger asks its backend
+for them and never branches on the dialect.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Generator, Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from langgraph_cancel.ledger import decisions as d
+from langgraph_cancel.ledger import sql as q
+from langgraph_cancel.ledger.decisions import CasJob, CasOutcome
+from langgraph_cancel.ledger.records import effect_record, inserted_record
+from langgraph_cancel.ledger.steps import (
+    Execute,
+    ExecuteMany,
+    Operation,
+    Step,
+    Unit,
+    in_order,
+    nothing,
+    read,
+    within,
+)
+from langgraph_cancel.types import EffectRecord, NewEffect, utcnow
+
+#: The advisory lock that serializes concurrent ``setup()`` calls of many workers.
+SETUP_LOCK_KEY = 7231900118
+
+#: A body run inside an open unit (its steps join the unit's cursor).
+Body = Generator[Step, Any, None]
+
+Row = dict[str, Any]
+
+
+def json_text(value: Any) -> str:
+    """JSON for a JSONB column; what JSON cannot hold is kept as its string.
+
+    Bound as text and cast in the statement (``%(rows)s::jsonb``), a document costs
+    psycopg less client time than a ``Jsonb`` wrapper does.
+    """
+    return json.dumps(value, default=str)
+
+
+class DialectStatements:
+    """The operations whose statements differ between the dialects."""
+
+    if TYPE_CHECKING:  # provided by the backend class the mixin is part of
+
+        def ts_in(self, value: datetime | None) -> Any: ...
+        def json_in(self, value: Any) -> Any: ...
+        def json_out(self, value: Any) -> Any: ...
+        def ts_out(self, value: Any) -> datetime | None: ...
+
+    def lock_for_setup(self) -> Body:
+        """Serialize concurrent ``setup()`` calls inside their transaction (a body).
+
+        SQLite's ``BEGIN IMMEDIATE`` already does; PostgreSQL takes a lock.
+        """
+        return nothing()
+
+    def announce_cancel(self, thread_id: str, run_id: str) -> Body:
+        """Tell listeners elsewhere that a cancel was requested (a body; PostgreSQL:
+        ``NOTIFY``)."""
+        return nothing()
+
+    def insert_effect(self, params: Row) -> Operation[tuple[Row, bool]]:
+        """Insert a planned effect (``decisions.plan_params``) with its audit row.
+
+        Returns:
+            ``(row, created)``: the new row, or the one already recorded.
+        """
+        raise NotImplementedError  # pragma: no cover - interface
+
+    def insert_effects(
+        self,
+        thread_id: str,
+        run_id: str,
+        unique: dict[str, NewEffect],
+        *,
+        owner: str | None,
+        actor: str,
+        read_back: bool,
+    ) -> Operation[dict[str, tuple[EffectRecord, bool]]]:
+        """Insert a batch (one item per tool-call id) with its audit rows.
+
+        Returns:
+            With ``read_back``, every item's ``(record, created)`` by tool-call id;
+            else an empty dict.
+        """
+        raise NotImplementedError  # pragma: no cover - interface
+
+    def effect_rows(self, effect_ids: list[str]) -> Operation[list[Row]]:
+        """The rows of these effects that exist, in one read."""
+        raise NotImplementedError  # pragma: no cover - interface
+
+    def compare_and_set(self, job: CasJob) -> Operation[CasOutcome]:
+        """One effect's compare-and-set with its audit row.
+
+        Returns:
+            ``(moved, None)`` when it applied; ``(None, current)`` when it did not,
+            ``current`` being the row as it is (None: no such effect).
+        """
+        raise NotImplementedError  # pragma: no cover - interface
+
+    def compare_and_set_many(self, jobs: Sequence[CasJob]) -> Operation[list[CasOutcome]]:
+        """``compare_and_set`` for several effects at once, one outcome per job."""
+        raise NotImplementedError  # pragma: no cover - interface
+
+
+def select_in(template: str, ids: list[str]) -> Generator[Step, Any, list[Row]]:
+    """SQLite (a body): the rows of ``template`` (an ``IN ({ids})`` query) for many ids."""
+    rows: list[Row] = []
+    for sql, params in d.in_chunks(template, ids):
+        rows.extend((yield Execute(sql, params, "all")))
+    return rows
+
+
+class SqliteStatements(DialectStatements):
+    """SQLite: each write a transaction of plain statements (the audit row its own)."""
+
+    def insert_effect(self, params: Row) -> Operation[tuple[Row, bool]]:
+        return (yield from within("transaction", self._insert_effect(params)))
+
+    def _insert_effect(self, params: Row) -> Generator[Step, Any, tuple[Row, bool]]:
+        row = yield Execute(q.INSERT_EFFECT, params)
+        if row is None:
+            existing = yield Execute(q.SELECT_EFFECT, {"effect_id": params["effect_id"]})
+            assert existing is not None
+            return existing, False
+        yield Execute(q.INSERT_TRANSITION, d.plan_audit(params), "none")
+        return row, True
+
+    def insert_effects(
+        self,
+        thread_id: str,
+        run_id: str,
+        unique: dict[str, NewEffect],
+        *,
+        owner: str | None,
+        actor: str,
+        read_back: bool,
+    ) -> Operation[dict[str, tuple[EffectRecord, bool]]]:
+        """One transaction, a statement per step (not per call).
+
+        A taken idempotency key fails the whole insert (rolled back); the caller
+        then records the batch call by call to tell which key it was. The new
+        records are built from the rows as inserted (the writer lock is held, so
+        nothing else wrote them); only rows recorded before are read.
+        """
+        stamp = self.ts_in(utcnow())
+        ids = {call_id: d.derive_effect_id(thread_id, call_id) for call_id in unique}
+        known, rows = yield Unit(
+            "transaction",
+            self._insert_batch(thread_id, run_id, unique, ids, owner, actor, stamp, read_back),
+        )
+        if not read_back:
+            return {}
+        found = {
+            call_id: (effect_record(known[ids[call_id]], self), False)
+            for call_id in unique
+            if ids[call_id] in known
+        }
+        for row in rows:
+            found[row["tool_call_id"]] = (inserted_record(row, stamp, self), True)
+        return found
+
+    def _insert_batch(
+        self,
+        thread_id: str,
+        run_id: str,
+        unique: dict[str, NewEffect],
+        ids: dict[str, str],
+        owner: str | None,
+        actor: str,
+        stamp: Any,
+        read_back: bool,
+    ) -> Generator[Step, Any, tuple[dict[str, Row], list[Row]]]:
+        """The batch's body: the rows recorded before (by effect id) and those inserted."""
+        template = q.SELECT_EFFECTS_IN if read_back else q.SELECT_EFFECT_IDS_IN
+        before = yield from select_in(template, list(ids.values()))
+        known = {row["effect_id"]: row for row in before}
+        new = {call_id: item for call_id, item in unique.items() if ids[call_id] not in known}
+        rows, audits = d.sqlite_plan_rows(
+            thread_id, run_id, new, owner=owner, actor=actor, stamp=stamp, codec=self
+        )
+        if rows:
+            yield ExecuteMany(q.INSERT_EFFECT_ROW, rows)
+            yield ExecuteMany(q.INSERT_TRANSITION, audits)
+        return known, rows
+
+    def effect_rows(self, effect_ids: list[str]) -> Operation[list[Row]]:
+        return (yield from within("read", select_in(q.SELECT_EFFECTS_IN, effect_ids)))
+
+    def compare_and_set(self, job: CasJob) -> Operation[CasOutcome]:
+        return (yield from within("transaction", self._compare_and_set(job)))
+
+    def _compare_and_set(self, job: CasJob) -> Generator[Step, Any, CasOutcome]:
+        req, (allowed, guard), token = job
+        now = utcnow()
+        audit, params = d.cas_statement(
+            q.SQLITE_AUDIT_TRANSITION, req, allowed, guard, token, now, self
+        )
+        update, _ = d.cas_statement(
+            q.SQLITE_TRANSITION_EFFECT, req, allowed, guard, token, now, self
+        )
+        yield Execute(audit, params, "none")
+        row = yield Execute(update, params)
+        if row is not None:
+            return row, None
+        return None, (yield Execute(q.SELECT_EFFECT, {"effect_id": req.effect_id}))
+
+    def compare_and_set_many(self, jobs: Sequence[CasJob]) -> Operation[list[CasOutcome]]:
+        return (yield from within("transaction", self._each_in_one(jobs)))
+
+    def _each_in_one(self, jobs: Sequence[CasJob]) -> Generator[Step, Any, list[CasOutcome]]:
+        """All of them in one transaction (each a nested unit joining it)."""
+        outcomes: list[CasOutcome] = []
+        for job in jobs:
+            outcomes.append((yield from self.compare_and_set(job)))
+        return outcomes
+
+
+class PostgresStatements(DialectStatements):
+    """PostgreSQL: each write one autocommit statement, a writable CTE carrying the
+    audit row; a batch one statement over a JSON document of rows."""
+
+    def lock_for_setup(self) -> Body:
+        yield Execute(f"SELECT pg_advisory_xact_lock({SETUP_LOCK_KEY})", None, "none")
+
+    def announce_cancel(self, thread_id: str, run_id: str) -> Body:
+        yield Execute(q.NOTIFY_CANCEL, d.cancel_notice(thread_id, run_id), "none")
+
+    def insert_effect(self, params: Row) -> Operation[tuple[Row, bool]]:
+        return (yield from within("statement", self._insert_effect(params)))
+
+    def _insert_effect(self, params: Row) -> Generator[Step, Any, tuple[Row, bool]]:
+        row = yield Execute(q.PG_INSERT_EFFECT, params)
+        if row is not None:
+            return row, True
+        existing = yield Execute(q.SELECT_EFFECT, {"effect_id": params["effect_id"]})
+        assert existing is not None
+        return existing, False
+
+    def insert_effects(
+        self,
+        thread_id: str,
+        run_id: str,
+        unique: dict[str, NewEffect],
+        *,
+        owner: str | None,
+        actor: str,
+        read_back: bool,
+    ) -> Operation[dict[str, tuple[EffectRecord, bool]]]:
+        """One statement for the whole batch; rows recorded before are read back after it."""
+        rows = d.pg_plan_rows(thread_id, run_id, unique)
+        params = {
+            # One JSON document, not an array per column: psycopg quotes every array
+            # element in Python, which cost more than the server's insert.
+            "rows": json_text(rows),
+            "thread_id": thread_id,
+            "run_id": run_id,
+            "owner": owner,
+            "actor": actor,
+            "now": self.ts_in(utcnow()),
+        }
+        return (yield from within("statement", self._insert_batch(rows, params, read_back)))
+
+    def _insert_batch(
+        self, rows: list[Row], params: Row, read_back: bool
+    ) -> Generator[Step, Any, dict[str, tuple[EffectRecord, bool]]]:
+        found: dict[str, tuple[EffectRecord, bool]] = {}
+        if not read_back:
+            yield Execute(q.PG_INSERT_EFFECTS, params, "none")
+            return found
+        for row in (yield Execute(q.PG_INSERT_EFFECTS, params, "all")):
+            found[row["tool_call_id"]] = (effect_record(row, self), True)
+        missing = [r["effect_id"] for r in rows if r["tool_call_id"] not in found]
+        if missing:
+            for row in (yield Execute(q.PG_SELECT_EFFECTS_ANY, {"ids": missing}, "all")):
+                found[row["tool_call_id"]] = (effect_record(row, self), False)
+        return found
+
+    def effect_rows(self, effect_ids: list[str]) -> Operation[list[Row]]:
+        rows: list[Row] = yield read(q.PG_SELECT_EFFECTS_ANY, {"ids": effect_ids}, "all")
+        return rows
+
+    def compare_and_set(self, job: CasJob) -> Operation[CasOutcome]:
+        return (yield from within("statement", self._compare_and_set(job)))
+
+    def _compare_and_set(self, job: CasJob) -> Generator[Step, Any, CasOutcome]:
+        req, (allowed, guard), token = job
+        sql, params = d.cas_statement(
+            q.PG_TRANSITION_EFFECT, req, allowed, guard, token, utcnow(), self
+        )
+        row = yield Execute(sql, params)
+        if row is not None:
+            return row, None
+        return None, (yield Execute(q.SELECT_EFFECT, {"effect_id": req.effect_id}))
+
+    def compare_and_set_many(self, jobs: Sequence[CasJob]) -> Operation[list[CasOutcome]]:
+        """The compare-and-sets in one statement, then one read of those that did not apply.
+
+        One statement rather than a pipeline of one per request: psycopg's pipeline
+        costs more client CPU than the server spends on the rows.
+        """
+        if len(jobs) == 1:  # the one-row statement runs faster than a row set
+            return [(yield from self.compare_and_set(jobs[0]))]
+        transition = Execute(
+            q.PG_TRANSITION_EFFECTS,
+            {
+                "rows": json_text(d.pg_transition_rows(jobs)),
+                "ids": [req.effect_id for req, _, _ in jobs],
+                "now": self.ts_in(utcnow()),
+            },
+            "all",
+        )
+        moved: list[Row | None] = [None] * len(jobs)
+        for row in (yield Unit("statement", in_order(transition))):
+            moved[row["n"]] = row
+        lost = [req.effect_id for (req, _, _), row in zip(jobs, moved, strict=True) if row is None]
+        current: dict[str, Row] = {}
+        if lost:
+            current = {row["effect_id"]: row for row in (yield from self.effect_rows(lost))}
+        return [
+            (row, None) if row is not None else (None, current.get(req.effect_id))
+            for (req, _, _), row in zip(jobs, moved, strict=True)
+        ]
+
+
+__all__ = [
+    "SETUP_LOCK_KEY",
+    "Body",
+    "DialectStatements",
+    "PostgresStatements",
+    "SqliteStatements",
+    "json_text",
+    "select_in",
+]
