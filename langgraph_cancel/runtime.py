@@ -26,6 +26,7 @@ from langchain_core.runnables import RunnableConfig
 from langgraph_cancel.errors import ConfigurationError, DurabilityError
 from langgraph_cancel.ledger import Ledger, SqliteBackend, default_owner
 from langgraph_cancel.ledger.aio import AsyncLedger, async_twin_of
+from langgraph_cancel.ledger.flush import commit_before_flush
 from langgraph_cancel.ledgers import (
     CONFIG_KEY_LEDGER,
     ENV_DB,
@@ -601,13 +602,17 @@ def scope_for(
     unsettled: list[EffectRecord] | None = None
     if run is None:
         start = resolved.start_run_and_unsettled if prefetch_unsettled else resolved.start_run
-        started = start(
-            thread_id,
-            run_id=run_id,
-            owner=worker,
-            parent_run_id=parent_run_id,
-            lease_ttl=lease_ttl,
-        )
+        # Nothing leaves the process on the strength of this row before a later write
+        # that waits for the disk (the first checkpoint, the first intent) makes it
+        # durable, so its own commit need not wait.
+        with commit_before_flush():
+            started = start(
+                thread_id,
+                run_id=run_id,
+                owner=worker,
+                parent_run_id=parent_run_id,
+                lease_ttl=lease_ttl,
+            )
         run, unsettled = started if isinstance(started, tuple) else (started, None)
     return _cache_new_scope(resolved, thread_id, run, worker, unsettled)
 

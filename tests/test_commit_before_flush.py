@@ -1,16 +1,19 @@
 """Which ledger writes may commit before their WAL is on disk, and which never do.
 
 An intent (``dispatched``) must be durable before its call leaves (I1), so its commit
-waits for the disk. The planned rows of a batch and the outcome of its last call are
-records the protocol survives losing in a database crash (nothing leaves the process
-between the plan and the first intent, whose flush covers the plan; a lost outcome
-leaves the record dispatched, for reconciliation), so they need not wait.
+waits for the disk; so does a run's end (a returned invoke's run is over). A run's
+start, the planned rows of a batch and the outcome of its last call need not wait: no
+side effect leaves the process on their strength before a later write that waits for
+the disk (the next intent, the step's checkpoint) has made them durable, and a lost
+outcome leaves its record dispatched, for reconciliation.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -32,7 +35,13 @@ from langgraph_cancel.checkpointers.postgres import PostgresCancelSaver
 from langgraph_cancel.errors import DuplicateIdempotencyKeyError, LedgerError
 from langgraph_cancel.ledger import Ledger, PostgresBackend
 from langgraph_cancel.ledger.flush import commit_before_flush, commits_before_flush
-from langgraph_cancel.types import EffectRecord, NewEffect, TransitionRequest
+from langgraph_cancel.types import (
+    EffectRecord,
+    NewEffect,
+    RunRecord,
+    RunStatus,
+    TransitionRequest,
+)
 
 
 class _WritesSeen(Ledger):
@@ -41,6 +50,40 @@ class _WritesSeen(Ledger):
     def __init__(self, backend: PostgresBackend) -> None:
         super().__init__(backend)
         self.seen: list[tuple[str, tuple[EffectStatus, ...], bool]] = []
+
+    def start_run_and_unsettled(
+        self,
+        thread_id: str,
+        *,
+        run_id: str | None = None,
+        owner: str | None = None,
+        parent_run_id: str | None = None,
+        lease_ttl: float | None = None,
+    ) -> tuple[RunRecord, list[EffectRecord]]:
+        self.seen.append(("start", (), commits_before_flush()))
+        return super().start_run_and_unsettled(
+            thread_id, run_id=run_id, owner=owner, parent_run_id=parent_run_id, lease_ttl=lease_ttl
+        )
+
+    def finish_run(
+        self,
+        run_id: str,
+        status: RunStatus | str,
+        *,
+        report: dict[str, Any] | None = None,
+        quiesced_at: datetime | None = None,
+        tokens_after_cancel: int | None = None,
+        release_lease: str | None = None,
+    ) -> bool:
+        self.seen.append(("finish", (), commits_before_flush()))
+        return super().finish_run(
+            run_id,
+            status,
+            report=report,
+            quiesced_at=quiesced_at,
+            tokens_after_cancel=tokens_after_cancel,
+            release_lease=release_lease,
+        )
 
     def plan_many(
         self,
@@ -89,13 +132,16 @@ def test_only_the_plan_and_the_last_outcome_commit_before_the_flush(
             ledger.close()
     assert sorted(e.status for e in effects) == [EffectStatus.COMMITTED] * 3
     assert log.applied("refund") == 3
-    # The batch's one plan, then each outcome beside the next intent, then the last
-    # outcome on its own (the first intent goes through ``transition``).
+    # The run's start, the batch's one plan, then each outcome beside the next intent,
+    # then the last outcome on its own (the first intent goes through ``transition``),
+    # and the run's end, whose commit waits: a returned invoke's run is durably over.
     assert ledger.seen == [
+        ("start", (), True),
         ("plan", (), True),
         ("transition", (EffectStatus.COMMITTED, EffectStatus.DISPATCHED), False),
         ("transition", (EffectStatus.COMMITTED, EffectStatus.DISPATCHED), False),
         ("transition", (EffectStatus.COMMITTED,), True),
+        ("finish", (), False),
     ]
 
 
