@@ -116,7 +116,7 @@ def instrument(rec: Recorder) -> Iterator[None]:
     """Wrap the library's interesting functions with timers; undo on exit."""
     import langgraph_cancel.graph as graph_mod
     import langgraph_cancel.nodes.tool_node as tn
-    from langgraph_cancel.ledger import backends
+    from langgraph_cancel.ledger import backends, postgres
     from langgraph_cancel.ledger.core import Ledger
 
     patches: list[Patch] = [
@@ -149,7 +149,9 @@ def instrument(rec: Recorder) -> Iterator[None]:
         "request_cancel",
         "effects",
     ):
-        patches.append((Ledger, name, f"ledger.{name}"))
+        # The class among the ledger's aggregates that defines the method.
+        defining = next((cls for cls in Ledger.__mro__ if name in cls.__dict__), Ledger)
+        patches.append((defining, name, f"ledger.{name}"))
     saved: list[tuple[Any, str, Any]] = []
     for owner, attr, label in patches:
         original = owner.__dict__[attr] if attr in getattr(owner, "__dict__", {}) else None
@@ -161,7 +163,7 @@ def instrument(rec: Recorder) -> Iterator[None]:
         "transaction": "ledger DB transactions",
         "statement": "ledger DB autocommit statements",
     }
-    for cls in (backends.SqliteBackend, getattr(backends, "PostgresBackend", None)):
+    for cls in (backends.SqliteBackend, postgres.PostgresBackend):
         for attr, label in units.items():
             if cls is not None and attr in cls.__dict__:
                 original = cls.__dict__[attr]

@@ -41,8 +41,8 @@ from langgraph_cancel.errors import LedgerError
 from langgraph_cancel.execution.answers import outcome_payload
 from langgraph_cancel.hooks import call_reconcile, run_sync
 from langgraph_cancel.ledger import Ledger
-from langgraph_cancel.ledger import decisions as d
 from langgraph_cancel.ledger import outbox_sql as oq
+from langgraph_cancel.ledger.records import effect_record
 from langgraph_cancel.types import (
     EffectRecord,
     EffectStatus,
@@ -125,7 +125,7 @@ class Outbox:
         with backend.read() as cur:
             cur.execute(sql, {**params, "limit": self.batch_size})
             rows: list[dict[str, Any]] = cur.fetchall()
-        return [d.effect_record(row, backend) for row in rows]
+        return [effect_record(row, backend) for row in rows]
 
     def due(self, now: datetime | None = None) -> list[EffectRecord]:
         """The held calls whose window has passed (their runs not being stopped)."""

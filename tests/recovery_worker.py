@@ -372,9 +372,9 @@ def install_points(points: Points) -> None:
         points.hit(f"after_call:{operation}")
         return result
 
-    Ledger.transition = traced_transition  # type: ignore[method-assign]
-    Ledger.transition_many = traced_transition_many  # type: ignore[method-assign]
-    Ledger.finish_run = traced_finish_run  # type: ignore[method-assign]
+    Ledger.transition = traced_transition  # type: ignore[method-assign,assignment]
+    Ledger.transition_many = traced_transition_many  # type: ignore[method-assign,assignment]
+    Ledger.finish_run = traced_finish_run  # type: ignore[method-assign,assignment]
     Providers._mutate = traced_mutate  # type: ignore[method-assign,assignment]
 
 

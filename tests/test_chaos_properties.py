@@ -239,7 +239,7 @@ def test_a_dispatch_committed_before_the_request_is_not_counted_late(
     up to 26 dispatches after cancel. I1 is about the *observed* signal, and
     every dispatch the ledger lets through precedes the observation.
     """
-    import langgraph_cancel.ledger.core as core
+    import langgraph_cancel.ledger.runs as runs_module
     from langgraph_cancel.report import build_report
     from langgraph_cancel.types import utcnow
 
@@ -262,7 +262,7 @@ def test_a_dispatch_committed_before_the_request_is_not_counted_late(
         stamped = utcnow()  # the request takes its stamp ...
         first = planned("d1")
         ledger.transition(first, EffectStatus.DISPATCHED, actor="w", owner="w")
-        monkeypatch.setattr(core, "utcnow", lambda: stamped)
+        monkeypatch.setattr(runs_module, "utcnow", lambda: stamped)
         assert ledger.request_cancel(thread_id, reason="stop", requested_by="t").first
         monkeypatch.undo()  # ... and commits after the dispatch did
         with pytest.raises(DispatchRefusedError):  # from here on the ledger refuses

@@ -23,11 +23,8 @@ import test_ledger
 from langgraph_cancel.errors import LedgerError
 from langgraph_cancel.ledger import Ledger
 from langgraph_cancel.ledger.aio import AsyncLedger
-from langgraph_cancel.ledger.aio_backends import (
-    AsyncMemoryBackend,
-    AsyncPostgresBackend,
-    AsyncSqliteBackend,
-)
+from langgraph_cancel.ledger.aio_backends import AsyncMemoryBackend, AsyncSqliteBackend
+from langgraph_cancel.ledger.aio_postgres import AsyncPostgresBackend
 from ledger_util import BlockingAsyncLedger
 
 SYNC_TESTS: dict[str, Any] = {

@@ -23,7 +23,7 @@ import pytest
 
 from langgraph_cancel.errors import DuplicateIdempotencyKeyError, TransientDatabaseError
 from langgraph_cancel.ledger import Ledger, PostgresBackend, SqliteBackend
-from langgraph_cancel.ledger.backends import is_transient
+from langgraph_cancel.ledger.retry import is_transient
 from langgraph_cancel.types import EffectKind, EffectRecord, EffectStatus, RunStatus
 from ledger_util import make_effect, new_id
 

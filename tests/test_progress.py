@@ -124,6 +124,7 @@ def test_create_agent_streams_the_stop(saver: Any) -> None:
 
     thread = new_thread()
     refunded = threading.Event()
+    stopped = threading.Event()
 
     @effect(EffectKind.IRREVERSIBLE)
     @tool
@@ -131,6 +132,10 @@ def test_create_agent_streams_the_stop(saver: Any) -> None:
         """Refund an order."""
         time.sleep(0.2)
         refunded.set()
+        # The user presses stop while this refund is out: it returns only once the stop
+        # is recorded, so the stop lands between the two model calls however loaded
+        # the machine is.
+        stopped.wait(timeout=10)
         return f"refunded {order_id}"
 
     model = ScriptedChatModel(
@@ -149,6 +154,7 @@ def test_create_agent_streams_the_stop(saver: Any) -> None:
         while not refunded.is_set() and time.monotonic() < deadline:
             time.sleep(0.005)
         request_cancel(saver, thread, reason="user pressed stop", requested_by="test")
+        stopped.set()
 
     stopper = threading.Thread(target=stop)
     stopper.start()

@@ -701,16 +701,26 @@ def test_the_same_call_twice_in_a_concurrent_batch_runs_once(saver: Any, log: Ex
 def test_a_cancel_during_concurrent_side_effects_dispatches_nothing_after_it(
     saver: Any, log: ExecutionLog
 ) -> None:
-    # Two at a time; the first refund asks the run to stop. The calls already in flight
-    # finish and are recorded; none is dispatched after the cancel was seen, and the
-    # rest are reported as never run.
+    # Two at a time; the first refund asks the run to stop. The call in flight beside
+    # it holds until the stop is durable (on SQLite, the request waits for the write
+    # lock, and a neighbour that kept dispatching could take every turn before it).
+    # The calls already in flight finish and are recorded; none is dispatched after
+    # the cancel was seen, and the rest are reported as never run.
     thread_id = new_thread()
+    stop_recorded = threading.Event()
 
     def stop(item: str) -> None:
         if item == "o0":
             saver.ledger.request_cancel(thread_id, reason="stop", requested_by="test")
+            stop_recorded.set()
 
-    refund = counting_tool(log, "refund", EffectKind.IRREVERSIBLE, after=stop)
+    def hold_until_stopped(item: str) -> None:
+        if item != "o0":
+            stop_recorded.wait(timeout=30)
+
+    refund = counting_tool(
+        log, "refund", EffectKind.IRREVERSIBLE, before=hold_until_stopped, after=stop
+    )
     model = scripted(calls(*((("refund", f"o{i}", f"c{i}")) for i in range(6))), "fin")
     node = EffectToolNode([refund], effect_concurrency=2)
     graph = cancellable(agent_builder(model, node), saver)
@@ -719,7 +729,7 @@ def test_a_cancel_during_concurrent_side_effects_dispatches_nothing_after_it(
     assert run.status.value == "cancelled" and run.observed_at is not None
     recs = saver.ledger.effects(thread_id)
     dispatched = [r for r in recs if r.dispatched_at is not None]
-    assert 1 <= len(dispatched) < 6 and log.applied("refund") == len(dispatched)
+    assert len(dispatched) == 2 and log.applied("refund") == len(dispatched)
     assert all(r.dispatched_at <= run.observed_at for r in dispatched)  # I1
     assert {r.status for r in recs} - {EffectStatus.COMMITTED, EffectStatus.DROPPED} == set()
     report = get_report(saver, thread_id)

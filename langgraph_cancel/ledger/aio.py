@@ -4,9 +4,11 @@
 real return type, doing its I/O on the caller's loop: psycopg's async pool on
 PostgreSQL, aiosqlite on a SQLite file, the shared in-memory database inline.
 The statements (``sql.py``), the migrations and every decision
-(``decisions.py``) are the sync ledger's own; only the I/O differs. Runs and
-leases are in ``aio_runs.py``, effects in ``aio_effects.py``, the database
-access in ``aio_backends.py``.
+(``decisions.py``) are the sync ledger's own; only the I/O differs. Each
+aggregate is the twin of a sync one: leases in ``aio_leases.py``, runs and
+cancel requests in ``aio_runs.py``, transitions in ``aio_transitions.py``, effects
+in ``aio_effects.py``; the database
+access is in ``aio_backends.py`` and ``aio_postgres.py``.
 
 Open one with ``await AsyncLedger.from_url(url)``, or as the twin of a sync
 ledger on the same database with ``await AsyncLedger.twin_of(ledger)``. An async
@@ -32,20 +34,15 @@ from langgraph_cancel.ledger import sql as q
 from langgraph_cancel.ledger.aio_backends import (
     AsyncBackend,
     AsyncMemoryBackend,
-    AsyncPostgresBackend,
     AsyncSqliteBackend,
     atransient_retry,
 )
 from langgraph_cancel.ledger.aio_effects import AsyncEffectLedger
-from langgraph_cancel.ledger.backends import (
-    PostgresBackend,
-    SqliteBackend,
-    parse_url,
-)
+from langgraph_cancel.ledger.aio_postgres import AsyncPostgresBackend
+from langgraph_cancel.ledger.backends import SqliteBackend, parse_url
 from langgraph_cancel.ledger.core import Ledger
-
-#: Serializes concurrent ``asetup()`` calls of many workers (the sync ledger's key).
-_SETUP_LOCK_KEY = 7231900118
+from langgraph_cancel.ledger.postgres import PostgresBackend
+from langgraph_cancel.ledger.store import CancelListener
 
 
 class AsyncLedger(AsyncEffectLedger):
@@ -118,8 +115,7 @@ class AsyncLedger(AsyncEffectLedger):
     async def _setup_once(self) -> None:
         migrations = self.backend.migrations
         async with self.backend.transaction() as cur:
-            if self.backend.dialect == "postgres":
-                await cur.execute(f"SELECT pg_advisory_xact_lock({_SETUP_LOCK_KEY})")
+            await self.backend.lock_for_setup(cur)
             await cur.execute(migrations[0][0])
             await cur.execute(q.SELECT_VERSION)
             row = await cur.fetchone()
@@ -131,6 +127,10 @@ class AsyncLedger(AsyncEffectLedger):
                 for statement in statements:
                     await cur.execute(statement)
                 await cur.execute(q.INSERT_VERSION, {"v": version})
+
+    def add_cancel_listener(self, listener: CancelListener) -> None:
+        """Call ``listener(thread_id, run_id)`` when this ledger requests a cancel."""
+        self._cancel_listeners.append(listener)
 
     async def aclose(self) -> None:
         """Close the connections this ledger opened."""

@@ -1,57 +1,41 @@
 """Database access for the async ledger: the same statements, awaited on the caller's loop.
 
-Three backends, as ``backends.py`` has for the sync ledger:
+Three backends, as ``backends.py`` and ``postgres.py`` have for the sync ledger:
 
 - ``AsyncMemoryBackend`` wraps a sync in-memory ``SqliteBackend`` (the very same
   database, shared with the sync ledger): an in-memory statement does no I/O, so
   it runs inline on the loop, without a thread.
 - ``AsyncSqliteBackend`` is a file in WAL mode through aiosqlite, as LangGraph's
   ``AsyncSqliteSaver`` (one connection, its own thread, one transaction at a time).
-- ``AsyncPostgresBackend`` is psycopg 3's ``AsyncConnectionPool`` (or one
-  ``AsyncConnection``), autocommit statements and pipelines as the sync backend.
+- ``AsyncPostgresBackend`` (in ``aio_postgres.py``) is psycopg 3's
+  ``AsyncConnectionPool`` (or one ``AsyncConnection``), autocommit statements and
+  pipelines as the sync backend.
+
+What differs between the dialects is a method of the backend, awaited by the
+ledger, as the sync backends have them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
-import functools
 import json
-import logging
 import sqlite3
-from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, ParamSpec, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol
 
-from tenacity import (
-    AsyncRetrying,
-    RetryCallState,
-    before_sleep_log,
-    retry_if_exception,
-    stop_after_attempt,
-    wait_exponential,
-)
-
-from langgraph_cancel.errors import TransientDatabaseError
+from langgraph_cancel.ledger import decisions as d
 from langgraph_cancel.ledger import sql as q
-from langgraph_cancel.ledger.backends import (
-    Dialect,
-    SqliteBackend,
-    is_transient,
-    json_text,
-    raise_transient,
-)
+from langgraph_cancel.ledger.backends import Dialect, SqliteBackend
+from langgraph_cancel.ledger.decisions import CasJob, CasOutcome
+from langgraph_cancel.ledger.records import effect_record, inserted_record
+from langgraph_cancel.ledger.retry import atransient_retry, is_transient
+from langgraph_cancel.types import EffectRecord, NewEffect, utcnow
 
 if TYPE_CHECKING:
     import aiosqlite
-    from psycopg import AsyncConnection
-    from psycopg_pool import AsyncConnectionPool
-
-logger = logging.getLogger("langgraph_cancel.ledger")
-
-T = TypeVar("T")
-P = ParamSpec("P")
 
 
 class AsyncCursor(Protocol):
@@ -72,49 +56,6 @@ class AsyncCursor(Protocol):
     async def fetchall(self) -> list[dict[str, Any]]:
         """The remaining rows of the last statement."""
         ...
-
-
-def _give_up(state: RetryCallState) -> Any:
-    """Out of retries: one typed error, the driver's own as its cause."""
-    exc = state.outcome.exception() if state.outcome is not None else None
-    if exc is None:  # pragma: no cover - tenacity only calls this after a failure
-        raise TransientDatabaseError("database unavailable after retries")
-    raise raise_transient(exc, 1 + state.attempt_number) from exc
-
-
-def atransient_retry(
-    attempts: int = 6,
-) -> Callable[[Callable[P, Coroutine[Any, Any, T]]], Callable[P, Coroutine[Any, Any, T]]]:
-    """``transient_retry`` for coroutines: the whole transaction again on a transient fault.
-
-    The first attempt is a plain await; tenacity's ``AsyncRetrying`` takes over
-    after a transient fault (its waits are ``asyncio.sleep``, the loop stays free).
-    A fault that outlives the retries is raised as ``TransientDatabaseError``.
-    """
-
-    def decorate(fn: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, Coroutine[Any, Any, T]]:
-        @functools.wraps(fn)
-        async def first_then_retrying(*args: P.args, **kwargs: P.kwargs) -> T:
-            try:
-                return await fn(*args, **kwargs)
-            except Exception as exc:
-                if not is_transient(exc):
-                    raise
-                logger.warning("Retrying %s at once as it raised %r.", fn.__qualname__, exc)
-            retrying = AsyncRetrying(
-                retry=retry_if_exception(is_transient),
-                stop=stop_after_attempt(attempts - 1),
-                wait=wait_exponential(multiplier=0.02, min=0.01, max=1.0),
-                before_sleep=before_sleep_log(logger, logging.WARNING),
-                retry_error_callback=_give_up,
-                reraise=True,
-            )
-            result: T = await retrying(fn, *args, **kwargs)
-            return result
-
-        return first_then_retrying
-
-    return decorate
 
 
 class AsyncBackend:
@@ -181,9 +122,63 @@ class AsyncBackend:
         """Read a timestamp column."""
         return value  # type: ignore[no-any-return]
 
+    # ------------------------------------------------- dialect-specific work
+    async def lock_for_setup(self, cur: AsyncCursor) -> None:
+        """Serialize concurrent ``setup()`` calls inside their transaction.
+
+        SQLite's ``BEGIN IMMEDIATE`` already does; PostgreSQL takes a lock.
+        """
+
+    async def announce_cancel(self, cur: AsyncCursor, thread_id: str, run_id: str) -> None:
+        """Tell listeners elsewhere that a cancel was requested (PostgreSQL: ``NOTIFY``)."""
+
+    async def insert_effect(self, params: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+        """Insert a planned effect (``decisions.plan_params``) with its audit row.
+
+        Returns:
+            ``(row, created)``: the new row, or the one already recorded.
+        """
+        raise NotImplementedError  # pragma: no cover - interface
+
+    async def insert_effects(
+        self,
+        thread_id: str,
+        run_id: str,
+        unique: dict[str, NewEffect],
+        *,
+        owner: str | None,
+        actor: str,
+        read_back: bool,
+    ) -> dict[str, tuple[EffectRecord, bool]]:
+        """Insert a batch (one item per tool-call id) with its audit rows.
+
+        Returns:
+            With ``read_back``, every item's ``(record, created)`` by tool-call id;
+            else an empty dict.
+        """
+        raise NotImplementedError  # pragma: no cover - interface
+
+    async def effect_rows(self, effect_ids: list[str]) -> list[dict[str, Any]]:
+        """The rows of these effects that exist, in one read."""
+        raise NotImplementedError  # pragma: no cover - interface
+
+    async def compare_and_set(self, job: CasJob) -> CasOutcome:
+        """One effect's compare-and-set with its audit row.
+
+        Returns:
+            ``(moved, None)`` when it applied; ``(None, current)`` when it did not,
+            ``current`` being the row as it is (None: no such effect).
+        """
+        raise NotImplementedError  # pragma: no cover - interface
+
+    async def compare_and_set_many(self, jobs: Sequence[CasJob]) -> list[CasOutcome]:
+        """``compare_and_set`` for several effects at once, one outcome per job."""
+        raise NotImplementedError  # pragma: no cover - interface
+
 
 class _SqliteDialect(AsyncBackend):
-    """SQLite's statements, placeholders and timestamps (text, ISO 8601)."""
+    """SQLite's statements, placeholders, timestamps (text, ISO 8601) and its way of
+    writing effects: a transaction of plain statements."""
 
     dialect: Dialect = "sqlite"
 
@@ -198,6 +193,86 @@ class _SqliteDialect(AsyncBackend):
         if value is None or isinstance(value, datetime):
             return value
         return datetime.fromisoformat(value)
+
+    async def insert_effect(self, params: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+        async with self.transaction() as cur:
+            await cur.execute(q.INSERT_EFFECT, params)
+            row = await cur.fetchone()
+            if row is None:
+                await cur.execute(q.SELECT_EFFECT, {"effect_id": params["effect_id"]})
+                existing = await cur.fetchone()
+                assert existing is not None
+                return existing, False
+            await cur.execute(q.INSERT_TRANSITION, d.plan_audit(params))
+            return row, True
+
+    async def insert_effects(
+        self,
+        thread_id: str,
+        run_id: str,
+        unique: dict[str, NewEffect],
+        *,
+        owner: str | None,
+        actor: str,
+        read_back: bool,
+    ) -> dict[str, tuple[EffectRecord, bool]]:
+        """One transaction, a statement per step (not per call).
+
+        A taken idempotency key fails the whole insert (rolled back); the caller
+        then records the batch call by call to tell which key it was. The new
+        records are built from the rows as inserted (the writer lock is held, so
+        nothing else wrote them); only rows recorded before are read.
+        """
+        stamp = self.ts_in(utcnow())
+        ids = {call_id: d.derive_effect_id(thread_id, call_id) for call_id in unique}
+        found: dict[str, tuple[EffectRecord, bool]] = {}
+        template = q.SELECT_EFFECTS_IN if read_back else q.SELECT_EFFECT_IDS_IN
+        async with self.transaction() as cur:
+            known = {
+                row["effect_id"]: row for row in await aselect_in(cur, template, list(ids.values()))
+            }
+            new: dict[str, NewEffect] = {}
+            for call_id, item in unique.items():
+                if ids[call_id] not in known:
+                    new[call_id] = item
+                elif read_back:
+                    found[call_id] = (effect_record(known[ids[call_id]], self), False)
+            rows, audits = d.sqlite_plan_rows(
+                thread_id, run_id, new, owner=owner, actor=actor, stamp=stamp, codec=self
+            )
+            if rows:
+                await cur.executemany(q.INSERT_EFFECT_ROW, rows)
+                await cur.executemany(q.INSERT_TRANSITION, audits)
+        if read_back:
+            for row in rows:
+                found[row["tool_call_id"]] = (inserted_record(row, stamp, self), True)
+        return found
+
+    async def effect_rows(self, effect_ids: list[str]) -> list[dict[str, Any]]:
+        async with self.read() as cur:
+            return await aselect_in(cur, q.SELECT_EFFECTS_IN, effect_ids)
+
+    async def compare_and_set(self, job: CasJob) -> CasOutcome:
+        req, (allowed, guard), token = job
+        now = utcnow()
+        audit, params = d.cas_statement(
+            q.SQLITE_AUDIT_TRANSITION, req, allowed, guard, token, now, self
+        )
+        update, _ = d.cas_statement(
+            q.SQLITE_TRANSITION_EFFECT, req, allowed, guard, token, now, self
+        )
+        async with self.transaction() as cur:
+            await cur.execute(audit, params)
+            await cur.execute(update, params)
+            row = await cur.fetchone()
+            if row is not None:
+                return row, None
+            await cur.execute(q.SELECT_EFFECT, {"effect_id": req.effect_id})
+            return None, await cur.fetchone()
+
+    async def compare_and_set_many(self, jobs: Sequence[CasJob]) -> list[CasOutcome]:
+        async with self.transaction():  # one transaction for all of them
+            return [await self.compare_and_set(job) for job in jobs]
 
 
 class _InlineCursor:
@@ -387,163 +462,20 @@ async def _enable_wal(conn: aiosqlite.Connection, *, within: float) -> None:
             delay = min(delay * 2, 0.25)
 
 
-class AsyncPostgresBackend(AsyncBackend):
-    """PostgreSQL through psycopg 3's async API: a pool (preferred), one connection, or a URL.
-
-    Open one on a URL with ``await AsyncPostgresBackend.open(url)``; the pool is
-    then this backend's own, with the sync backend's connection settings.
-
-    Args:
-        conn: An ``AsyncConnectionPool`` or an ``AsyncConnection`` (autocommit).
-        conninfo: The connection string (with its password), for side connections.
-        owns: Close the pool with the backend.
-    """
-
-    dialect: Dialect = "postgres"
-
-    def __init__(
-        self,
-        conn: AsyncConnection[Any] | AsyncConnectionPool[Any],
-        *,
-        conninfo: str,
-        owns: bool = False,
-    ) -> None:
-        from psycopg_pool import AsyncConnectionPool as _Pool
-
-        self.closed = False
-        self.conninfo = conninfo
-        self.url = conninfo
-        self._owns = owns
-        self._pool: AsyncConnectionPool[Any] | None = conn if isinstance(conn, _Pool) else None
-        self._conn: AsyncConnection[Any] | None = None if isinstance(conn, _Pool) else conn
-        self._lock = asyncio.Lock()
-
-    @classmethod
-    async def open(
-        cls, conninfo: str, *, min_size: int = 1, max_size: int = 8
-    ) -> AsyncPostgresBackend:
-        """A backend with a pool of its own on ``conninfo``."""
-        from psycopg.rows import dict_row
-        from psycopg_pool import AsyncConnectionPool as _Pool
-
-        pool: AsyncConnectionPool[Any] = _Pool(
-            conninfo,
-            min_size=min_size,
-            max_size=max_size,
-            kwargs={
-                "autocommit": True,
-                "row_factory": dict_row,
-                # As the sync backend: prepared generic plans, index probes only.
-                "prepare_threshold": 0,
-                "options": "-c plan_cache_mode=force_generic_plan -c enable_seqscan=off",
-            },
-            open=False,
-            name="langgraph-cancel-ledger-async",
-        )
-        await pool.open()
-        return cls(pool, conninfo=conninfo, owns=True)
-
-    @property
-    def migrations(self) -> list[list[str]]:
-        return q.POSTGRES_MIGRATIONS
-
-    def json_in(self, value: Any) -> Any:
-        if value is None:
-            return None
-        from psycopg.types.json import Jsonb
-
-        return Jsonb(value, dumps=json_text)
-
-    @asynccontextmanager
-    async def _connection(self) -> AsyncIterator[AsyncConnection[Any]]:
-        """A connection for one use: from the pool, or the one connection under its lock."""
-        if self._pool is not None:
-            # Not pool.connection(): its ``async with conn`` ends a transaction these
-            # autocommit statements never open; putconn still discards a broken one.
-            conn = await self._pool.getconn()
-            try:
-                yield conn
-            finally:
-                await self._pool.putconn(conn)
-            return
-        assert self._conn is not None
-        async with self._lock:
-            yield self._conn
-
-    @asynccontextmanager
-    async def transaction(self) -> AsyncIterator[AsyncCursor]:
-        from psycopg.rows import dict_row
-
-        async with self._connection() as conn, conn.transaction():
-            yield conn.cursor(row_factory=dict_row)
-
-    @asynccontextmanager
-    async def statement(self) -> AsyncIterator[AsyncCursor]:
-        from psycopg.rows import dict_row
-
-        async with self._connection() as conn:
-            yield conn.cursor(row_factory=dict_row)
-
-    async def all_rows(
-        self, statements: Sequence[tuple[str, dict[str, Any]]]
-    ) -> list[list[dict[str, Any]]]:
-        from psycopg.pq import ExecStatus
-        from psycopg.rows import dict_row
-
-        async def rows(cur: Any) -> list[dict[str, Any]]:
-            # A statement without RETURNING has no rows to fetch (psycopg would raise).
-            res = cur.pgresult
-            if res is not None and res.status == ExecStatus.TUPLES_OK:
-                fetched: list[dict[str, Any]] = await cur.fetchall()
-                return fetched
-            return []
-
-        if len(statements) == 1:  # no pipeline to set up for one statement
-            ((sql, params),) = statements
-            async with self.statement() as cur:
-                await cur.execute(sql, params)
-                return [await rows(cur)]
-        async with self._connection() as conn:
-            cursors = []
-            async with conn.pipeline():
-                for sql, params in statements:
-                    cur = conn.cursor(row_factory=dict_row)
-                    await cur.execute(sql, params)
-                    cursors.append(cur)
-            return [await rows(cur) for cur in cursors]
-
-    async def listen(self, channel: str) -> AsyncIterator[str]:
-        """The payloads of ``NOTIFY channel``, from a connection of its own, until closed.
-
-        Reconnects after a lost connection (notifications sent meanwhile are missed:
-        the cancel signal's poll covers them).
-        """
-        import psycopg
-
-        while not self.closed:
-            try:
-                async with await psycopg.AsyncConnection.connect(
-                    self.conninfo, autocommit=True
-                ) as conn:
-                    await conn.execute(f"LISTEN {channel}")
-                    while not self.closed:
-                        async for note in conn.notifies(timeout=1.0):
-                            yield note.payload
-            except psycopg.OperationalError:
-                logger.debug("cancel listener reconnecting", exc_info=True)
-                await asyncio.sleep(0.5)
-
-    async def aclose(self) -> None:
-        self.closed = True
-        if self._owns and self._pool is not None:
-            await self._pool.close()
+async def aselect_in(cur: AsyncCursor, template: str, ids: list[str]) -> list[dict[str, Any]]:
+    """SQLite: the rows of ``template`` (an ``IN ({ids})`` query) for many ids."""
+    rows: list[dict[str, Any]] = []
+    for sql, params in d.in_chunks(template, ids):
+        await cur.execute(sql, params)
+        rows.extend(await cur.fetchall())
+    return rows
 
 
 __all__ = [
     "AsyncBackend",
     "AsyncCursor",
     "AsyncMemoryBackend",
-    "AsyncPostgresBackend",
     "AsyncSqliteBackend",
+    "aselect_in",
     "atransient_retry",
 ]

@@ -1,77 +1,32 @@
-"""The async ledger's runs, leases and row reads: the base of ``AsyncLedger``.
+"""The async ledger's runs: ``runs.py``'s twin, awaited on the caller's loop.
 
-``aio.py`` assembles ``AsyncLedger`` from this class, the effects of
-``aio_effects.py`` and its own life cycle. Every method mirrors the sync
-``Ledger``'s, sharing its statements (``sql.py``) and decisions (``decisions.py``).
+Every method mirrors the sync ``RunLedger``'s, sharing its statements
+(``sql.py``) and decisions (``decisions.py``).
 """
 
 from __future__ import annotations
 
-import asyncio
 import uuid
-from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
-from langgraph_cancel.errors import ThreadBusyError, UnknownRunError, UnknownThreadError
+from langgraph_cancel.errors import UnknownRunError, UnknownThreadError
 from langgraph_cancel.ledger import decisions as d
 from langgraph_cancel.ledger import sql as q
-from langgraph_cancel.ledger.aio_backends import AsyncBackend, AsyncMemoryBackend, atransient_retry
+from langgraph_cancel.ledger.aio_backends import atransient_retry
+from langgraph_cancel.ledger.aio_leases import AsyncLeaseLedger
 from langgraph_cancel.types import (
     CancelRequestResult,
     EffectRecord,
-    LeaseRecord,
-    LeaseTakeover,
-    LeaseTakeoverCause,
     RunRecord,
     RunStatus,
     run_status,
     utcnow,
 )
-from langgraph_cancel.workers import holder_is_gone
-
-CancelListener = Callable[[str, str], None]
 
 
-class AsyncRunLedger:
-    """Runs, cancel requests, leases and thread deletion on an async backend.
-
-    Args:
-        backend: The async database to use.
-    """
-
-    def __init__(self, backend: AsyncBackend) -> None:
-        self.backend = backend
-        self.url = backend.url
-        #: The loop the backend's connections belong to (None: any loop, in memory).
-        self.loop: asyncio.AbstractEventLoop | None = (
-            None if isinstance(backend, AsyncMemoryBackend) else asyncio.get_running_loop()
-        )
-        self._cancel_listeners: list[CancelListener] = []
-
-    def add_cancel_listener(self, listener: CancelListener) -> None:
-        """Call ``listener(thread_id, run_id)`` when this ledger requests a cancel."""
-        self._cancel_listeners.append(listener)
-
-    # ------------------------------------------------------------------ reads
-    def _run(self, row: dict[str, Any]) -> RunRecord:
-        return d.run_record(row, self.backend)
-
-    def _effect(self, row: dict[str, Any]) -> EffectRecord:
-        return d.effect_record(row, self.backend)
-
-    def _lease(self, row: dict[str, Any]) -> LeaseRecord:
-        return d.lease_record(row, self.backend)
-
-    async def _one(self, sql: str, params: dict[str, Any]) -> dict[str, Any] | None:
-        async with self.backend.read() as cur:
-            await cur.execute(sql, params)
-            return await cur.fetchone()
-
-    async def _all(self, sql: str, params: dict[str, Any]) -> list[dict[str, Any]]:
-        async with self.backend.read() as cur:
-            await cur.execute(sql, params)
-            return await cur.fetchall()
+class AsyncRunLedger(AsyncLeaseLedger):
+    """Runs, cancel requests, token counts and thread deletion on an async backend."""
 
     # ------------------------------------------------------------------- runs
     @atransient_retry()
@@ -271,9 +226,9 @@ class AsyncRunLedger:
                 ),
             )
             updated = await cur.fetchone()
-            if updated is not None and b.dialect == "postgres":
-                await cur.execute(q.NOTIFY_CANCEL, d.cancel_notice(thread_id, active["run_id"]))
-            elif updated is None:
+            if updated is not None:
+                await b.announce_cancel(cur, thread_id, active["run_id"])
+            else:
                 # Another writer moved the run since our SELECT: answer with its state now.
                 await cur.execute(q.SELECT_RUN, {"run_id": active["run_id"]})
                 active = await cur.fetchone() or active
@@ -384,103 +339,6 @@ class AsyncRunLedger:
             raise UnknownRunError(run_id)
         return int(row["tokens_used"])
 
-    # ----------------------------------------------------------------- leases
-    @atransient_retry()
-    async def aacquire_lease(self, thread_id: str, owner: str, *, ttl: float = 30.0) -> LeaseRecord:
-        """Claim a thread for ``owner`` (re-entrant for the same owner).
-
-        A live lease whose holder is a process of this host that no longer runs is
-        taken over at once, with the takeover in the leases' audit trail.
-
-        Raises:
-            ThreadBusyError: Another owner holds a live lease.
-        """
-        b = self.backend
-        params = d.lease_params(thread_id, owner, utcnow(), ttl, b)
-        async with b.statement() as cur:
-            await cur.execute(q.ACQUIRE_LEASE, params)
-            row = await cur.fetchone()
-            if row is not None:
-                return self._lease(row)
-            await cur.execute(q.SELECT_LEASE, {"thread_id": thread_id})
-            held = await cur.fetchone()
-            if held is None:  # released between our insert and our look
-                await cur.execute(q.ACQUIRE_LEASE, params)
-                taken = await cur.fetchone()
-                if taken is not None:
-                    return self._lease(taken)
-                await cur.execute(q.SELECT_LEASE, {"thread_id": thread_id})
-                held = await cur.fetchone()
-                assert held is not None
-        lease = self._lease(held)
-        if holder_is_gone(lease.owner):
-            took = await self._atake_over_lease(lease, owner, ttl, LeaseTakeoverCause.HOLDER_GONE)
-            if took is not None:
-                return took
-            return await self.aacquire_lease(thread_id, owner, ttl=ttl)
-        raise ThreadBusyError(thread_id, lease.owner, lease.expires_at.isoformat())
-
-    async def _atake_over_lease(
-        self, held: LeaseRecord, owner: str, ttl: float, cause: LeaseTakeoverCause
-    ) -> LeaseRecord | None:
-        """Take ``held`` for ``owner`` if its holder still has it, with the audit row."""
-        b = self.backend
-        params = d.lease_params(held.thread_id, owner, utcnow(), ttl, b)
-        async with b.transaction() as cur:
-            await cur.execute(q.TAKE_OVER_LEASE, {**params, "previous_owner": held.owner})
-            row = await cur.fetchone()
-            if row is None:
-                return None
-            await cur.execute(
-                q.INSERT_LEASE_TAKEOVER,
-                {**params, "previous_owner": held.owner, "cause": cause.value},
-            )
-        return self._lease(row)
-
-    @atransient_retry()
-    async def alease_takeovers(self, thread_id: str) -> list[LeaseTakeover]:
-        """The leases' audit trail for a thread: who took it from whom, why, when."""
-        rows = await self._all(q.SELECT_LEASE_TAKEOVERS, {"thread_id": thread_id})
-        return [d.lease_takeover_record(r, self.backend) for r in rows]
-
-    @atransient_retry()
-    async def aheartbeat(self, thread_id: str, owner: str, *, ttl: float = 30.0) -> bool:
-        """Extend ``owner``'s lease; False if it no longer holds it."""
-        b = self.backend
-        now = utcnow()
-        async with b.statement() as cur:
-            await cur.execute(
-                q.HEARTBEAT_LEASE,
-                {
-                    "thread_id": thread_id,
-                    "owner": owner,
-                    "now": b.ts_in(now),
-                    "expires_at": b.ts_in(now + timedelta(seconds=ttl)),
-                },
-            )
-            await cur.execute(q.SELECT_LEASE, {"thread_id": thread_id})
-            row = await cur.fetchone()
-        return row is not None and row["owner"] == owner
-
-    @atransient_retry()
-    async def arelease_lease(self, thread_id: str, owner: str) -> None:
-        """Give the thread back (no-op if ``owner`` does not hold it)."""
-        async with self.backend.statement() as cur:
-            await cur.execute(q.RELEASE_LEASE, {"thread_id": thread_id, "owner": owner})
-
-    @atransient_retry()
-    async def alease(self, thread_id: str) -> LeaseRecord | None:
-        """The lease on a thread, live or expired."""
-        row = await self._one(q.SELECT_LEASE, {"thread_id": thread_id})
-        return None if row is None else self._lease(row)
-
-    @atransient_retry()
-    async def aexpired_leases(self) -> list[LeaseRecord]:
-        """Leases whose holder stopped heartbeating (a crashed worker)."""
-        rows = await self._all(q.SELECT_EXPIRED_LEASES, {"now": self.backend.ts_in(utcnow())})
-        return [self._lease(r) for r in rows]
-
-    # ------------------------------------------------------------------ admin
     @atransient_retry()
     async def adelete_thread(self, thread_id: str) -> None:
         """Forget a thread's runs and effects (audit rows are kept)."""
@@ -489,4 +347,7 @@ class AsyncRunLedger:
             await cur.execute(q.DELETE_THREAD_RUNS, {"thread_id": thread_id})
 
 
-__all__ = ["AsyncRunLedger", "CancelListener"]
+__all__ = ["AsyncRunLedger"]
+
+
+__all__ = ["AsyncRunLedger"]

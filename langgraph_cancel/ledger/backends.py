@@ -1,45 +1,39 @@
-"""Database access for the ledger: one transaction at a time, retried when transient.
+"""Database access for the ledger: the ``Backend`` base, SQLite, and opening a URL.
 
-Two dialects share every statement (see ``sql.py``): SQLite (memory and file)
-and PostgreSQL (psycopg 3, a connection, a pool or a connection string).
+Two dialects share every statement they can (see ``sql.py``): SQLite (memory and
+file, here) and PostgreSQL (psycopg 3, in ``postgres.py``). What differs between
+them (the planning insert, the compare-and-set, a batch of either) is a method of
+the backend, as DBOS splits its system database: the ledger asks its backend and
+never branches on the dialect.
 """
 
 from __future__ import annotations
 
-import functools
 import json
-import logging
 import sqlite3
 import threading
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, cast
+from typing import Any, Literal, Protocol
 
 from tenacity import (
-    RetryCallState,
     Retrying,
-    before_sleep_log,
-    retry,
     retry_if_exception,
-    stop_after_attempt,
     stop_after_delay,
     wait_exponential,
     wait_random,
 )
 
-from langgraph_cancel.errors import TransientDatabaseError
+from langgraph_cancel.ledger import decisions as d
 from langgraph_cancel.ledger import sql as q
-
-if TYPE_CHECKING:
-    from psycopg import Connection
-    from psycopg_pool import ConnectionPool
-
-logger = logging.getLogger("langgraph_cancel.ledger")
+from langgraph_cancel.ledger.decisions import CasJob, CasOutcome
+from langgraph_cancel.ledger.records import effect_record, inserted_record
+from langgraph_cancel.ledger.retry import is_transient, raise_transient, transient_retry
+from langgraph_cancel.types import EffectRecord, NewEffect, utcnow
 
 Dialect = Literal["sqlite", "postgres"]
-T = TypeVar("T")
 
 
 class Cursor(Protocol):
@@ -49,73 +43,6 @@ class Cursor(Protocol):
     def executemany(self, sql: str, params: Sequence[dict[str, Any]]) -> Any: ...
     def fetchone(self) -> dict[str, Any] | None: ...
     def fetchall(self) -> list[dict[str, Any]]: ...
-
-
-def is_transient(exc: BaseException) -> bool:
-    """True for faults worth retrying: lost connections, lock and serialization conflicts.
-
-    Integrity errors (a duplicate key, a check constraint) are never transient.
-    """
-    if isinstance(exc, sqlite3.OperationalError):
-        text = str(exc).lower()
-        return "locked" in text or "busy" in text
-    try:
-        import psycopg
-        from psycopg import errors as pge
-        from psycopg_pool import PoolClosed, PoolTimeout
-    except ImportError:  # pragma: no cover - postgres extra not installed
-        return False
-    if isinstance(exc, pge.IntegrityError | pge.RaiseException | PoolClosed):
-        return False  # PoolClosed: the ledger was closed; waiting will not reopen it
-    if isinstance(exc, pge.SerializationFailure | pge.DeadlockDetected | PoolTimeout):
-        return True
-    return isinstance(exc, psycopg.OperationalError)
-
-
-def _give_up_after(earlier: int) -> Callable[[RetryCallState], Any]:
-    def give_up(state: RetryCallState) -> Any:
-        """Out of retries: one typed error, the driver's own as its cause."""
-        exc = state.outcome.exception() if state.outcome is not None else None
-        if exc is None:  # pragma: no cover - tenacity only calls this after a failure
-            raise TransientDatabaseError("database unavailable after retries")
-        raise raise_transient(exc, earlier + state.attempt_number) from exc
-
-    return give_up
-
-
-def transient_retry(attempts: int = 6) -> Callable[[Callable[..., T]], Callable[..., T]]:
-    """Retry a whole transaction on transient faults, with backoff, logged.
-
-    The first attempt is a plain call (the retry machinery costs more than a
-    ledger read); tenacity takes over after a transient fault. A fault that
-    outlives the retries is raised as ``TransientDatabaseError`` (the driver's
-    error is its ``__cause__``); an outer retry does not retry it again. Any
-    other error is raised as it is, at once.
-    """
-
-    def decorate(fn: Callable[..., T]) -> Callable[..., T]:
-        retrying = retry(
-            retry=retry_if_exception(is_transient),
-            stop=stop_after_attempt(attempts - 1),
-            wait=wait_exponential(multiplier=0.02, min=0.01, max=1.0),
-            before_sleep=before_sleep_log(logger, logging.WARNING),
-            retry_error_callback=_give_up_after(1),
-            reraise=True,
-        )(fn)
-
-        @functools.wraps(fn)
-        def first_then_retrying(*args: Any, **kwargs: Any) -> T:
-            try:
-                return fn(*args, **kwargs)
-            except Exception as exc:
-                if not is_transient(exc):
-                    raise
-                logger.warning("Retrying %s at once as it raised %r.", fn.__qualname__, exc)
-            return retrying(*args, **kwargs)
-
-        return first_then_retrying
-
-    return decorate
 
 
 class Backend:
@@ -197,6 +124,59 @@ class Backend:
     def migrations(self) -> list[list[str]]:
         """The append-only schema migrations of this dialect."""
         raise NotImplementedError  # pragma: no cover
+
+    # ------------------------------------------------- dialect-specific work
+    def lock_for_setup(self, cur: Cursor) -> None:
+        """Serialize concurrent ``setup()`` calls inside their transaction.
+
+        SQLite's ``BEGIN IMMEDIATE`` already does; PostgreSQL takes a lock.
+        """
+
+    def announce_cancel(self, cur: Cursor, thread_id: str, run_id: str) -> None:
+        """Tell listeners elsewhere that a cancel was requested (PostgreSQL: ``NOTIFY``)."""
+
+    def insert_effect(self, params: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+        """Insert a planned effect (``decisions.plan_params``) with its audit row.
+
+        Returns:
+            ``(row, created)``: the new row, or the one already recorded.
+        """
+        raise NotImplementedError  # pragma: no cover - interface
+
+    def insert_effects(
+        self,
+        thread_id: str,
+        run_id: str,
+        unique: dict[str, NewEffect],
+        *,
+        owner: str | None,
+        actor: str,
+        read_back: bool,
+    ) -> dict[str, tuple[EffectRecord, bool]]:
+        """Insert a batch (one item per tool-call id) with its audit rows.
+
+        Returns:
+            With ``read_back``, every item's ``(record, created)`` by tool-call id;
+            else an empty dict.
+        """
+        raise NotImplementedError  # pragma: no cover - interface
+
+    def effect_rows(self, effect_ids: list[str]) -> list[dict[str, Any]]:
+        """The rows of these effects that exist, in one read."""
+        raise NotImplementedError  # pragma: no cover - interface
+
+    def compare_and_set(self, job: CasJob) -> CasOutcome:
+        """One effect's compare-and-set with its audit row.
+
+        Returns:
+            ``(moved, None)`` when it applied; ``(None, current)`` when it did not,
+            ``current`` being the row as it is (None: no such effect).
+        """
+        raise NotImplementedError  # pragma: no cover - interface
+
+    def compare_and_set_many(self, jobs: Sequence[CasJob]) -> list[CasOutcome]:
+        """``compare_and_set`` for several effects at once, one outcome per job."""
+        raise NotImplementedError  # pragma: no cover - interface
 
 
 def enable_wal(conn: sqlite3.Connection, *, timeout: float = 30.0) -> None:
@@ -299,6 +279,84 @@ class SqliteBackend(Backend):
         with self._lock:
             self._conn.close()
 
+    def insert_effect(self, params: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+        with self.transaction() as cur:
+            cur.execute(q.INSERT_EFFECT, params)
+            row = cur.fetchone()
+            if row is None:
+                cur.execute(q.SELECT_EFFECT, {"effect_id": params["effect_id"]})
+                existing = cur.fetchone()
+                assert existing is not None
+                return existing, False
+            cur.execute(q.INSERT_TRANSITION, d.plan_audit(params))
+            return row, True
+
+    def insert_effects(
+        self,
+        thread_id: str,
+        run_id: str,
+        unique: dict[str, NewEffect],
+        *,
+        owner: str | None,
+        actor: str,
+        read_back: bool,
+    ) -> dict[str, tuple[EffectRecord, bool]]:
+        """One transaction, a statement per step (not per call).
+
+        A taken idempotency key fails the whole insert (rolled back); the caller
+        then records the batch call by call to tell which key it was. The new
+        records are built from the rows as inserted (the writer lock is held, so
+        nothing else wrote them); only rows recorded before are read.
+        """
+        stamp = self.ts_in(utcnow())
+        ids = {call_id: d.derive_effect_id(thread_id, call_id) for call_id in unique}
+        found: dict[str, tuple[EffectRecord, bool]] = {}
+        template = q.SELECT_EFFECTS_IN if read_back else q.SELECT_EFFECT_IDS_IN
+        with self.transaction() as cur:
+            known = {row["effect_id"]: row for row in select_in(cur, template, list(ids.values()))}
+            new: dict[str, NewEffect] = {}
+            for call_id, item in unique.items():
+                if ids[call_id] not in known:
+                    new[call_id] = item
+                elif read_back:
+                    found[call_id] = (effect_record(known[ids[call_id]], self), False)
+            rows, audits = d.sqlite_plan_rows(
+                thread_id, run_id, new, owner=owner, actor=actor, stamp=stamp, codec=self
+            )
+            if rows:
+                cur.executemany(q.INSERT_EFFECT_ROW, rows)
+                cur.executemany(q.INSERT_TRANSITION, audits)
+        if read_back:
+            for row in rows:
+                found[row["tool_call_id"]] = (inserted_record(row, stamp, self), True)
+        return found
+
+    def effect_rows(self, effect_ids: list[str]) -> list[dict[str, Any]]:
+        with self.read() as cur:
+            return select_in(cur, q.SELECT_EFFECTS_IN, effect_ids)
+
+    def compare_and_set(self, job: CasJob) -> CasOutcome:
+        req, (allowed, guard), token = job
+        now = utcnow()
+        audit, params = d.cas_statement(
+            q.SQLITE_AUDIT_TRANSITION, req, allowed, guard, token, now, self
+        )
+        update, _ = d.cas_statement(
+            q.SQLITE_TRANSITION_EFFECT, req, allowed, guard, token, now, self
+        )
+        with self.transaction() as cur:
+            cur.execute(audit, params)
+            cur.execute(update, params)
+            row = cur.fetchone()
+            if row is not None:
+                return row, None
+            cur.execute(q.SELECT_EFFECT, {"effect_id": req.effect_id})
+            return None, cur.fetchone()
+
+    def compare_and_set_many(self, jobs: Sequence[CasJob]) -> list[CasOutcome]:
+        with self.transaction():  # one transaction for all of them
+            return [self.compare_and_set(job) for job in jobs]
+
 
 class _SqliteCursor:
     __slots__ = ("_backend", "_cur")
@@ -321,146 +379,13 @@ class _SqliteCursor:
         return [dict(r) for r in self._cur.fetchall()]
 
 
-class PostgresBackend(Backend):
-    """PostgreSQL through psycopg 3: a pool (preferred), one connection, or a URL."""
-
-    dialect: Dialect = "postgres"
-
-    def __init__(
-        self,
-        conn: str | Connection[Any] | ConnectionPool[Any],
-        *,
-        min_size: int = 1,
-        max_size: int = 8,
-    ) -> None:
-        from psycopg import Connection as _Connection
-        from psycopg.rows import dict_row
-        from psycopg_pool import ConnectionPool as _Pool
-
-        self._owns = False
-        self.closed = False
-        self._lock: threading.RLock | None = None
-        if isinstance(conn, str):
-            self.url = conn
-            self._pool: _Pool[Any] | None = _Pool(
-                conn,
-                min_size=min_size,
-                max_size=max_size,
-                kwargs={
-                    "autocommit": True,
-                    "row_factory": dict_row,
-                    # Every ledger statement is an index probe: prepare it once and
-                    # keep the generic plan (planning the CTE writes costs more than
-                    # running them). A generic plan made while a table is still small
-                    # is a sequential scan, kept as the table grows until the next
-                    # ANALYZE: no ledger query wants one, so the planner avoids them.
-                    "prepare_threshold": 0,
-                    "options": "-c plan_cache_mode=force_generic_plan -c enable_seqscan=off",
-                },
-                open=True,
-                name="langgraph-cancel-ledger",
-            )
-            self._conn: _Connection[Any] | None = None
-            self._owns = True
-        elif isinstance(conn, _Pool):
-            self._pool = conn
-            self._conn = None
-            self.url = str(conn.conninfo)
-        else:
-            self._pool = None
-            self._conn = conn
-            self._lock = threading.RLock()
-            self.url = conn.info.dsn
-        self.conninfo = _full_conninfo(conn)
-
-    @property
-    def migrations(self) -> list[list[str]]:
-        return q.POSTGRES_MIGRATIONS
-
-    def json_in(self, value: Any) -> Any:
-        if value is None:
-            return None
-        from psycopg.types.json import Jsonb
-
-        return Jsonb(value, dumps=json_text)
-
-    @contextmanager
-    def transaction(self) -> Iterator[Cursor]:
-        from psycopg.rows import dict_row
-
-        if self._pool is not None:
-            with self._pool.connection() as conn, conn.transaction():
-                yield conn.cursor(row_factory=dict_row)
-            return
-        assert self._conn is not None and self._lock is not None
-        with self._lock, self._conn.transaction():
-            yield self._conn.cursor(row_factory=dict_row)
-
-    @contextmanager
-    def statement(self) -> Iterator[Cursor]:
-        from psycopg.rows import dict_row
-
-        if self._pool is not None:
-            # Not pool.connection(): its ``with conn`` ends a transaction these
-            # autocommit statements never open; putconn still discards a broken one.
-            conn = self._pool.getconn()
-            try:
-                yield conn.cursor(row_factory=dict_row)
-            finally:
-                self._pool.putconn(conn)
-            return
-        assert self._conn is not None and self._lock is not None
-        with self._lock:
-            yield self._conn.cursor(row_factory=dict_row)
-
-    @contextmanager
-    def pipeline(self) -> Iterator[Callable[[str, dict[str, Any]], Cursor]]:
-        """Run self-contained statements in one round trip (psycopg pipeline mode).
-
-        Yields ``execute(sql, params) -> cursor``; the cursors' rows can be read
-        once the block has exited (the pipeline has synced).
-        """
-        from psycopg.rows import dict_row
-
-        def run(conn: Any) -> Callable[[str, dict[str, Any]], Cursor]:
-            def execute(sql: str, params: dict[str, Any]) -> Cursor:
-                cur = conn.cursor(row_factory=dict_row)
-                cur.execute(sql, params)
-                return cast(Cursor, cur)
-
-            return execute
-
-        if self._pool is not None:
-            with self._pool.connection() as conn, conn.pipeline():
-                yield run(conn)
-            return
-        assert self._conn is not None and self._lock is not None
-        with self._lock, self._conn.pipeline():
-            yield run(self._conn)
-
-    def all_rows(
-        self, statements: Sequence[tuple[str, dict[str, Any]]]
-    ) -> list[list[dict[str, Any]]]:
-        from psycopg.pq import ExecStatus
-
-        def rows(cur: Any) -> list[dict[str, Any]]:
-            # A statement without RETURNING has no rows to fetch (psycopg would raise).
-            res = cur.pgresult
-            return cur.fetchall() if res is not None and res.status == ExecStatus.TUPLES_OK else []
-
-        if len(statements) == 1:  # no pipeline to set up for one statement
-            ((sql, params),) = statements
-            with self.statement() as cur:
-                cur.execute(sql, params)
-                return [rows(cur)]
-        with self.pipeline() as execute:
-            cursors = [execute(sql, params) for sql, params in statements]
-        return [rows(cur) for cur in cursors]
-
-    def close(self) -> None:
-        self.closed = True
-        if self._owns and self._pool is not None:
-            self._pool.close()
+def select_in(cur: Cursor, template: str, ids: list[str]) -> list[dict[str, Any]]:
+    """SQLite: the rows of ``template`` (an ``IN ({ids})`` query) for many ids."""
+    rows: list[dict[str, Any]] = []
+    for sql, params in d.in_chunks(template, ids):
+        cur.execute(sql, params)
+        rows.extend(cur.fetchall())
+    return rows
 
 
 def json_text(value: Any) -> str:
@@ -470,25 +395,6 @@ def json_text(value: Any) -> str:
     psycopg less client time than a ``Jsonb`` wrapper does.
     """
     return json.dumps(value, default=str)
-
-
-def _full_conninfo(conn: Any) -> str:
-    """A connection string including the password, for opening side connections."""
-    if isinstance(conn, str):
-        return conn
-    try:
-        from psycopg_pool import ConnectionPool as _Pool
-
-        if isinstance(conn, _Pool):
-            return str(conn.conninfo)
-    except ImportError:  # pragma: no cover
-        pass
-    info = conn.info
-    dsn: str = info.dsn
-    password = getattr(info, "password", None)
-    if password and "password=" not in dsn:
-        dsn = f"{dsn} password={password}"
-    return dsn
 
 
 def parse_url(url: str) -> tuple[Literal["memory", "sqlite", "postgres"], str]:
@@ -528,7 +434,10 @@ def backend_from_url(url: str) -> Backend:
         return SqliteBackend(
             target, url=url if url.startswith("sqlite:///") else f"sqlite:///{url}"
         )
+    # Imported here: the PostgreSQL backend builds on this module, and needs an extra.
     try:
+        from langgraph_cancel.ledger.postgres import PostgresBackend
+
         return PostgresBackend(target)
     except ImportError as exc:  # pragma: no cover - extra missing
         raise InvalidURLError(
@@ -536,7 +445,17 @@ def backend_from_url(url: str) -> Backend:
         ) from exc
 
 
-def raise_transient(exc: BaseException, attempts: int | None = None) -> TransientDatabaseError:
-    """Wrap a fault that outlived its retries."""
-    tries = f" ({attempts} attempts)" if attempts else ""
-    return TransientDatabaseError(f"database unavailable after retries{tries}: {exc}")
+__all__ = [
+    "Backend",
+    "Cursor",
+    "Dialect",
+    "SqliteBackend",
+    "backend_from_url",
+    "enable_wal",
+    "is_transient",
+    "json_text",
+    "parse_url",
+    "raise_transient",
+    "select_in",
+    "transient_retry",
+]

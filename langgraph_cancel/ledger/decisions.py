@@ -4,8 +4,8 @@ The sync ``Ledger`` (``core.py``) and the async one (``aio.py``) differ only in 
 they talk to the database. Everything else lives here, as pure functions: the
 legal "from" statuses of a compare-and-set, what a compare-and-set that did not
 apply means (our own lost acknowledgement, a refusal, a conflict), the answer to a
-cancel request, the parameters of each statement, and the mapping of a row to its
-record.
+cancel request, and the parameters of each statement. Rows become records in
+``records.py``.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import hashlib
 import sqlite3
 from collections.abc import Sequence
 from datetime import datetime, timedelta
-from typing import Any, Protocol
+from typing import Any
 
 from langgraph_cancel.errors import (
     DuplicateIdempotencyKeyError,
@@ -23,6 +23,7 @@ from langgraph_cancel.errors import (
     TransitionConflictError,
 )
 from langgraph_cancel.ledger import sql as q
+from langgraph_cancel.ledger.records import Codec, run_record
 from langgraph_cancel.types import (
     EFFECT_TRANSITIONS,
     RUN_TRANSITIONS,
@@ -31,39 +32,14 @@ from langgraph_cancel.types import (
     CancelRequestResult,
     EffectRecord,
     EffectStatus,
-    LeaseRecord,
-    LeaseTakeover,
-    LeaseTakeoverCause,
     NewEffect,
     RunRecord,
     RunStatus,
-    TransitionRecord,
     TransitionRequest,
     effect_kind,
-    effect_status,
     run_status,
 )
 from langgraph_cancel.workers import new_worker_id
-
-
-class Codec(Protocol):
-    """How a dialect stores timestamps and JSON (every ledger backend is one)."""
-
-    def ts_in(self, value: datetime | None) -> Any:
-        """Adapt a datetime for a timestamp column."""
-        ...
-
-    def ts_out(self, value: Any) -> datetime | None:
-        """Read a timestamp column."""
-        ...
-
-    def json_in(self, value: Any) -> Any:
-        """Adapt a JSON-able value for a JSON column."""
-        ...
-
-    def json_out(self, value: Any) -> Any:
-        """Read a JSON column."""
-        ...
 
 
 def default_owner() -> str:
@@ -107,78 +83,6 @@ INITIAL_STATUSES = frozenset(
 SETTLING = frozenset(EffectStatus) - UNSETTLED_STATUSES
 
 
-# ------------------------------------------------------------------ rows -> records
-# Rows the ledger wrote itself: records are built without re-validating them.
-def run_record(row: dict[str, Any], codec: Codec) -> RunRecord:
-    """The ``RunRecord`` of a ``runs`` row."""
-    return RunRecord.model_construct(
-        run_id=row["run_id"],
-        thread_id=row["thread_id"],
-        status=run_status(row["status"]),
-        created_at=required(codec.ts_out(row["created_at"])),
-        updated_at=required(codec.ts_out(row["updated_at"])),
-        owner=row["owner"],
-        parent_run_id=row["parent_run_id"],
-        requested_at=codec.ts_out(row["requested_at"]),
-        requested_by=row["requested_by"],
-        reason=row["reason"],
-        observed_at=codec.ts_out(row["observed_at"]),
-        quiesced_at=codec.ts_out(row["quiesced_at"]),
-        tokens_after_cancel=row["tokens_after_cancel"],
-        report=codec.json_out(row["report"]),
-        tokens_used=row.get("tokens_used") or 0,
-    )
-
-
-def effect_record(row: dict[str, Any], codec: Codec) -> EffectRecord:
-    """The ``EffectRecord`` of an ``effects`` row."""
-    return EffectRecord.model_construct(
-        effect_id=row["effect_id"],
-        thread_id=row["thread_id"],
-        run_id=row["run_id"],
-        tool_call_id=row["tool_call_id"],
-        tool=row["tool"],
-        kind=effect_kind(row["kind"]),
-        status=effect_status(row["status"]),
-        idempotency_key=row["idempotency_key"],
-        args=codec.json_out(row["args"]) or {},
-        seq=row["seq"],
-        result=codec.json_out(row["result"]),
-        error=row["error"],
-        owner=row["owner"],
-        next_action=row["next_action"],
-        approval=codec.json_out(row["approval"]),
-        version=row["version"],
-        created_at=required(codec.ts_out(row["created_at"])),
-        updated_at=required(codec.ts_out(row["updated_at"])),
-        dispatched_at=codec.ts_out(row["dispatched_at"]),
-        settled_at=codec.ts_out(row["settled_at"]),
-        release_at=codec.ts_out(row.get("release_at")),
-    )
-
-
-def lease_record(row: dict[str, Any], codec: Codec) -> LeaseRecord:
-    """The ``LeaseRecord`` of a ``leases`` row."""
-    return LeaseRecord.model_construct(
-        thread_id=row["thread_id"],
-        owner=row["owner"],
-        acquired_at=required(codec.ts_out(row["acquired_at"])),
-        heartbeat_at=required(codec.ts_out(row["heartbeat_at"])),
-        expires_at=required(codec.ts_out(row["expires_at"])),
-    )
-
-
-def lease_takeover_record(row: dict[str, Any], codec: Codec) -> LeaseTakeover:
-    """The ``LeaseTakeover`` of a ``lease_takeovers`` row."""
-    return LeaseTakeover(
-        thread_id=row["thread_id"],
-        previous_owner=row["previous_owner"],
-        owner=row["owner"],
-        cause=LeaseTakeoverCause(row["cause"]),
-        at=required(codec.ts_out(row["at"])),
-    )
-
-
 def lease_params(
     thread_id: str, owner: str, now: datetime, ttl: float, codec: Codec
 ) -> dict[str, Any]:
@@ -189,29 +93,6 @@ def lease_params(
         "now": codec.ts_in(now),
         "expires_at": codec.ts_in(now + timedelta(seconds=ttl)),
     }
-
-
-def transition_record(row: dict[str, Any], codec: Codec) -> TransitionRecord:
-    """The ``TransitionRecord`` of an audit row."""
-    return TransitionRecord(
-        effect_id=row["effect_id"],
-        from_status=None if row["from_status"] is None else effect_status(row["from_status"]),
-        to_status=effect_status(row["to_status"]),
-        at=required(codec.ts_out(row["at"])),
-        actor=row["actor"],
-        detail=codec.json_out(row["detail"]) or {},
-    )
-
-
-def required(value: datetime | None) -> datetime:
-    """A NOT NULL timestamp column's value.
-
-    Raises:
-        ValueError: The row holds NULL there (a corrupt row).
-    """
-    if value is None:
-        raise ValueError("missing timestamp in a ledger row")
-    return value
 
 
 # ------------------------------------------------------------------------- runs
@@ -380,68 +261,55 @@ def first_created_once(
     return out
 
 
-def plan_fields(thread_id: str, run_id: str, item: NewEffect) -> dict[str, Any]:
-    """The keyword arguments of a single plan for one item of a batch."""
+def planned_key(thread_id: str, item: NewEffect) -> str:
+    """The idempotency key an item is recorded under: its own, or the derived one."""
+    return item.idempotency_key or derive_idempotency_key(thread_id, item.tool_call_id)
+
+
+def plan_params(
+    thread_id: str,
+    run_id: str,
+    item: NewEffect,
+    *,
+    owner: str | None,
+    actor: str,
+    stamp: Any,
+    codec: Codec,
+) -> dict[str, Any]:
+    """The parameters of ``INSERT_EFFECT`` / ``PG_INSERT_EFFECT`` (the audit row's too).
+
+    Args:
+        thread_id: The thread.
+        run_id: The run.
+        item: The tool call to record.
+        owner: The worker planning it.
+        actor: Who acts (kept in the audit trail).
+        stamp: The timestamp, already adapted for the column (``codec.ts_in``).
+        codec: The dialect's codec.
+    """
+    settles = item.status not in UNSETTLED_STATUSES
     return {
+        "effect_id": derive_effect_id(thread_id, item.tool_call_id),
         "thread_id": thread_id,
         "run_id": run_id,
         "tool_call_id": item.tool_call_id,
         "tool": item.tool,
-        "kind": effect_kind(item.kind),
-        "args": item.args,
-        "key": item.idempotency_key or derive_idempotency_key(thread_id, item.tool_call_id),
+        "kind": effect_kind(item.kind).value,
+        "status": item.status.value,
+        "idempotency_key": planned_key(thread_id, item),
+        "args": codec.json_in(item.args),
         "seq": item.seq,
-        "status": item.status,
-        "result": item.result,
+        "result": codec.json_in(item.result),
         "error": item.error,
-        "detail": item.detail,
-    }
-
-
-def plan_params(
-    *,
-    effect_id: str,
-    thread_id: str,
-    run_id: str,
-    tool_call_id: str,
-    tool: str,
-    kind: str,
-    status: EffectStatus,
-    key: str,
-    args: dict[str, Any],
-    seq: int,
-    result: Any,
-    error: str | None,
-    owner: str | None,
-    actor: str,
-    detail: dict[str, Any] | None,
-    now: datetime,
-    codec: Codec,
-) -> dict[str, Any]:
-    """The parameters of ``INSERT_EFFECT`` / ``PG_INSERT_EFFECT`` (the audit row's too)."""
-    settles = status not in UNSETTLED_STATUSES
-    return {
-        "effect_id": effect_id,
-        "thread_id": thread_id,
-        "run_id": run_id,
-        "tool_call_id": tool_call_id,
-        "tool": tool,
-        "kind": kind,
-        "status": status.value,
-        "idempotency_key": key,
-        "args": codec.json_in(args),
-        "seq": seq,
-        "result": codec.json_in(result),
-        "error": error,
         "owner": owner,
         "next_action": None,
         "approval": None,
         "token": None,
-        "now": codec.ts_in(now),
+        "now": stamp,
         "dispatched_at": None,
-        "settled_at": codec.ts_in(now) if settles else None,
+        "settled_at": stamp if settles else None,
         "actor": actor,
-        "detail": codec.json_in(detail or {}),
+        "detail": codec.json_in(item.detail or {}),
     }
 
 
@@ -464,95 +332,45 @@ def released_key(key: str, taker: str) -> dict[str, Any]:
 
 def pg_plan_rows(thread_id: str, run_id: str, unique: dict[str, NewEffect]) -> list[dict[str, Any]]:
     """PostgreSQL: the JSON rows of ``PG_INSERT_EFFECTS`` for a batch (one per call id)."""
-    rows = []
-    for item in unique.values():
-        fields = plan_fields(thread_id, run_id, item)
-        rows.append(
-            {
-                "effect_id": derive_effect_id(thread_id, item.tool_call_id),
-                "tool_call_id": item.tool_call_id,
-                "tool": fields["tool"],
-                "kind": fields["kind"].value,
-                "status": fields["status"].value,
-                "idempotency_key": fields["key"],
-                "args": fields["args"],
-                "seq": fields["seq"],
-                "result": fields["result"],
-                "error": fields["error"],
-                "settles": fields["status"] not in UNSETTLED_STATUSES,
-                "detail": fields["detail"] or {},
-            }
-        )
-    return rows
+    return [
+        {
+            "effect_id": derive_effect_id(thread_id, item.tool_call_id),
+            "tool_call_id": item.tool_call_id,
+            "tool": item.tool,
+            "kind": effect_kind(item.kind).value,
+            "status": item.status.value,
+            "idempotency_key": planned_key(thread_id, item),
+            "args": item.args,
+            "seq": item.seq,
+            "result": item.result,
+            "error": item.error,
+            "settles": item.status not in UNSETTLED_STATUSES,
+            "detail": item.detail or {},
+        }
+        for item in unique.values()
+    ]
 
 
 def sqlite_plan_rows(
     thread_id: str,
     run_id: str,
     new: dict[str, NewEffect],
-    ids: dict[str, str],
     *,
     owner: str | None,
     actor: str,
-    now: Any,
+    stamp: Any,
     codec: Codec,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """SQLite: the rows of ``INSERT_EFFECT_ROW`` and ``INSERT_TRANSITION`` for new calls.
 
-    Args:
-        thread_id: The thread.
-        run_id: The run.
-        new: The calls not recorded yet, by tool-call id.
-        ids: Their effect ids, by tool-call id.
-        owner: The worker planning them.
-        actor: Who acts (kept in the audit trail).
-        now: The timestamp, already adapted for the column.
-        codec: The dialect's codec.
+    Arguments as ``plan_params``; ``new`` holds the calls not recorded yet, by
+    tool-call id.
     """
-    rows: list[dict[str, Any]] = []
-    audits: list[dict[str, Any]] = []
-    for call_id, item in new.items():
-        fields = plan_fields(thread_id, run_id, item)
-        status: EffectStatus = fields["status"]
-        rows.append(
-            {
-                "effect_id": ids[call_id],
-                "thread_id": thread_id,
-                "run_id": run_id,
-                "tool_call_id": call_id,
-                "tool": fields["tool"],
-                "kind": fields["kind"].value,
-                "status": status.value,
-                "idempotency_key": fields["key"],
-                "args": codec.json_in(fields["args"]),
-                "seq": fields["seq"],
-                "result": codec.json_in(fields["result"]),
-                "error": fields["error"],
-                "owner": owner,
-                "next_action": None,
-                "approval": None,
-                "token": None,
-                "now": now,
-                "dispatched_at": None,
-                "settled_at": now if status not in UNSETTLED_STATUSES else None,
-            }
-        )
-        audits.append(
-            {
-                "effect_id": ids[call_id],
-                "from_status": None,
-                "to_status": status.value,
-                "now": now,
-                "actor": actor,
-                "detail": codec.json_in(fields["detail"] or {}),
-            }
-        )
-    return rows, audits
-
-
-def inserted_record(row: dict[str, Any], now: Any, codec: Codec) -> EffectRecord:
-    """The record of a row as ``INSERT_EFFECT_ROW`` wrote it (version 1, made ``now``)."""
-    return effect_record({**row, "version": 1, "created_at": now, "updated_at": now}, codec)
+    rows = [
+        plan_params(thread_id, run_id, item, owner=owner, actor=actor, stamp=stamp, codec=codec)
+        for item in new.values()
+    ]
+    return rows, [plan_audit(row) for row in rows]
 
 
 #: SQLite binds at most 32766 parameters per statement (fewer before 3.32).
@@ -576,6 +394,15 @@ def moved_prefix(tool_call_id: str) -> str:
 
 
 # ------------------------------------------------------------------ transitions
+#: One compare-and-set: the request, its allowed "from" statuses and whether the
+#: run must be running, and the write token that recognises a retry's own write.
+CasJob = tuple[TransitionRequest, tuple[frozenset[EffectStatus], bool], str]
+
+#: What a compare-and-set found: ``(moved, None)`` when it applied, ``(None, current)``
+#: when it did not (``current`` None: no such effect).
+CasOutcome = tuple[dict[str, Any] | None, dict[str, Any] | None]
+
+
 def checked(req: TransitionRequest) -> tuple[frozenset[EffectStatus], bool]:
     """The statuses a transition may start from, and whether the run guard applies.
 
@@ -646,9 +473,7 @@ def cas_statement(
     return sql, params
 
 
-def pg_transition_rows(
-    jobs: Sequence[tuple[TransitionRequest, tuple[frozenset[EffectStatus], bool], str]],
-) -> list[dict[str, Any]]:
+def pg_transition_rows(jobs: Sequence[CasJob]) -> list[dict[str, Any]]:
     """PostgreSQL: the JSON rows of ``PG_TRANSITION_EFFECTS``, one per job."""
     return [
         {
@@ -726,7 +551,8 @@ __all__ = [
     "IN_CHUNK",
     "PREDECESSORS",
     "SETTLING",
-    "Codec",
+    "CasJob",
+    "CasOutcome",
     "LostCas",
     "cancel_answer",
     "cancel_notice",
@@ -740,17 +566,13 @@ __all__ = [
     "default_owner",
     "derive_effect_id",
     "derive_idempotency_key",
-    "effect_record",
     "finish_params",
     "finish_statement",
     "finish_verdict",
     "first_created_once",
     "in_chunks",
-    "inserted_record",
     "is_unique_violation",
     "lease_params",
-    "lease_record",
-    "lease_takeover_record",
     "lost_transition",
     "moved_prefix",
     "nothing_to_cancel",
@@ -758,12 +580,9 @@ __all__ = [
     "pg_plan_rows",
     "pg_transition_rows",
     "plan_audit",
-    "plan_fields",
     "plan_params",
+    "planned_key",
     "predecessors",
     "released_key",
-    "required",
-    "run_record",
     "sqlite_plan_rows",
-    "transition_record",
 ]

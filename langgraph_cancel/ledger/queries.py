@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from langgraph_cancel.ledger import decisions as d
-from langgraph_cancel.ledger.backends import transient_retry
 from langgraph_cancel.ledger.core import Ledger
+from langgraph_cancel.ledger.records import effect_record, run_record, transition_record
+from langgraph_cancel.ledger.retry import transient_retry
 from langgraph_cancel.ledger.sql import EFFECT_COLUMNS, RUN_COLUMNS
 from langgraph_cancel.types import EffectRecord, RunRecord, TransitionRecord
 
@@ -108,7 +108,7 @@ def cancelled_trees(ledger: Ledger, since: datetime) -> list[RunTree]:
     trees: dict[str, RunTree] = {}
     children: dict[str, list[RunRecord]] = {}
     for row in run_rows:
-        run = d.run_record(row, backend)
+        run = run_record(row, backend)
         if row["root_id"] == run.run_id:
             trees[run.run_id] = RunTree(run)
         else:
@@ -116,9 +116,9 @@ def cancelled_trees(ledger: Ledger, since: datetime) -> list[RunTree]:
     for root_id, runs in children.items():
         trees[root_id].runs.extend(runs)
     for row in effect_rows:
-        trees[row["root_id"]].effects.append(d.effect_record(row, backend))
+        trees[row["root_id"]].effects.append(effect_record(row, backend))
     for row in transition_rows:
-        trees[row["root_id"]].transitions.append(d.transition_record(row, backend))
+        trees[row["root_id"]].transitions.append(transition_record(row, backend))
     return sorted(trees.values(), key=_requested_order)
 
 
@@ -142,15 +142,15 @@ def run_tree(ledger: Ledger, run_id: str) -> RunTree | None:
             (_of_one_run(SELECT_TREE_TRANSITIONS), params),
         ]
     )
-    runs = [d.run_record(row, backend) for row in run_rows]
+    runs = [run_record(row, backend) for row in run_rows]
     top = next((run for run in runs if run.run_id == run_id), None)
     if top is None:
         return None
     return RunTree(
         top,
         runs=[run for run in runs if run.run_id != run_id],
-        effects=[d.effect_record(row, backend) for row in effect_rows],
-        transitions=[d.transition_record(row, backend) for row in transition_rows],
+        effects=[effect_record(row, backend) for row in effect_rows],
+        transitions=[transition_record(row, backend) for row in transition_rows],
     )
 
 

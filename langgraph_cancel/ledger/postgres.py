@@ -1,0 +1,292 @@
+"""The ledger on PostgreSQL through psycopg 3: a pool, one connection, or a URL.
+
+Statements that write an effect carry their audit row in a writable CTE, so each
+write is one autocommit statement; batches are one statement over a JSON
+document of rows.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, cast
+
+from langgraph_cancel.ledger import decisions as d
+from langgraph_cancel.ledger import sql as q
+from langgraph_cancel.ledger.backends import Backend, Cursor, Dialect, json_text
+from langgraph_cancel.ledger.decisions import CasJob, CasOutcome
+from langgraph_cancel.ledger.records import effect_record
+from langgraph_cancel.types import EffectRecord, NewEffect, utcnow
+
+if TYPE_CHECKING:
+    from psycopg import Connection
+    from psycopg_pool import ConnectionPool
+
+#: The advisory lock that serializes concurrent ``setup()`` calls of many workers.
+SETUP_LOCK_KEY = 7231900118
+
+
+class PostgresBackend(Backend):
+    """PostgreSQL through psycopg 3: a pool (preferred), one connection, or a URL."""
+
+    dialect: Dialect = "postgres"
+
+    def __init__(
+        self,
+        conn: str | Connection[Any] | ConnectionPool[Any],
+        *,
+        min_size: int = 1,
+        max_size: int = 8,
+    ) -> None:
+        from psycopg import Connection as _Connection
+        from psycopg.rows import dict_row
+        from psycopg_pool import ConnectionPool as _Pool
+
+        self._owns = False
+        self.closed = False
+        self._lock: threading.RLock | None = None
+        if isinstance(conn, str):
+            self.url = conn
+            self._pool: _Pool[Any] | None = _Pool(
+                conn,
+                min_size=min_size,
+                max_size=max_size,
+                kwargs={
+                    "autocommit": True,
+                    "row_factory": dict_row,
+                    # Every ledger statement is an index probe: prepare it once and
+                    # keep the generic plan (planning the CTE writes costs more than
+                    # running them). A generic plan made while a table is still small
+                    # is a sequential scan, kept as the table grows until the next
+                    # ANALYZE: no ledger query wants one, so the planner avoids them.
+                    "prepare_threshold": 0,
+                    "options": "-c plan_cache_mode=force_generic_plan -c enable_seqscan=off",
+                },
+                open=True,
+                name="langgraph-cancel-ledger",
+            )
+            self._conn: _Connection[Any] | None = None
+            self._owns = True
+        elif isinstance(conn, _Pool):
+            self._pool = conn
+            self._conn = None
+            self.url = str(conn.conninfo)
+        else:
+            self._pool = None
+            self._conn = conn
+            self._lock = threading.RLock()
+            self.url = conn.info.dsn
+        self.conninfo = full_conninfo(conn)
+
+    @property
+    def migrations(self) -> list[list[str]]:
+        return q.POSTGRES_MIGRATIONS
+
+    def json_in(self, value: Any) -> Any:
+        if value is None:
+            return None
+        from psycopg.types.json import Jsonb
+
+        return Jsonb(value, dumps=json_text)
+
+    @contextmanager
+    def transaction(self) -> Iterator[Cursor]:
+        from psycopg.rows import dict_row
+
+        if self._pool is not None:
+            with self._pool.connection() as conn, conn.transaction():
+                yield conn.cursor(row_factory=dict_row)
+            return
+        assert self._conn is not None and self._lock is not None
+        with self._lock, self._conn.transaction():
+            yield self._conn.cursor(row_factory=dict_row)
+
+    @contextmanager
+    def statement(self) -> Iterator[Cursor]:
+        from psycopg.rows import dict_row
+
+        if self._pool is not None:
+            # Not pool.connection(): its ``with conn`` ends a transaction these
+            # autocommit statements never open; putconn still discards a broken one.
+            conn = self._pool.getconn()
+            try:
+                yield conn.cursor(row_factory=dict_row)
+            finally:
+                self._pool.putconn(conn)
+            return
+        assert self._conn is not None and self._lock is not None
+        with self._lock:
+            yield self._conn.cursor(row_factory=dict_row)
+
+    @contextmanager
+    def pipeline(self) -> Iterator[Callable[[str, dict[str, Any]], Cursor]]:
+        """Run self-contained statements in one round trip (psycopg pipeline mode).
+
+        Yields ``execute(sql, params) -> cursor``; the cursors' rows can be read
+        once the block has exited (the pipeline has synced).
+        """
+        from psycopg.rows import dict_row
+
+        def run(conn: Any) -> Callable[[str, dict[str, Any]], Cursor]:
+            def execute(sql: str, params: dict[str, Any]) -> Cursor:
+                cur = conn.cursor(row_factory=dict_row)
+                cur.execute(sql, params)
+                return cast(Cursor, cur)
+
+            return execute
+
+        if self._pool is not None:
+            with self._pool.connection() as conn, conn.pipeline():
+                yield run(conn)
+            return
+        assert self._conn is not None and self._lock is not None
+        with self._lock, self._conn.pipeline():
+            yield run(self._conn)
+
+    def all_rows(
+        self, statements: Sequence[tuple[str, dict[str, Any]]]
+    ) -> list[list[dict[str, Any]]]:
+        from psycopg.pq import ExecStatus
+
+        def rows(cur: Any) -> list[dict[str, Any]]:
+            # A statement without RETURNING has no rows to fetch (psycopg would raise).
+            res = cur.pgresult
+            return cur.fetchall() if res is not None and res.status == ExecStatus.TUPLES_OK else []
+
+        if len(statements) == 1:  # no pipeline to set up for one statement
+            ((sql, params),) = statements
+            with self.statement() as cur:
+                cur.execute(sql, params)
+                return [rows(cur)]
+        with self.pipeline() as execute:
+            cursors = [execute(sql, params) for sql, params in statements]
+        return [rows(cur) for cur in cursors]
+
+    # ------------------------------------------------- dialect-specific work
+    def lock_for_setup(self, cur: Cursor) -> None:
+        cur.execute(f"SELECT pg_advisory_xact_lock({SETUP_LOCK_KEY})")
+
+    def announce_cancel(self, cur: Cursor, thread_id: str, run_id: str) -> None:
+        cur.execute(q.NOTIFY_CANCEL, d.cancel_notice(thread_id, run_id))
+
+    def insert_effect(self, params: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+        """One autocommit statement; a writable CTE carries the audit row."""
+        with self.statement() as cur:
+            cur.execute(q.PG_INSERT_EFFECT, params)
+            row = cur.fetchone()
+            if row is not None:
+                return row, True
+            cur.execute(q.SELECT_EFFECT, {"effect_id": params["effect_id"]})
+            existing = cur.fetchone()
+            assert existing is not None
+            return existing, False
+
+    def insert_effects(
+        self,
+        thread_id: str,
+        run_id: str,
+        unique: dict[str, NewEffect],
+        *,
+        owner: str | None,
+        actor: str,
+        read_back: bool,
+    ) -> dict[str, tuple[EffectRecord, bool]]:
+        """One statement for the whole batch; rows recorded before are read back after it."""
+        rows = d.pg_plan_rows(thread_id, run_id, unique)
+        params = {
+            # One JSON document, not an array per column: psycopg quotes every array
+            # element in Python, which cost more than the server's insert.
+            "rows": json_text(rows),
+            "thread_id": thread_id,
+            "run_id": run_id,
+            "owner": owner,
+            "actor": actor,
+            "now": self.ts_in(utcnow()),
+        }
+        found: dict[str, tuple[EffectRecord, bool]] = {}
+        with self.statement() as cur:
+            cur.execute(q.PG_INSERT_EFFECTS, params)
+            if not read_back:
+                return found
+            for row in cur.fetchall():
+                found[row["tool_call_id"]] = (effect_record(row, self), True)
+            missing = [r["effect_id"] for r in rows if r["tool_call_id"] not in found]
+            if missing:
+                cur.execute(q.PG_SELECT_EFFECTS_ANY, {"ids": missing})
+                for row in cur.fetchall():
+                    found[row["tool_call_id"]] = (effect_record(row, self), False)
+        return found
+
+    def effect_rows(self, effect_ids: list[str]) -> list[dict[str, Any]]:
+        with self.read() as cur:
+            cur.execute(q.PG_SELECT_EFFECTS_ANY, {"ids": effect_ids})
+            rows: list[dict[str, Any]] = cur.fetchall()
+            return rows
+
+    def compare_and_set(self, job: CasJob) -> CasOutcome:
+        """One autocommit statement; a writable CTE carries the audit row."""
+        req, (allowed, guard), token = job
+        with self.statement() as cur:
+            cur.execute(
+                *d.cas_statement(q.PG_TRANSITION_EFFECT, req, allowed, guard, token, utcnow(), self)
+            )
+            row = cur.fetchone()
+            if row is not None:
+                return row, None
+            cur.execute(q.SELECT_EFFECT, {"effect_id": req.effect_id})
+            return None, cur.fetchone()
+
+    def compare_and_set_many(self, jobs: Sequence[CasJob]) -> list[CasOutcome]:
+        """The compare-and-sets in one statement, then one read of those that did not apply.
+
+        One statement rather than a pipeline of one per request: psycopg's pipeline
+        costs more client CPU than the server spends on the rows.
+        """
+        if len(jobs) == 1:  # the one-row statement runs faster than a row set
+            return [self.compare_and_set(jobs[0])]
+        moved: list[dict[str, Any] | None] = [None] * len(jobs)
+        with self.statement() as cur:
+            cur.execute(
+                q.PG_TRANSITION_EFFECTS,
+                {
+                    "rows": json_text(d.pg_transition_rows(jobs)),
+                    "ids": [req.effect_id for req, _, _ in jobs],
+                    "now": self.ts_in(utcnow()),
+                },
+            )
+            for row in cur.fetchall():
+                moved[row["n"]] = row
+        lost = [req.effect_id for (req, _, _), row in zip(jobs, moved, strict=True) if row is None]
+        current = {row["effect_id"]: row for row in self.effect_rows(lost)} if lost else {}
+        return [
+            (row, None) if row is not None else (None, current.get(req.effect_id))
+            for (req, _, _), row in zip(jobs, moved, strict=True)
+        ]
+
+    def close(self) -> None:
+        self.closed = True
+        if self._owns and self._pool is not None:
+            self._pool.close()
+
+
+def full_conninfo(conn: Any) -> str:
+    """A connection string including the password, for opening side connections."""
+    if isinstance(conn, str):
+        return conn
+    try:
+        from psycopg_pool import ConnectionPool as _Pool
+
+        if isinstance(conn, _Pool):
+            return str(conn.conninfo)
+    except ImportError:  # pragma: no cover
+        pass
+    info = conn.info
+    dsn: str = info.dsn
+    password = getattr(info, "password", None)
+    if password and "password=" not in dsn:
+        dsn = f"{dsn} password={password}"
+    return dsn
+
+
+__all__ = ["SETUP_LOCK_KEY", "PostgresBackend", "full_conninfo"]

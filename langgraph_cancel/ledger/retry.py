@@ -1,0 +1,150 @@
+"""Retrying a ledger transaction on transient faults, for the sync and the async ledger.
+
+Lost connections, lock and serialization conflicts are retried with backoff; a
+fault that outlives the retries is raised as one typed error,
+``TransientDatabaseError``, with the driver's own as its cause.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import sqlite3
+from collections.abc import Callable, Coroutine
+from typing import Any, ParamSpec, TypeVar
+
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    before_sleep_log,
+    retry,
+    retry_if_exception,
+    stop_after_attempt,
+    wait_exponential,
+)
+
+from langgraph_cancel.errors import TransientDatabaseError
+
+logger = logging.getLogger("langgraph_cancel.ledger")
+
+T = TypeVar("T")
+P = ParamSpec("P")
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True for faults worth retrying: lost connections, lock and serialization conflicts.
+
+    Integrity errors (a duplicate key, a check constraint) are never transient.
+    """
+    if isinstance(exc, sqlite3.OperationalError):
+        text = str(exc).lower()
+        return "locked" in text or "busy" in text
+    try:
+        import psycopg
+        from psycopg import errors as pge
+        from psycopg_pool import PoolClosed, PoolTimeout
+    except ImportError:  # pragma: no cover - postgres extra not installed
+        return False
+    if isinstance(exc, pge.IntegrityError | pge.RaiseException | PoolClosed):
+        return False  # PoolClosed: the ledger was closed; waiting will not reopen it
+    if isinstance(exc, pge.SerializationFailure | pge.DeadlockDetected | PoolTimeout):
+        return True
+    return isinstance(exc, psycopg.OperationalError)
+
+
+def _give_up_after(earlier: int) -> Callable[[RetryCallState], Any]:
+    def give_up(state: RetryCallState) -> Any:
+        """Out of retries: one typed error, the driver's own as its cause."""
+        exc = state.outcome.exception() if state.outcome is not None else None
+        if exc is None:  # pragma: no cover - tenacity only calls this after a failure
+            raise TransientDatabaseError("database unavailable after retries")
+        raise raise_transient(exc, earlier + state.attempt_number) from exc
+
+    return give_up
+
+
+def transient_retry(attempts: int = 6) -> Callable[[Callable[..., T]], Callable[..., T]]:
+    """Retry a whole transaction on transient faults, with backoff, logged.
+
+    The first attempt is a plain call (the retry machinery costs more than a
+    ledger read); tenacity takes over after a transient fault. A fault that
+    outlives the retries is raised as ``TransientDatabaseError`` (the driver's
+    error is its ``__cause__``); an outer retry does not retry it again. Any
+    other error is raised as it is, at once.
+    """
+
+    def decorate(fn: Callable[..., T]) -> Callable[..., T]:
+        retrying = retry(
+            retry=retry_if_exception(is_transient),
+            stop=stop_after_attempt(attempts - 1),
+            wait=wait_exponential(multiplier=0.02, min=0.01, max=1.0),
+            before_sleep=before_sleep_log(logger, logging.WARNING),
+            retry_error_callback=_give_up_after(1),
+            reraise=True,
+        )(fn)
+
+        @functools.wraps(fn)
+        def first_then_retrying(*args: Any, **kwargs: Any) -> T:
+            try:
+                return fn(*args, **kwargs)
+            except Exception as exc:
+                if not is_transient(exc):
+                    raise
+                logger.warning("Retrying %s at once as it raised %r.", fn.__qualname__, exc)
+            return retrying(*args, **kwargs)
+
+        return first_then_retrying
+
+    return decorate
+
+
+def _give_up(state: RetryCallState) -> Any:
+    """Out of retries: one typed error, the driver's own as its cause."""
+    exc = state.outcome.exception() if state.outcome is not None else None
+    if exc is None:  # pragma: no cover - tenacity only calls this after a failure
+        raise TransientDatabaseError("database unavailable after retries")
+    raise raise_transient(exc, 1 + state.attempt_number) from exc
+
+
+def atransient_retry(
+    attempts: int = 6,
+) -> Callable[[Callable[P, Coroutine[Any, Any, T]]], Callable[P, Coroutine[Any, Any, T]]]:
+    """``transient_retry`` for coroutines: the whole transaction again on a transient fault.
+
+    The first attempt is a plain await; tenacity's ``AsyncRetrying`` takes over
+    after a transient fault (its waits are ``asyncio.sleep``, the loop stays free).
+    A fault that outlives the retries is raised as ``TransientDatabaseError``.
+    """
+
+    def decorate(fn: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, Coroutine[Any, Any, T]]:
+        @functools.wraps(fn)
+        async def first_then_retrying(*args: P.args, **kwargs: P.kwargs) -> T:
+            try:
+                return await fn(*args, **kwargs)
+            except Exception as exc:
+                if not is_transient(exc):
+                    raise
+                logger.warning("Retrying %s at once as it raised %r.", fn.__qualname__, exc)
+            retrying = AsyncRetrying(
+                retry=retry_if_exception(is_transient),
+                stop=stop_after_attempt(attempts - 1),
+                wait=wait_exponential(multiplier=0.02, min=0.01, max=1.0),
+                before_sleep=before_sleep_log(logger, logging.WARNING),
+                retry_error_callback=_give_up,
+                reraise=True,
+            )
+            result: T = await retrying(fn, *args, **kwargs)
+            return result
+
+        return first_then_retrying
+
+    return decorate
+
+
+def raise_transient(exc: BaseException, attempts: int | None = None) -> TransientDatabaseError:
+    """Wrap a fault that outlived its retries."""
+    tries = f" ({attempts} attempts)" if attempts else ""
+    return TransientDatabaseError(f"database unavailable after retries{tries}: {exc}")
+
+
+__all__ = ["atransient_retry", "is_transient", "raise_transient", "transient_retry"]
