@@ -19,6 +19,7 @@ import psycopg
 import pytest
 from langchain_core.messages import HumanMessage
 from psycopg.rows import dict_row
+from psycopg_pool import ConnectionPool
 
 from graphs import (
     ExecutionLog,
@@ -153,3 +154,46 @@ def test_the_mark_holds_only_inside_its_block() -> None:
             assert commits_before_flush()
         assert commits_before_flush()
     assert not commits_before_flush()
+
+
+_SETTING = "SELECT setting, source FROM pg_settings WHERE name = 'synchronous_commit'"
+
+
+def _commit_setting(backend: PostgresBackend, how: str) -> tuple[str, str]:
+    """(synchronous_commit, where the session got it) for a statement run ``how``."""
+    if how == "pipeline":
+        with backend.pipeline() as execute:
+            cur = execute(_SETTING, {})
+        row = cur.fetchone()
+    else:
+        opened = backend.statement() if how == "statement" else backend.transaction()
+        with opened as cur:
+            cur.execute(_SETTING, {})
+            row = cur.fetchone()
+    assert row is not None
+    return str(row["setting"]), str(row["source"])
+
+
+@pytest.mark.parametrize("how", ["statement", "pipeline", "transaction"])
+def test_inside_the_block_a_backend_of_its_own_commits_before_the_flush(
+    pg_url: str, how: str
+) -> None:
+    backend = PostgresBackend(pg_url, max_size=2)
+    try:
+        # The test server may run with synchronous_commit off for every session: what
+        # tells the two apart is where the session got its setting.
+        assert _commit_setting(backend, how)[1] != "client"
+        with commit_before_flush():
+            assert _commit_setting(backend, how) == ("off", "client")
+        assert _commit_setting(backend, how)[1] != "client"
+    finally:
+        backend.close()
+
+
+def test_on_the_callers_pool_every_commit_waits_as_the_server_says(pg_url: str) -> None:
+    with ConnectionPool(
+        pg_url, min_size=1, max_size=2, kwargs={"autocommit": True}, open=True
+    ) as pool:
+        backend = PostgresBackend(pool)
+        with commit_before_flush():
+            assert _commit_setting(backend, "statement")[1] != "client"
