@@ -676,12 +676,13 @@ async def ascope_for(
             await twin.aacquire_lease(thread_id, owner, ttl=lease_ttl)
             return _cache_new_scope(ledger, thread_id, latest, owner, None)
     unsettled: list[EffectRecord] | None = None
-    if prefetch_unsettled:
-        run, unsettled = await twin.astart_run_and_unsettled(
-            thread_id, run_id=run_id, owner=owner, lease_ttl=lease_ttl
-        )
-    else:
-        run = await twin.astart_run(thread_id, run_id=run_id, owner=owner, lease_ttl=lease_ttl)
+    with commit_before_flush():  # as in ``scope_for``
+        if prefetch_unsettled:
+            run, unsettled = await twin.astart_run_and_unsettled(
+                thread_id, run_id=run_id, owner=owner, lease_ttl=lease_ttl
+            )
+        else:
+            run = await twin.astart_run(thread_id, run_id=run_id, owner=owner, lease_ttl=lease_ttl)
     return _cache_new_scope(ledger, thread_id, run, owner, unsettled)
 
 

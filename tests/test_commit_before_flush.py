@@ -10,7 +10,9 @@ outcome leaves its record dispatched, for reconciliation.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
+from contextlib import nullcontext
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -35,6 +37,7 @@ from langgraph_cancel import EffectStatus, EffectToolNode
 from langgraph_cancel.checkpointers.postgres import PostgresCancelSaver
 from langgraph_cancel.errors import DuplicateIdempotencyKeyError, LedgerError
 from langgraph_cancel.ledger import Ledger, PostgresBackend
+from langgraph_cancel.ledger.aio_postgres import AsyncPostgresBackend
 from langgraph_cancel.ledger.flush import commit_before_flush, commits_before_flush
 from langgraph_cancel.types import (
     EffectRecord,
@@ -197,3 +200,23 @@ def test_on_the_callers_pool_every_commit_waits_as_the_server_says(pg_url: str) 
         backend = PostgresBackend(pool)
         with commit_before_flush():
             assert _commit_setting(backend, "statement")[1] != "client"
+
+
+def test_the_async_backend_of_its_own_commits_before_the_flush_inside_the_block(
+    pg_url: str,
+) -> None:
+    async def settings() -> list[tuple[str, str]]:
+        backend = await AsyncPostgresBackend.open(pg_url, max_size=2)
+        seen: list[tuple[str, str]] = []
+        try:
+            for inside in (False, True, False):
+                with commit_before_flush() if inside else nullcontext():
+                    rows = await backend.all_rows([(_SETTING, {})])
+                seen.append((str(rows[0][0]["setting"]), str(rows[0][0]["source"])))
+        finally:
+            await backend.aclose()
+        return seen
+
+    before, inside, after = asyncio.run(settings())
+    assert inside == ("off", "client")
+    assert before[1] != "client" and after[1] != "client"

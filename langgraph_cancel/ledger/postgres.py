@@ -57,7 +57,7 @@ class PostgresBackend(Backend):
                 conn,
                 min_size=min_size,
                 max_size=max_size,
-                kwargs=_session_kwargs(),
+                kwargs=ledger_session_kwargs(),
                 open=True,
                 name="langgraph-cancel-ledger",
             )
@@ -277,7 +277,7 @@ class PostgresBackend(Backend):
                     self.url,
                     min_size=1,
                     max_size=self._max_size,
-                    kwargs=_session_kwargs("-c synchronous_commit=off"),
+                    kwargs=ledger_session_kwargs("-c synchronous_commit=off"),
                     open=True,
                     name="langgraph-cancel-ledger-unflushed",
                 )
@@ -293,8 +293,9 @@ class PostgresBackend(Backend):
             unflushed.close()
 
 
-def _session_kwargs(more_options: str = "") -> dict[str, Any]:
-    """How the ledger's own pools open their sessions (``more_options``: extra settings)."""
+def ledger_session_kwargs(more_options: str = "") -> dict[str, Any]:
+    """How the ledger's own pools open their sessions, sync and async (``more_options``:
+    more ``-c name=value`` settings)."""
     from psycopg.rows import dict_row
 
     return {
