@@ -602,9 +602,7 @@ def scope_for(
     unsettled: list[EffectRecord] | None = None
     if run is None:
         start = resolved.start_run_and_unsettled if prefetch_unsettled else resolved.start_run
-        # Nothing leaves the process on the strength of this row before a later write
-        # that waits for the disk (the first checkpoint, the first intent) makes it
-        # durable, so its own commit need not wait.
+        # No side effect leaves on its strength before a commit that waits for the disk.
         with commit_before_flush():
             started = start(
                 thread_id,
