@@ -83,6 +83,10 @@ class DelayWindow(TypedDict):
     text: str
 
 
+#: The key of a classified tool's ``metadata`` that names its kind (``effect(...)`` sets it).
+EFFECT_KIND_METADATA = "effect_kind"
+
+
 @dataclass(frozen=True, slots=True)
 class EffectSpec:
     """The declaration ``effect(...)`` attaches to a tool.
@@ -350,7 +354,7 @@ def effect(
         if not isinstance(base, BaseTool):  # pragma: no cover - as_tool overloads
             raise EffectDeclarationError(f"cannot make a tool of {target!r}")
         classified = base.model_copy()
-        classified.metadata = {**(base.metadata or {}), "effect_kind": parsed_kind.value}
+        classified.metadata = {**(base.metadata or {}), EFFECT_KIND_METADATA: parsed_kind.value}
         object.__setattr__(classified, _SPEC_ATTR, spec)
         CLASSIFIED_TOOLS[classified.name] = classified
         return classified
@@ -423,6 +427,7 @@ def bound_idempotency_key(key: str) -> Iterator[None]:
 __all__ = [
     "CLASSIFIED_TOOLS",
     "DEFAULT_RETRYABLE",
+    "EFFECT_KIND_METADATA",
     "DelayWindow",
     "EffectSpec",
     "Outcome",

@@ -28,7 +28,13 @@ from typing import TYPE_CHECKING
 from langgraph_cancel.errors import FollowTimeoutError, UnknownRunError
 from langgraph_cancel.ledger.queries import RunTree, run_tree
 from langgraph_cancel.progress import ProgressEffect, ProgressEvent, ProgressKind
-from langgraph_cancel.types import EffectRecord, EffectStatus, RunStatus, TransitionRecord
+from langgraph_cancel.types import (
+    EffectRecord,
+    EffectStatus,
+    RunRecord,
+    RunStatus,
+    TransitionRecord,
+)
 
 if TYPE_CHECKING:
     from langgraph_cancel.ledger import Ledger
@@ -48,58 +54,73 @@ def _view(effect: EffectRecord, status: EffectStatus) -> ProgressEffect:
     return ProgressEffect.of(effect).model_copy(update={"status": status})
 
 
-def progress_of(tree: RunTree) -> list[tuple[str, ProgressEvent]]:
-    """Every step of the run's stop the ledger shows so far, oldest first.
+#: A step found in the ledger: when it happened, the key naming it, its event.
+_Step = tuple[datetime, str, ProgressEvent]
 
-    Args:
-        tree: The run with its task tree (``langgraph_cancel.ledger.queries.run_tree``).
 
-    Returns:
-        ``(key, event)`` pairs: the key names the step, so that a follower
-        reading the ledger again yields each step once.
-    """
-    run = tree.run
-    requested = run.requested_at
-    if requested is None:
-        return []
-    out: list[tuple[datetime, str, ProgressEvent]] = []
-
-    def add(moment: datetime, key: str, event: ProgressEvent) -> None:
-        out.append((moment, key, event))
-
-    add(
-        requested,
-        "requested",
-        ProgressEvent(
-            event=ProgressKind.REQUESTED,
-            run_id=run.run_id,
-            thread_id=run.thread_id,
-            at=requested,
-            reason=run.reason,
-            requested_by=run.requested_by,
-            requested_at=requested,
-        ),
-    )
-    observed = run.observed_at
-    if observed is not None:
-        add(
-            observed,
-            "observed",
+def _run_steps(run: RunRecord, requested: datetime) -> list[_Step]:
+    """The run row's own steps: requested, observed, and cancelled once it is."""
+    found: list[_Step] = [
+        (
+            requested,
+            "requested",
             ProgressEvent(
-                event=ProgressKind.OBSERVED,
+                event=ProgressKind.REQUESTED,
                 run_id=run.run_id,
                 thread_id=run.thread_id,
-                at=observed,
-                observed_at=observed,
+                at=requested,
+                reason=run.reason,
+                requested_by=run.requested_by,
+                requested_at=requested,
             ),
         )
-    steps: dict[str, list[TransitionRecord]] = {}
+    ]
+    observed = run.observed_at
+    if observed is not None:
+        found.append(
+            (
+                observed,
+                "observed",
+                ProgressEvent(
+                    event=ProgressKind.OBSERVED,
+                    run_id=run.run_id,
+                    thread_id=run.thread_id,
+                    at=observed,
+                    observed_at=observed,
+                ),
+            )
+        )
+    if run.status is RunStatus.CANCELLED:
+        found.append(
+            (
+                run.updated_at,
+                "cancelled",
+                ProgressEvent(
+                    event=ProgressKind.CANCELLED,
+                    run_id=run.run_id,
+                    thread_id=run.thread_id,
+                    at=run.updated_at,
+                    report=run.report,
+                ),
+            )
+        )
+    return found
+
+
+def _call_steps(tree: RunTree, requested: datetime) -> list[_Step]:
+    """The calls' steps since the request, sub-agents' runs included."""
+    found: list[_Step] = []
+
+    def add(moment: datetime, key: str, event: ProgressEvent) -> None:
+        found.append((moment, key, event))
+
+    trails: dict[str, list[TransitionRecord]] = {}
     for step in tree.transitions:
-        steps.setdefault(step.effect_id, []).append(step)
+        trails.setdefault(step.effect_id, []).append(step)
     # A sub-agent's run sees the stop when it does: its calls wait from then.
-    seen_at = {each.run_id: each.observed_at for each in (run, *tree.runs)}
+    seen_at = {each.run_id: each.observed_at for each in (tree.run, *tree.runs)}
     for effect in tree.effects:
-        trail = steps.get(effect.effect_id, [])
+        trail = trails.get(effect.effect_id, [])
         run_saw_it = seen_at.get(effect.run_id)
         if run_saw_it is not None:
             _waiting_and_settled(effect, trail, run_saw_it, add)
@@ -117,20 +138,27 @@ def progress_of(tree: RunTree) -> list[tuple[str, ProgressEvent]]:
                         effect=_view(effect, step.to_status),
                     ),
                 )
-    if run.status is RunStatus.CANCELLED:
-        add(
-            run.updated_at,
-            "cancelled",
-            ProgressEvent(
-                event=ProgressKind.CANCELLED,
-                run_id=run.run_id,
-                thread_id=run.thread_id,
-                at=run.updated_at,
-                report=run.report,
-            ),
-        )
-    out.sort(key=lambda item: (item[0], _ORDER[item[2].event]))
-    return [(key, event) for _moment, key, event in out]
+    return found
+
+
+def progress_of(tree: RunTree) -> list[tuple[str, ProgressEvent]]:
+    """Every step of the run's stop the ledger shows so far, oldest first.
+
+    Args:
+        tree: The run with its task tree (``langgraph_cancel.ledger.queries.run_tree``).
+
+    Returns:
+        ``(key, event)`` pairs: the key names the step, so that a follower
+        reading the ledger again yields each step once.
+    """
+    requested = tree.run.requested_at
+    if requested is None:
+        return []
+    found = _run_steps(tree.run, requested) + _call_steps(tree, requested)
+    # The run's own steps are each the only one of their kind, so only calls' steps can
+    # tie on (time, kind); the stable sort keeps those in the ledger's order.
+    found.sort(key=lambda item: (item[0], _ORDER[item[2].event]))
+    return [(key, event) for _moment, key, event in found]
 
 
 def _waiting_and_settled(

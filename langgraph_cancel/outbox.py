@@ -40,8 +40,7 @@ from langgraph_cancel.effects import CLASSIFIED_TOOLS, EffectSpec, bound_idempot
 from langgraph_cancel.errors import LedgerError
 from langgraph_cancel.execution.answers import outcome_payload
 from langgraph_cancel.hooks import call_reconcile, run_sync
-from langgraph_cancel.ledger import Ledger
-from langgraph_cancel.ledger import outbox_sql as oq
+from langgraph_cancel.ledger import Ledger, outbox_sql
 from langgraph_cancel.ledger.records import effect_record
 from langgraph_cancel.types import (
     EffectRecord,
@@ -129,7 +128,9 @@ class Outbox:
 
     def due(self, now: datetime | None = None) -> list[EffectRecord]:
         """The held calls whose window has passed (their runs not being stopped)."""
-        return self._select(oq.SELECT_DUE_HELD, {"now": self.ledger.backend.ts_in(now or utcnow())})
+        return self._select(
+            outbox_sql.SELECT_DUE_HELD, {"now": self.ledger.backend.ts_in(now or utcnow())}
+        )
 
     # ------------------------------------------------------------------ a pass
     def drain(self, now: datetime | None = None) -> DrainResult:
@@ -137,16 +138,20 @@ class Outbox:
 
         Blocking (database I/O and the tools' calls): run it in a thread from async code.
         """
-        at = now or utcnow()
+        moment = now or utcnow()
         backend = self.ledger.backend
-        stale_before = backend.ts_in(at - timedelta(seconds=self.stale_after))
+        stale_before = backend.ts_in(moment - timedelta(seconds=self.stale_after))
         resent = [
             self._resend(rec)
-            for rec in self._select(oq.SELECT_STALE_RELEASED, {"stale_before": stale_before})
+            for rec in self._select(
+                outbox_sql.SELECT_STALE_RELEASED, {"stale_before": stale_before}
+            )
         ]
-        sent = [moved for rec in self.due(at) if (moved := self._release(rec)) is not None]
-        passed = self._select(oq.SELECT_PASSED_PROVIDER_HELD, {"now": backend.ts_in(at)})
-        permanent = settle_windows(self.ledger, passed, now=at)
+        sent = [moved for rec in self.due(moment) if (moved := self._release(rec)) is not None]
+        passed = self._select(
+            outbox_sql.SELECT_PASSED_PROVIDER_HELD, {"now": backend.ts_in(moment)}
+        )
+        permanent = settle_windows(self.ledger, passed, now=moment)
         return DrainResult(tuple(sent), tuple(resent), tuple(permanent))
 
     def run(

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping
 from datetime import datetime
+from typing import Any
 
 from langchain_core.tools import BaseTool
 
@@ -32,6 +33,8 @@ logger = logging.getLogger("langgraph_cancel.window")
 REVOKER = "revoker"
 #: The next action recorded on a revoke nobody could get an answer to.
 REVOKE_UNANSWERED = "ask the provider whether the scheduled call was withdrawn or delivered"
+#: Every step of this module moves an effect that is still ``scheduled``, and only then.
+_SCHEDULED = frozenset({EffectStatus.SCHEDULED})
 
 
 def _stored_handle(rec: EffectRecord) -> object:
@@ -53,7 +56,6 @@ def _move(ledger: Ledger, request: TransitionRequest) -> EffectRecord:
 def _unanswered(
     ledger: Ledger,
     rec: EffectRecord,
-    expected: frozenset[EffectStatus],
     next_action: str,
     *,
     error: str | None = None,
@@ -64,12 +66,51 @@ def _unanswered(
         TransitionRequest(
             effect_id=rec.effect_id,
             to=EffectStatus.UNKNOWN,
-            expected=expected,
+            expected=_SCHEDULED,
             actor=REVOKER,
             owner="operator",
             next_action=next_action,
             error=error,
         ),
+    )
+
+
+def _leave_window(
+    ledger: Ledger, rec: EffectRecord, to: EffectStatus, detail: dict[str, Any]
+) -> EffectRecord:
+    """Move a scheduled effect out of its window (``revoked`` or ``committed``)."""
+    return _move(
+        ledger,
+        TransitionRequest(
+            effect_id=rec.effect_id,
+            to=to,
+            expected=_SCHEDULED,
+            actor=REVOKER,
+            detail=detail,
+        ),
+    )
+
+
+def _revoke_through_hook(
+    ledger: Ledger, rec: EffectRecord, spec: EffectSpec | None
+) -> EffectRecord:
+    """Ask the provider holding the call to withdraw it, and record its answer."""
+    if spec is None or spec.revoke is None:
+        return _unanswered(ledger, rec, f"no revoke hook known for {rec.tool}: {REVOKE_UNANSWERED}")
+    try:
+        withdrawn = run_sync(call_revoke(spec, rec.idempotency_key, rec.args, _stored_handle(rec)))
+    except HookError as exc:
+        logger.warning("revoke of %s got no answer: %s", rec.effect_id, exc)
+        return _unanswered(ledger, rec, REVOKE_UNANSWERED, error=str(exc))
+    if withdrawn:
+        return _leave_window(
+            ledger, rec, EffectStatus.REVOKED, {"release_at": _iso(rec.release_at)}
+        )
+    return _leave_window(
+        ledger,
+        rec,
+        EffectStatus.COMMITTED,
+        {"revoke": "refused: the provider says the call is final"},
     )
 
 
@@ -89,51 +130,12 @@ def revoke_effect(
     """
     if rec.status is not EffectStatus.SCHEDULED:
         return rec
-    at = now or utcnow()
-    expected = frozenset({EffectStatus.SCHEDULED})
     if rec.held:
-        return _move(
-            ledger,
-            TransitionRequest(
-                effect_id=rec.effect_id,
-                to=EffectStatus.REVOKED,
-                expected=expected,
-                actor=REVOKER,
-                detail={"held": True, "release_at": _iso(rec.release_at)},
-            ),
-        )
-    if not rec.revocable(at):
+        detail: dict[str, Any] = {"held": True, "release_at": _iso(rec.release_at)}
+        return _leave_window(ledger, rec, EffectStatus.REVOKED, detail)
+    if not rec.revocable(now or utcnow()):
         return _settle_passed(ledger, rec)
-    if spec is None or spec.revoke is None:
-        return _unanswered(
-            ledger, rec, expected, f"no revoke hook known for {rec.tool}: {REVOKE_UNANSWERED}"
-        )
-    try:
-        withdrawn = run_sync(call_revoke(spec, rec.idempotency_key, rec.args, _stored_handle(rec)))
-    except HookError as exc:
-        logger.warning("revoke of %s got no answer: %s", rec.effect_id, exc)
-        return _unanswered(ledger, rec, expected, REVOKE_UNANSWERED, error=str(exc))
-    if withdrawn:
-        return _move(
-            ledger,
-            TransitionRequest(
-                effect_id=rec.effect_id,
-                to=EffectStatus.REVOKED,
-                expected=expected,
-                actor=REVOKER,
-                detail={"release_at": _iso(rec.release_at)},
-            ),
-        )
-    return _move(
-        ledger,
-        TransitionRequest(
-            effect_id=rec.effect_id,
-            to=EffectStatus.COMMITTED,
-            expected=expected,
-            actor=REVOKER,
-            detail={"revoke": "refused: the provider says the call is final"},
-        ),
-    )
+    return _revoke_through_hook(ledger, rec, spec)
 
 
 def revoke_window(
@@ -159,15 +161,8 @@ def revoke_window(
 
 
 def _settle_passed(ledger: Ledger, rec: EffectRecord) -> EffectRecord:
-    return _move(
-        ledger,
-        TransitionRequest(
-            effect_id=rec.effect_id,
-            to=EffectStatus.COMMITTED,
-            expected=frozenset({EffectStatus.SCHEDULED}),
-            actor=REVOKER,
-            detail={"window_passed": _iso(rec.release_at)},
-        ),
+    return _leave_window(
+        ledger, rec, EffectStatus.COMMITTED, {"window_passed": _iso(rec.release_at)}
     )
 
 
@@ -178,14 +173,14 @@ def settle_windows(
 
     Held calls are left alone: the outbox sends them. Returns the effects moved.
     """
-    at = now or utcnow()
+    moment = now or utcnow()
     return [
         _settle_passed(ledger, rec)
         for rec in effects
         if rec.status is EffectStatus.SCHEDULED
         and not rec.held
         and rec.release_at is not None
-        and rec.release_at <= at
+        and rec.release_at <= moment
     ]
 
 

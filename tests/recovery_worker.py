@@ -62,7 +62,7 @@ from langgraph_cancel import (
 from langgraph_cancel.checkpointers.postgres import PostgresCancelSaver
 from langgraph_cancel.checkpointers.sqlite import SqliteCancelSaver
 from langgraph_cancel.demo import tools as refund_tools
-from langgraph_cancel.demo.services import Providers
+from langgraph_cancel.demo.providers.store import ProviderStore
 from langgraph_cancel.testing.fake_model import ScriptedChatModel, tool_call
 from langgraph_cancel.types import MAYBE_APPLIED_STATUSES, UNDISPATCHED_STATUSES, effect_status
 
@@ -337,7 +337,7 @@ def install_points(points: Points) -> None:
     transition = Ledger.transition
     transition_many = Ledger.transition_many
     finish_run = Ledger.finish_run
-    mutate = Providers._mutate
+    mutate = ProviderStore.mutate
 
     @functools.wraps(transition)
     def traced_transition(self: Ledger, effect_id: str, to: Any, **kwargs: Any) -> Any:
@@ -366,7 +366,7 @@ def install_points(points: Points) -> None:
         return finish_run(self, run_id, status, **kwargs)
 
     @functools.wraps(mutate)
-    def traced_mutate(self: Providers, operation: str, key: str, *args: Any) -> Any:
+    def traced_mutate(self: ProviderStore, operation: str, key: str, *args: Any) -> Any:
         points.hit(f"before_call:{operation}")
         result = mutate(self, operation, key, *args)
         points.hit(f"after_call:{operation}")
@@ -375,7 +375,7 @@ def install_points(points: Points) -> None:
     Ledger.transition = traced_transition  # type: ignore[method-assign,assignment]
     Ledger.transition_many = traced_transition_many  # type: ignore[method-assign,assignment]
     Ledger.finish_run = traced_finish_run  # type: ignore[method-assign,assignment]
-    Providers._mutate = traced_mutate  # type: ignore[method-assign,assignment]
+    ProviderStore.mutate = traced_mutate  # type: ignore[method-assign,assignment]
 
 
 # ------------------------------------------------------------ the three questions

@@ -218,3 +218,143 @@ async def test_a_sync_invoke_without_a_thread_inside_async_code_never_blocks_the
     with blockbuster_ctx():
         out = agent.invoke({"messages": [HumanMessage("hi")]})
     assert out["messages"][-1].content == "no tools needed"
+
+
+def test_the_agent_graph_is_create_agents_own(saver: Any) -> None:
+    """No node of the middleware's own: the graph, and so the steps a run takes (its
+    ``recursion_limit``), are what ``create_agent`` builds for the same tools."""
+    counter = Counter()
+    plain = agents.create_agent(ScriptedChatModel(["x"]), _tools(counter))
+    guarded = agents.create_agent(
+        ScriptedChatModel(["x"]), _tools(counter), middleware=[EffectMiddleware()]
+    )
+    assert set(guarded.get_graph().nodes) == set(plain.get_graph().nodes)
+
+    model = ScriptedChatModel(
+        [AIMessage("", tool_calls=[tool_call("lookup", {"order_id": "o1"})]), "found it"]
+    )
+    agent = agents.create_agent(
+        model, _tools(counter), middleware=[EffectMiddleware()], checkpointer=saver
+    )
+    # model, tools, model: the recursion limit the same agent without the middleware needs.
+    config: RunnableConfig = {"configurable": {"thread_id": "mw-steps"}, "recursion_limit": 4}
+    out = agent.invoke({"messages": [HumanMessage("look o1 up")]}, config)
+    assert out["messages"][-1].content == "found it"
+    assert saver.ledger.latest_run("mw-steps").status.value == "completed"
+
+
+def test_each_turn_is_one_run_completed_once(saver: Any) -> None:
+    counter = Counter()
+    model = ScriptedChatModel(
+        [
+            AIMessage("", tool_calls=[tool_call("refund", {"order_id": "o1"})]),
+            "refunded",
+            "nothing else to do",
+        ]
+    )
+    agent = agents.create_agent(
+        model, _tools(counter), middleware=[EffectMiddleware()], checkpointer=saver
+    )
+    config: RunnableConfig = {"configurable": {"thread_id": "mw-turns"}}
+    agent.invoke({"messages": [HumanMessage("refund o1")]}, config)
+    agent.invoke({"messages": [HumanMessage("thanks")]}, config)
+    runs = saver.ledger.runs("mw-turns")
+    assert [run.status.value for run in runs] == ["completed", "completed"]
+    (refund,) = saver.ledger.effects("mw-turns")
+    assert refund.run_id == runs[0].run_id
+
+
+def test_a_return_direct_turn_completes_its_run(saver: Any) -> None:
+    counter = Counter()
+
+    @effect(EffectKind.READ_ONLY)
+    @tool(return_direct=True)
+    def quote(order_id: str) -> str:
+        """Quote an order, straight to the user."""
+        counter.add("quote", order_id, "")
+        return f"quote for {order_id}"
+
+    model = ScriptedChatModel(
+        [AIMessage("", tool_calls=[tool_call("quote", {"order_id": "o1"})]), "never said"]
+    )
+    agent = agents.create_agent(model, [quote], middleware=[EffectMiddleware()], checkpointer=saver)
+    out = agent.invoke(
+        {"messages": [HumanMessage("quote o1")]}, {"configurable": {"thread_id": "mw-direct"}}
+    )
+    assert out["messages"][-1].content == "quote for o1"
+    assert model.calls == 1
+    assert saver.ledger.latest_run("mw-direct").status.value == "completed"
+
+
+async def test_a_task_cancelled_mid_model_call_ends_cancelled_on_the_next_turn(
+    saver: Any,
+) -> None:
+    import asyncio
+
+    counter = Counter()
+    model = ScriptedChatModel(["a first answer that takes a while", "second"], delay_per_token=0.1)
+    agent = agents.create_agent(
+        model, _tools(counter), middleware=[EffectMiddleware()], checkpointer=saver
+    )
+    config: RunnableConfig = {"configurable": {"thread_id": "mw-model-stop"}}
+    task = asyncio.ensure_future(agent.ainvoke({"messages": [HumanMessage("hi")]}, config))
+    await asyncio.sleep(0.2)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    stopped = saver.ledger.latest_run("mw-model-stop")
+    out = await agent.ainvoke({"messages": [HumanMessage("still there?")]}, config)
+    assert out["messages"][-1].content == "second"
+    assert saver.ledger.get_run(stopped.run_id).status.value == "cancelled"
+    assert get_report(saver, "mw-model-stop", run_id=stopped.run_id).status == "cancelled"
+    assert saver.ledger.latest_run("mw-model-stop").status.value == "completed"
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_a_tool_added_per_request_runs_as_classified_by_name(
+    saver: Any, use_async: bool
+) -> None:
+    """A middleware adds a tool to the model request and serves it: ``effects=`` on
+    ``EffectMiddleware`` classifies it by name, as ``effect(...)`` would have."""
+    from langchain.agents.middleware import AgentMiddleware
+
+    ran: list[str] = []
+
+    @tool
+    def weather(city: str) -> str:
+        """The weather in a city."""
+        ran.append(city)
+        return f"sunny in {city}"
+
+    class WeatherMiddleware(AgentMiddleware[Any, Any, Any]):
+        def wrap_model_call(self, request: Any, handler: Any) -> Any:
+            return handler(request.override(tools=[*request.tools, weather]))
+
+        async def awrap_model_call(self, request: Any, handler: Any) -> Any:
+            return await handler(request.override(tools=[*request.tools, weather]))
+
+        def wrap_tool_call(self, request: Any, handler: Any) -> Any:
+            served = weather if request.tool_call["name"] == "weather" else request.tool
+            return handler(request.override(tool=served))
+
+        async def awrap_tool_call(self, request: Any, handler: Any) -> Any:
+            served = weather if request.tool_call["name"] == "weather" else request.tool
+            return await handler(request.override(tool=served))
+
+    model = ScriptedChatModel(
+        [AIMessage("", tool_calls=[tool_call("weather", {"city": "Oslo"})]), "sunny"]
+    )
+    agent = agents.create_agent(
+        model,
+        [],
+        middleware=[WeatherMiddleware(), EffectMiddleware(effects={"weather": "read_only"})],
+        checkpointer=saver,
+    )
+    config: RunnableConfig = {"configurable": {"thread_id": f"mw-served-{use_async}"}}
+    message = {"messages": [HumanMessage("weather in Oslo?")]}
+    out = await agent.ainvoke(message, config) if use_async else agent.invoke(message, config)
+    assert "__interrupt__" not in out
+    assert out["messages"][-1].content == "sunny"
+    assert ran == ["Oslo"]
+    (rec,) = saver.ledger.effects(f"mw-served-{use_async}")
+    assert rec.kind is EffectKind.READ_ONLY

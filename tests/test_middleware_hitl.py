@@ -218,3 +218,63 @@ async def test_a_task_cancel_mid_call_leaves_a_valid_history_and_a_report() -> N
         if rec.status is EffectStatus.COMMITTED
     )
     assert len(applied) == len({key for *_, key in applied}) == len(permanent)
+
+
+def test_a_stop_ends_the_agent_beside_an_after_model_hook() -> None:
+    # HumanInTheLoopMiddleware's after_model hook sits between the model and the route
+    # after it, so the stop's jump to the end does not reach that route: the agent comes
+    # back to the model once, and a closing reply ends it. The model is not called again.
+    import threading
+
+    applied: list[tuple[str, float, str]] = []
+    saver = MemoryCancelSaver()
+    hitl = HumanInTheLoopMiddleware(interrupt_on={"something_else": True})
+    model = ScriptedChatModel(
+        [
+            AIMessage(
+                "", tool_calls=[tool_call("issue_refund", {"order_id": "o-1", "amount": 1.0})]
+            ),
+            AIMessage(
+                "", tool_calls=[tool_call("issue_refund", {"order_id": "o-2", "amount": 2.0})]
+            ),
+            "never said",
+        ]
+    )
+
+    def refund_then_wait() -> BaseTool:
+        @effect(EffectKind.IRREVERSIBLE, requires_approval=False)
+        @tool
+        def issue_refund(order_id: str, amount: float) -> str:
+            """Refund an order."""
+            applied.append((order_id, amount, idempotency_key()))
+            started.set()
+            time.sleep(0.3)
+            return f"refunded {amount} on {order_id}"
+
+        return issue_refund
+
+    started = threading.Event()
+    agent = create_agent(
+        model,
+        [refund_then_wait()],
+        middleware=[hitl, cast(AgentMiddleware[Any, Any, Any], EffectMiddleware(approval=hitl))],
+        checkpointer=saver,
+    )
+    cfg: RunnableConfig = {"configurable": {"thread_id": "stop-beside-hitl"}}
+
+    def stop() -> None:
+        started.wait(10)
+        from langgraph_cancel import request_cancel
+
+        request_cancel(saver, "stop-beside-hitl", reason="user pressed stop", requested_by="test")
+
+    stopper = threading.Thread(target=stop)
+    stopper.start()
+    out = agent.invoke({"messages": [HumanMessage("refund")]}, {**cfg, "recursion_limit": 12})
+    stopper.join()
+    assert model.calls == 1
+    assert [order for order, *_ in applied] == ["o-1"]
+    assert out["cancellation_report"]["status"] == "cancelled"
+    assert get_report(saver, "stop-beside-hitl").status == "cancelled"
+    _assert_valid_history(out["messages"])
+    assert not out["messages"][-1].tool_calls  # the closing reply

@@ -2,7 +2,7 @@
 
 Each scenario runs the refund agent (``tests/recovery_worker.py``) in a real
 process against a ledger on SQLite or PostgreSQL and fake providers that keep
-their own truth in their own SQLite file (``langgraph_cancel/demo/services.py``).
+their own truth in their own SQLite file (``langgraph_cancel/demo/providers/``).
 The worker blocks at a *kill point*; the test SIGKILLs it there. A NEW process
 then answers the three questions from the database alone (I7) and resumes the
 thread. The test finally checks, against the provider's truth:

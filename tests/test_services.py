@@ -15,6 +15,10 @@ from typing import Any
 
 import pytest
 
+from langgraph_cancel.demo.providers.mail import Mailer
+from langgraph_cancel.demo.providers.orders import Orders
+from langgraph_cancel.demo.providers.payments import Payments
+from langgraph_cancel.demo.providers.store import ProviderStore
 from langgraph_cancel.demo.services import (
     IdempotencyKeyReused,
     OrderNotFound,
@@ -99,6 +103,23 @@ def test_key_reused_for_a_different_request_is_refused(providers: Providers) -> 
         providers.send_email("a@example.com", "s", "b", "k")
     assert providers.executions("k") == 1
     assert len(providers.truth()["refunds"]) == 1
+
+
+def test_each_provider_works_on_its_own_over_one_store(db: Path) -> None:
+    store = ProviderStore(db)
+    refund = Payments(store).refund("o-88", 30, "refund:o-88:30.00")
+    update = Orders(store).update_order("o-88", {"status": "refunded"}, "update:o-88")
+    with pytest.raises(IdempotencyKeyReused):
+        Mailer(store).send_email("dana@example.com", "s", "b", "refund:o-88:30.00")
+    # The facade over the same file sees what each provider did, under the same keys.
+    facade = Providers(db)
+    assert facade.find_refund("refund:o-88:30.00") == refund
+    assert facade.find_update("update:o-88") == Orders(store).find_update("update:o-88")
+    assert update["previous"] == {"status": "refund_requested"}
+    assert facade.get_order("o-88")["status"] == "refunded"
+    # The refused email is not counted: its refusal rolled its arrival back.
+    assert facade.executions("refund:o-88:30.00") == facade.attempts("refund:o-88:30.00") == 1
+    assert facade.truth()["emails"] == []
 
 
 def test_refund_rules(providers: Providers) -> None:

@@ -1198,3 +1198,57 @@ def test_idempotency_key_inside_tool_matches_ledger(
     # Outside a dispatched call there is no key.
     with pytest.raises(RuntimeError, match="only available inside"):
         idempotency_key()
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+def test_a_tool_a_wrapper_serves_runs_as_classified_by_name(use_async: bool) -> None:
+    """``effects=`` classifies by name what a ``wrap_tool_call`` serves: it runs, and a
+    name it does not give still waits for approval."""
+    ran: list[str] = []
+
+    @tool
+    def weather(city: str) -> str:
+        """The weather in a city (served by the wrapper, not given to the node)."""
+        ran.append(city)
+        return f"sunny in {city}"
+
+    @tool
+    def wire(amount: int) -> str:
+        """Wire money (served by the wrapper, not classified)."""
+        ran.append(f"wire {amount}")
+        return "wired"
+
+    served = {"weather": weather, "wire": wire}
+
+    def serve(request: Any, execute: Any) -> Any:
+        return execute(request.override(tool=served[request.tool_call["name"]]))
+
+    async def aserve(request: Any, execute: Any) -> Any:
+        return await execute(request.override(tool=served[request.tool_call["name"]]))
+
+    node = EffectToolNode(
+        [],
+        wrap_tool_call=serve,
+        awrap_tool_call=aserve,
+        effects={"weather": effect(EffectKind.READ_ONLY)},
+    )
+    graph = (
+        StateGraph(MessagesState)
+        .add_node("tools", node)
+        .add_edge(START, "tools")
+        .compile(checkpointer=InMemorySaver())
+    )
+
+    def run(call: Any, thread: str) -> Any:
+        message: Any = {"messages": [AIMessage("", tool_calls=[call])]}
+        config = config_for(thread)
+        if use_async:
+            return asyncio.run(graph.ainvoke(message, config))
+        return graph.invoke(message, config)
+
+    out = run(tool_call("weather", {"city": "Oslo"}, id="c-weather"), new_thread())
+    assert out["messages"][-1].content == "sunny in Oslo"
+    assert "__interrupt__" not in out
+    out = run(tool_call("wire", {"amount": 5}, id="c-wire"), new_thread())
+    assert out["__interrupt__"][0].value["effect_kind"] == "irreversible"
+    assert ran == ["Oslo"]

@@ -19,9 +19,10 @@ Commands::
     reconcile [THREAD | --all]      settle unknown and in-flight effects through reconcile hooks
     completion bash|zsh             a shell completion script
 
-The package is split by concern: :mod:`~langgraph_cancel.cli.parser` (arguments),
-:mod:`~langgraph_cancel.cli.app` (``main`` and errors),
-:mod:`~langgraph_cancel.cli.render` (all output), and one module per command
+The package is split by concern: :mod:`~langgraph_cancel.cli.parser` (the
+commands and their arguments, whose types are in
+:mod:`~langgraph_cancel.cli.arguments`), :mod:`~langgraph_cancel.cli.app`
+(``main`` and errors), :mod:`~langgraph_cancel.cli.render` (all output), and one module per command
 group, imported only when one of its commands runs, so ``--help``,
 ``--version``, ``cancel``, ``status`` and ``effects`` never import LangChain.
 """

@@ -15,10 +15,10 @@ from rich.console import Console
 from langgraph_cancel.cli import render
 from langgraph_cancel.cli.config import PROG, Database, resolve_database
 from langgraph_cancel.cli.database import open_ledger
-from langgraph_cancel.cli.inspection import lease_live
 from langgraph_cancel.errors import CommandLineError, FollowTimeoutError
 from langgraph_cancel.ledger import Ledger
 from langgraph_cancel.types import CancelRequestResult
+from langgraph_cancel.workers import lease_is_live
 
 
 def cancel(args: argparse.Namespace) -> int:
@@ -29,7 +29,7 @@ def cancel(args: argparse.Namespace) -> int:
     with open_ledger(db) as ledger:
         result = ledger.request_cancel(args.thread, reason=args.reason, requested_by=args.by)
         lease = ledger.lease(args.thread)
-        worker = lease.owner if lease is not None and lease_live(lease) else None
+        worker = lease.owner if lease is not None and lease_is_live(lease) else None
         if args.follow and result.accepted and result.run_id is not None:
             return _follow(ledger, db, args, result, worker)
     if args.json:

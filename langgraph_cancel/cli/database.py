@@ -93,9 +93,9 @@ def open_saver(db: Database, *, create: bool = False) -> Iterator[Any]:
         return
     from langgraph_cancel.checkpointers.postgres import PostgresCancelSaver
 
-    with PostgresCancelSaver.from_conn_string(db.url.url) as pg:
-        pg.setup()
-        yield pg
+    with PostgresCancelSaver.from_conn_string(db.url.url) as saver:
+        saver.setup()
+        yield saver
 
 
 __all__ = ["CONNECT_TIMEOUT", "check_reachable", "open_ledger", "open_saver"]

@@ -22,8 +22,10 @@ from langgraph_cancel.cli.database import open_saver
 from langgraph_cancel.errors import CommandLineError
 
 if TYPE_CHECKING:
-    from langgraph_cancel.demo.scenario import Step
+    from langgraph_cancel.demo.scenario import Step, TruthCheck
+    from langgraph_cancel.demo.services import Providers
     from langgraph_cancel.ledger import Ledger
+    from langgraph_cancel.report import CancellationReport
 
 #: Seconds the demo waits at the approval gate for its stop button.
 APPROVAL_WAIT = 30.0
@@ -149,13 +151,136 @@ def _free_refund_keys(
         say(Text(f"replaced the earlier demo on thread {holder.thread_id!r} (it held {key!r})"))
 
 
+def _reset_world(
+    ledger: Ledger, saver: Any, threads: Sequence[str], step: Step, providers_path: str, hang: float
+) -> Providers:
+    """Fresh providers (their fault armed for the step) and the demo's threads deleted."""
+    from langgraph_cancel.demo import scenario, tools
+
+    providers = scenario.reset_providers(providers_path)
+    tools.set_providers_path(providers_path)
+    scenario.arm(step, providers, hang)
+    for each in threads:
+        lease = ledger.lease(each)
+        if lease is not None:
+            ledger.release_lease(each, lease.owner)
+        saver.delete_thread(each)
+    return providers
+
+
+def _demo_graph(step: Step, saver: Any, model_started: threading.Event) -> Any:
+    """The refund agent the step runs (a parent and its sub-agent for ``subagent``)."""
+    from langgraph_cancel.demo import graph as agent
+    from langgraph_cancel.demo import scenario, subagent
+
+    if step.in_child:
+        refunds_agent = agent.build_builder(
+            agent.scripted_model(subagent.child_script(step.refund_amount))
+        ).compile(checkpointer=saver)
+        return subagent.build_parent_builder(refunds_agent).compile(checkpointer=saver)
+    model = scenario.demo_model(step, model_started)
+    return agent.build_builder(
+        model, compensate_on_cancel=step.compensate, limits=step.limits
+    ).compile(checkpointer=saver)
+
+
+def _say_chunk(mode: str, chunk: Any, say: Callable[[Text], None]) -> None:
+    """The demo's lines for one streamed chunk (a node's update, or a step of the stop)."""
+    from langgraph_cancel.progress import EVENT_KEY
+
+    if mode == "updates" and isinstance(chunk, dict):
+        for text in render.describe_update(chunk):
+            say(text)
+    elif mode == "custom" and isinstance(chunk, dict) and EVENT_KEY in chunk:
+        described = render.describe_progress(chunk[EVENT_KEY])
+        if described is not None:
+            say(described)
+
+
+def _await_stop(ledger: Ledger, run_id: str) -> None:
+    """Wait, at the approval gate, for the stop button to press stop."""
+    deadline = time.monotonic() + APPROVAL_WAIT
+    while not ledger.get_run(run_id).cancel_requested:
+        if time.monotonic() > deadline:
+            raise CommandLineError("the demo paused for approval and stop was never pressed")
+        time.sleep(WATCH_INTERVAL)
+
+
+def _stream_to_end(graph: Any, ledger: Ledger, thread: str, say: Callable[[Text], None]) -> None:
+    """Run the agent until its run ends, resuming it once stop is pressed at the gate."""
+    from langgraph_cancel.demo import graph as agent
+
+    config: Any = {"configurable": {"thread_id": thread}}
+    inputs: Any = agent.seed_input()
+    while True:
+        for mode, chunk in graph.stream(inputs, config, stream_mode=["updates", "custom"]):
+            _say_chunk(mode, chunk, say)
+        latest = ledger.require_latest_run(thread)
+        if latest.terminal or not graph.get_state(config).interrupts:
+            return
+        # Paused at the approval gate. Nobody approves in the demo: wait for the
+        # stop, then resume the thread so the cancel finishes (pending calls dropped).
+        say(
+            Text.assemble(
+                ("approval gate", "bold yellow"), ": the run is paused for a human decision"
+            )
+        )
+        _await_stop(ledger, latest.run_id)
+        say(Text("resuming the paused thread to finish the cancel"))
+        inputs = None
+
+
+def _run_with_stop_button(
+    graph: Any,
+    ledger: Ledger,
+    db: Database,
+    threads: Sequence[str],
+    step: Step,
+    model_started: threading.Event,
+    say: Callable[[Text], None],
+    spinner: Status | None,
+) -> None:
+    """Run the agent while the stop button watches the ledger from another thread."""
+    from langgraph_cancel.ledger import Ledger
+
+    # The stop button reads through a ledger of its own, as another process would.
+    watch_ledger = ledger if db.url.is_memory else Ledger.from_url(db.url.url)
+    button = StopButton(watch_ledger, threads, step, model_started, say, spinner)
+    try:
+        if spinner is not None:
+            spinner.start()
+        button.start()
+        _stream_to_end(graph, ledger, threads[0], say)
+    finally:
+        button.done.set()
+        button.join(timeout=10)
+        if spinner is not None:
+            spinner.stop()
+        if watch_ledger is not ledger:
+            watch_ledger.close()
+    if button.error is not None:
+        raise CommandLineError(f"the stop button failed: {button.error}")
+
+
+def _print_outcome(
+    report: CancellationReport, check: TruthCheck, thread: str, db: Database, providers_path: str
+) -> None:
+    """The report for people, whether the providers agree, and where to look next."""
+    out = render.console()
+    out.print()
+    render.render_report(out, report)
+    render.line(out, (check.line, "green" if check.agrees else "bold red"))
+    render.line(
+        out,
+        f"Inspect it: `{PROG} status {thread}{db.flag}`, `{PROG} effects {thread} --history"
+        f"{db.flag}`, `python -m langgraph_cancel.demo.services truth --db {providers_path}`",
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     """``langgraph-cancel demo``: exit 1 when the report disagrees with the providers."""
     from langgraph_cancel.api import get_report
-    from langgraph_cancel.demo import graph as agent
     from langgraph_cancel.demo import scenario, subagent, tools
-    from langgraph_cancel.ledger import Ledger
-    from langgraph_cancel.progress import EVENT_KEY
 
     db = resolve_database(args.db)
     step = scenario.STEPS[args.cancel_at]
@@ -183,90 +308,21 @@ def run(args: argparse.Namespace) -> int:
             )
         )
         say(Text(f"  agent database: {db.url.redacted}; providers' truth: {providers_path}"))
-        providers = scenario.reset_providers(providers_path)
-        tools.set_providers_path(providers_path)
-        scenario.arm(step, providers, args.hang)
-        for each in threads:
-            lease = ledger.lease(each)
-            if lease is not None:
-                ledger.release_lease(each, lease.owner)
-            saver.delete_thread(each)
+        providers = _reset_world(ledger, saver, threads, step, providers_path, args.hang)
         model_started = threading.Event()
-        model = scenario.demo_model(step, model_started)
-        if step.in_child:
-            refunds_agent = agent.build_builder(
-                agent.scripted_model(subagent.child_script(step.refund_amount))
-            ).compile(checkpointer=saver)
-            graph = subagent.build_parent_builder(refunds_agent).compile(checkpointer=saver)
-        else:
-            graph = agent.build_builder(
-                model, compensate_on_cancel=step.compensate, limits=step.limits
-            ).compile(checkpointer=saver)
-        # The stop button reads through a ledger of its own, as another process would.
-        watch_ledger = ledger if db.url.is_memory else Ledger.from_url(db.url.url)
+        graph = _demo_graph(step, saver, model_started)
         spinner = (
             None
             if quiet or not err.is_terminal
             else Status("running the refund agent…", console=err)
         )
-        button = StopButton(watch_ledger, threads, step, model_started, say, spinner)
-        config: Any = {"configurable": {"thread_id": thread}}
-        try:
-            if spinner is not None:
-                spinner.start()
-            button.start()
-            inputs: Any = agent.seed_input()
-            while True:
-                for mode, chunk in graph.stream(inputs, config, stream_mode=["updates", "custom"]):
-                    if mode == "updates" and isinstance(chunk, dict):
-                        for text in render.describe_update(chunk):
-                            say(text)
-                    elif mode == "custom" and isinstance(chunk, dict) and EVENT_KEY in chunk:
-                        described = render.describe_progress(chunk[EVENT_KEY])
-                        if described is not None:
-                            say(described)
-                latest = ledger.require_latest_run(thread)
-                if latest.terminal or not graph.get_state(config).interrupts:
-                    break
-                # Paused at the approval gate. Nobody approves in the demo: wait for the
-                # stop, then resume the thread so the cancel finishes (pending calls dropped).
-                say(
-                    Text.assemble(
-                        ("approval gate", "bold yellow"), ": the run is paused for a human decision"
-                    )
-                )
-                deadline = time.monotonic() + APPROVAL_WAIT
-                while not ledger.get_run(latest.run_id).cancel_requested:
-                    if time.monotonic() > deadline:
-                        raise CommandLineError(
-                            "the demo paused for approval and stop was never pressed"
-                        )
-                    time.sleep(WATCH_INTERVAL)
-                say(Text("resuming the paused thread to finish the cancel"))
-                inputs = None
-        finally:
-            button.done.set()
-            button.join(timeout=10)
-            if spinner is not None:
-                spinner.stop()
-            if watch_ledger is not ledger:
-                watch_ledger.close()
-        if button.error is not None:
-            raise CommandLineError(f"the stop button failed: {button.error}")
+        _run_with_stop_button(graph, ledger, db, threads, step, model_started, say, spinner)
         report = get_report(ledger, thread)
     check = scenario.check_truth(report, providers.truth(), tools.send_at_mail().truth())
     if quiet:
         print(report.model_dump_json(indent=2))
-        return 0 if check.agrees else 1
-    out = render.console()
-    out.print()
-    render.render_report(out, report)
-    render.line(out, (check.line, "green" if check.agrees else "bold red"))
-    render.line(
-        out,
-        f"Inspect it: `{PROG} status {thread}{db.flag}`, `{PROG} effects {thread} --history"
-        f"{db.flag}`, `python -m langgraph_cancel.demo.services truth --db {providers_path}`",
-    )
+    else:
+        _print_outcome(report, check, thread, db, providers_path)
     return 0 if check.agrees else 1
 
 

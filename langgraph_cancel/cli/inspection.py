@@ -58,11 +58,6 @@ _SIDE_EFFECT_SHOWN = (
 )
 
 
-def lease_live(lease: LeaseRecord | None) -> bool:
-    """True when a worker holds the thread (see ``langgraph_cancel.workers``)."""
-    return lease_is_live(lease)
-
-
 @dataclass(frozen=True, slots=True)
 class ThreadState:
     """What the database holds about a thread.
@@ -169,7 +164,7 @@ def load_thread(db: Database, thread_id: str) -> ThreadState:
 def _unfinished_steps(state: ThreadState, flag: str) -> list[str]:
     thread = state.thread_id
     latest = state.latest
-    live = lease_live(state.lease)
+    live = lease_is_live(state.lease)
     holder = state.lease.owner if state.lease else "?"
     pending = [
         e
@@ -217,7 +212,7 @@ def next_steps(state: ThreadState, flag: str) -> list[str]:
     latest = state.latest
     steps = [] if latest.terminal else _unfinished_steps(state, flag)
     in_flight = [e for e in state.effects if e.status is EffectStatus.DISPATCHED]
-    if in_flight and not lease_live(state.lease):
+    if in_flight and not lease_is_live(state.lease):
         steps.append(
             f"{len(in_flight)} call(s) were left in flight with no recorded outcome: "
             f"`{PROG} reconcile {thread}{flag}` asks the providers what became of them."
@@ -279,7 +274,7 @@ def status_json(state: ThreadState, flag: str) -> dict[str, Any]:
         "runs": [run_json(run) for run in state.runs],
         "lease": None
         if lease is None
-        else {**lease.model_dump(mode="json"), "live": lease_live(lease)},
+        else {**lease.model_dump(mode="json"), "live": lease_is_live(lease)},
         "checkpoint": state.checkpoint,
         "interrupts": json.loads(json.dumps(state.interrupts, default=str)),
         "done": [effect_json(e) for e in state.done],
@@ -306,7 +301,7 @@ def status(args: argparse.Namespace) -> int:
         render.console(),
         state,
         next_steps(state, db.flag),
-        lease_live=lease_live(state.lease),
+        lease_live=lease_is_live(state.lease),
         beat=beat,
     )
     return 0
@@ -373,7 +368,6 @@ __all__ = [
     "ThreadState",
     "effect_json",
     "effects",
-    "lease_live",
     "load_thread",
     "next_steps",
     "report",

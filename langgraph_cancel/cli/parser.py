@@ -1,7 +1,8 @@
 """The ``langgraph-cancel`` argument parser: every command, argument and help text.
 
-Arguments are checked here (a thread id that is empty, ``--hang -1``, a
-malformed ``--db``), so a bad one is refused before anything is opened. A
+Arguments are checked as they are parsed (a thread id that is empty, ``--hang -1``, a
+malformed ``--db``: the types of :mod:`~langgraph_cancel.cli.arguments`), so a bad one
+is refused before anything is opened. A
 refusal raises :class:`~langgraph_cancel.errors.CommandLineError` instead of
 argparse's usage-and-exit-2. Each command names its handler as
 ``"module:function"`` inside this package, imported only when that command
@@ -11,18 +12,26 @@ runs: building the parser imports nothing heavy.
 from __future__ import annotations
 
 import argparse
-import getpass
-import json
-import math
 import os
-import re
-from collections.abc import Sequence
-from datetime import UTC, datetime, timedelta
-from typing import Any, NoReturn
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, NoReturn, Protocol
 
+from langgraph_cancel.cli.arguments import (
+    DEFAULT_SINCE,
+    database,
+    default_requester,
+    graph_spec,
+    json_value,
+    non_empty,
+    positive_int,
+    seconds,
+    since,
+    thread_id,
+)
 from langgraph_cancel.cli.config import DEFAULT_GRAPH, PROG, version
-from langgraph_cancel.errors import CommandLineError, InvalidURLError
-from langgraph_cancel.urls import DEFAULT_DB_URL, ENV_DB, DatabaseURL, parse_database_url
+from langgraph_cancel.errors import CommandLineError
+from langgraph_cancel.urls import DEFAULT_DB_URL, ENV_DB
 
 #: The demo's ``--cancel-at`` steps (``langgraph_cancel.demo.scenario.STEPS``, named
 #: here so that the parser does not import the demo).
@@ -78,103 +87,6 @@ class _Version(argparse.Action):
         parser.exit()
 
 
-# ------------------------------------------------------------------ argument types
-def thread_id(text: str) -> str:
-    """A thread id: any text but an empty one."""
-    if not text.strip():
-        raise argparse.ArgumentTypeError("a thread id cannot be empty")
-    return text
-
-
-def seconds(text: str) -> float:
-    """A duration in seconds: a finite number, zero or more."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"wants a number of seconds, got {text!r}") from None
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"wants a number of seconds >= 0, got {text!r}")
-    return value
-
-
-def positive_int(text: str) -> int:
-    """A whole number, one or more."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"wants a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"wants a number >= 1, got {text!r}")
-    return value
-
-
-def database(text: str) -> DatabaseURL:
-    """A ``--db`` value, parsed (see :mod:`langgraph_cancel.urls`)."""
-    try:
-        return parse_database_url(text)
-    except InvalidURLError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def json_value(text: str) -> Any:
-    """A JSON document (``--resume-value``)."""
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise argparse.ArgumentTypeError(f"not JSON ({exc}): {text!r}") from None
-
-
-def graph_spec(text: str) -> str:
-    """``module:attribute`` or ``path/to/file.py:attribute``."""
-    module, _, attr = text.rpartition(":")
-    if not module or not attr:
-        raise argparse.ArgumentTypeError(
-            f"wants module:attribute or path/to/file.py:attribute, got {text!r}"
-        )
-    return text
-
-
-def non_empty(text: str) -> str:
-    """Any text but an empty one."""
-    if not text.strip():
-        raise argparse.ArgumentTypeError("cannot be empty")
-    return text
-
-
-def _default_requester() -> str:
-    try:
-        user = getpass.getuser()
-    except (KeyError, OSError):  # pragma: no cover - no user database, no $USER
-        user = "someone"
-    return f"{user} (cli)"
-
-
-def since(text: str) -> datetime:
-    """A window's start: a duration back from now (``90s``, ``30m``, ``24h``, ``7d``, ``2w``)
-    or an ISO 8601 time (``2026-01-31``, ``2026-01-31T09:00:00+01:00``; UTC when no zone)."""
-    found = _DURATION.fullmatch(text.strip())
-    if found is not None:
-        amount = float(found.group(1))
-        try:
-            return datetime.now(UTC) - timedelta(
-                seconds=amount * _UNIT_SECONDS[found.group(2).lower()]
-            )
-        except OverflowError:
-            raise argparse.ArgumentTypeError(f"a duration too long: {text!r}") from None
-    try:
-        when = datetime.fromisoformat(text.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"wants a duration (90s, 30m, 24h, 7d, 2w) or an ISO 8601 time, got {text!r}"
-        ) from None
-    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
-
-
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw])", re.IGNORECASE)
-_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-DEFAULT_SINCE = "24h"
-
-
 def _add_follow(cancel: Parser) -> None:
     cancel.add_argument(
         "--follow",
@@ -192,43 +104,31 @@ def _add_follow(cancel: Parser) -> None:
     )
 
 
-def _add_stats(command: Any, parents: list[Parser]) -> None:
-    stats = command(
-        "stats",
-        "stats:run",
-        parents,
-        help="the six numbers of cancellation across runs, per tool and overall",
-        description="Across every run whose stop was requested in the window (a sub-agent's "
-        "calls counted in its parent's stop): time from the request to quiescence and the "
-        "calls dispatched in that window, unknown outcomes per cancellation, orphaned child "
-        "runs, permanent effects per cancelled run, the compensation success rate and the "
-        "model tokens spent after the signal; durations as p50/p90/p99/max. From the ledger "
-        "alone.",
-    )
-    stats.add_argument(
-        "--since",
-        type=since,
-        default=DEFAULT_SINCE,
-        metavar="DURATION|ISO",
-        help=f"the window's start: a duration back from now (90s, 30m, 24h, 7d, 2w) or an "
-        f"ISO 8601 time (default: {DEFAULT_SINCE})",
-    )
+class AddCommand(Protocol):
+    """Adds one command to the parser: its name, its ``"module:function"`` handler, the
+    shared arguments it takes, and ``add_parser``'s keywords (help, description)."""
+
+    def __call__(self, name: str, handler: str, parents: list[Parser], **kwargs: Any) -> Parser: ...
 
 
-# ------------------------------------------------------------------------- parser
-def build_parser() -> Parser:
-    """The ``langgraph-cancel`` parser (each command's ``handler`` is ``"module:function"``)."""
-    parser = Parser(
-        prog=PROG,
-        description="Make LangGraph agents safe to stop and resume: run the demo, and "
-        "inspect, stop, settle and resume threads from their database.",
-        epilog=f"Errors are one line on stderr and exit 1 (JSON on stdout under --json; "
-        f"a traceback with $LANGGRAPH_CANCEL_DEBUG=1). `{PROG} COMMAND --help` describes "
-        "a command.",
-        allow_abbrev=False,
-    )
-    parser.add_argument("--version", action=_Version, help="print the version and exit")
+@dataclass(frozen=True, slots=True)
+class SharedArguments:
+    """The arguments several commands take, each a parent parser of theirs.
 
+    Attributes:
+        db: ``--db URL``.
+        as_json: ``--json``.
+        graph: ``--graph MODULE:ATTR``, the agent whose tools' hooks to use.
+        thread: The ``THREAD`` positional.
+    """
+
+    db: Parser
+    as_json: Parser
+    graph: Parser
+    thread: Parser
+
+
+def _shared_arguments() -> SharedArguments:
     db = Parser(add_help=False, allow_abbrev=False)
     db.add_argument(
         "--db",
@@ -258,19 +158,16 @@ def build_parser() -> Parser:
     thread.add_argument(
         "thread", type=thread_id, metavar="THREAD", help="the thread id (LangGraph's thread_id)"
     )
-    commands = parser.add_subparsers(
-        dest="command", required=True, metavar="COMMAND", title="commands"
-    )
+    return SharedArguments(db=db, as_json=as_json, graph=graph, thread=thread)
 
-    def command(name: str, handler: str, parents: list[Parser], **kwargs: Any) -> Parser:
-        sub: Parser = commands.add_parser(name, parents=parents, allow_abbrev=False, **kwargs)
-        sub.set_defaults(handler=handler)
-        return sub
 
+# ------------------------------------------------------------------ command groups
+def _add_demo(command: AddCommand, shared: SharedArguments) -> None:
+    """``demo``: the seed scenario (:mod:`langgraph_cancel.cli.demo`)."""
     demo = command(
         "demo",
         "demo:run",
-        [db, as_json],
+        [shared.db, shared.as_json],
         help="run the seed scenario, press stop mid-run, print the report",
         description="Run the refund agent of the seed scenario against fake providers, "
         "press stop from another thread through the database, as a user in another process "
@@ -315,10 +212,13 @@ def build_parser() -> Parser:
         help=f"how long the request in flight at the stop takes (default: {DEMO_HANG:g})",
     )
 
+
+def _add_inspection(command: AddCommand, shared: SharedArguments) -> None:
+    """``status``, ``effects``, ``report`` (:mod:`langgraph_cancel.cli.inspection`)."""
     command(
         "status",
         "inspection:status",
-        [thread, db, as_json],
+        [shared.thread, shared.db, shared.as_json],
         help="a thread's runs and lease, what was done, what may be committed, what is next",
         description="Answer from the database alone: what was done, which external side "
         "effects were (or may have been) committed, and what must happen next.",
@@ -326,7 +226,7 @@ def build_parser() -> Parser:
     effects = command(
         "effects",
         "inspection:effects",
-        [thread, db, as_json],
+        [shared.thread, shared.db, shared.as_json],
         help="every effect record of a thread",
         description="Every tool call the ledger recorded for the thread: its kind, status, "
         "idempotency key, owner and next action.",
@@ -337,7 +237,7 @@ def build_parser() -> Parser:
     report = command(
         "report",
         "inspection:report",
-        [thread, db, as_json],
+        [shared.thread, shared.db, shared.as_json],
         help="the cancellation report of a thread's latest run",
         description="The report of the thread's latest run (or of --run): what is permanent, "
         "what is committed and reversible, what is unknown, what never ran.",
@@ -355,10 +255,14 @@ def build_parser() -> Parser:
         help="rebuild the report from the ledger as it is now (a cancelled run's stored report "
         "is the one written when it stopped)",
     )
+
+
+def _add_control(command: AddCommand, shared: SharedArguments) -> None:
+    """``cancel`` (:mod:`langgraph_cancel.cli.control`)."""
     cancel = command(
         "cancel",
         "control:cancel",
-        [thread, db, as_json],
+        [shared.thread, shared.db, shared.as_json],
         help="ask a thread's live run to stop",
         description="Ask the thread's live run to stop, through the database: its worker, in "
         "any process, stops at its next check, waits for the calls in flight and writes the "
@@ -374,15 +278,19 @@ def build_parser() -> Parser:
     cancel.add_argument(
         "--by",
         type=non_empty,
-        default=_default_requester(),
+        default=default_requester(),
         metavar="WHO",
         help="who asks (kept in the report; default: your user name)",
     )
     _add_follow(cancel)
+
+
+def _add_recovery(command: AddCommand, shared: SharedArguments) -> None:
+    """``compensate``, ``resume``, ``reconcile`` (:mod:`langgraph_cancel.cli.recovery`)."""
     command(
         "compensate",
         "recovery:compensate",
-        [thread, db, as_json, graph],
+        [shared.thread, shared.db, shared.as_json, shared.graph],
         help="undo a thread's committed reversible effects, newest first",
         description="Run the compensating action of each committed reversible effect of the "
         "thread, newest first. Exit 1 if one of them failed (it is then compensation_failed).",
@@ -390,7 +298,7 @@ def build_parser() -> Parser:
     resume = command(
         "resume",
         "recovery:resume",
-        [thread, db, as_json, graph],
+        [shared.thread, shared.db, shared.as_json, shared.graph],
         help="reconcile a thread, then continue it from its last checkpoint",
         description="Settle the thread's in-flight and unknown effects through the tools' "
         "reconcile hooks, then continue it from its last checkpoint without repeating any "
@@ -412,7 +320,7 @@ def build_parser() -> Parser:
     reconcile = command(
         "reconcile",
         "recovery:reconcile",
-        [db, as_json, graph],
+        [shared.db, shared.as_json, shared.graph],
         help="settle unknown and in-flight effects through reconcile hooks",
         description="Ask the providers, through the tools' reconcile hooks, what became of "
         "calls left in flight or unknown. Give a THREAD, or --all.",
@@ -430,10 +338,14 @@ def build_parser() -> Parser:
         action="store_true",
         help="every thread that needs it, after reaping the leases of dead workers",
     )
+
+
+def _add_outbox(command: AddCommand, shared: SharedArguments) -> None:
+    """``outbox`` (:mod:`langgraph_cancel.cli.outbox`)."""
     outbox = command(
         "outbox",
         "outbox:run",
-        [db, as_json, graph],
+        [shared.db, shared.as_json, shared.graph],
         help="send the calls held for a delay window once it has passed",
         description="Send each call the package holds for its delay window (a tool declared "
         "with effect(..., delay=...) and no revoke hook) once its window has passed, under its "
@@ -459,10 +371,14 @@ def build_parser() -> Parser:
         metavar="SECONDS",
         help="take over a released call another worker left in flight this long (default: 30)",
     )
+
+
+def _add_sweep(command: AddCommand, shared: SharedArguments) -> None:
+    """``sweep`` (:mod:`langgraph_cancel.cli.sweep`)."""
     sweep = command(
         "sweep",
         "sweep:run",
-        [db, as_json, graph],
+        [shared.db, shared.as_json, shared.graph],
         help="settle what dead workers left, across all threads (once, or --watch)",
         description="Reap expired and dead leases, finish stops whose worker died, reconcile "
         "in-flight and unknown effects through the tools' hooks and retry failed "
@@ -493,7 +409,34 @@ def build_parser() -> Parser:
         help="finish a stop nobody holds once it is S seconds old, even when its worker "
         "cannot be known dead (another host); at once when it can (default: 30)",
     )
-    _add_stats(command, [db, as_json])
+
+
+def _add_stats(command: AddCommand, shared: SharedArguments) -> None:
+    """``stats`` (:mod:`langgraph_cancel.cli.stats`)."""
+    stats = command(
+        "stats",
+        "stats:run",
+        [shared.db, shared.as_json],
+        help="the six numbers of cancellation across runs, per tool and overall",
+        description="Across every run whose stop was requested in the window (a sub-agent's "
+        "calls counted in its parent's stop): time from the request to quiescence and the "
+        "calls dispatched in that window, unknown outcomes per cancellation, orphaned child "
+        "runs, permanent effects per cancelled run, the compensation success rate and the "
+        "model tokens spent after the signal; durations as p50/p90/p99/max. From the ledger "
+        "alone.",
+    )
+    stats.add_argument(
+        "--since",
+        type=since,
+        default=DEFAULT_SINCE,
+        metavar="DURATION|ISO",
+        help=f"the window's start: a duration back from now (90s, 30m, 24h, 7d, 2w) or an "
+        f"ISO 8601 time (default: {DEFAULT_SINCE})",
+    )
+
+
+def _add_completion(command: AddCommand, shared: SharedArguments) -> None:
+    """``completion`` (:mod:`langgraph_cancel.cli.completion`)."""
     completion = command(
         "completion",
         "completion:run",
@@ -503,6 +446,46 @@ def build_parser() -> Parser:
         f"{PROG} completion zsh > ~/.zfunc/_{PROG}, with ~/.zfunc in $fpath before compinit.",
     )
     completion.add_argument("shell", choices=SHELLS, metavar="SHELL", help="bash or zsh")
+
+
+#: The command groups, in the order ``--help`` lists their commands.
+_GROUPS: tuple[Callable[[AddCommand, SharedArguments], None], ...] = (
+    _add_demo,
+    _add_inspection,
+    _add_control,
+    _add_recovery,
+    _add_outbox,
+    _add_sweep,
+    _add_stats,
+    _add_completion,
+)
+
+
+# ------------------------------------------------------------------------- parser
+def build_parser() -> Parser:
+    """The ``langgraph-cancel`` parser (each command's ``handler`` is ``"module:function"``)."""
+    parser = Parser(
+        prog=PROG,
+        description="Make LangGraph agents safe to stop and resume: run the demo, and "
+        "inspect, stop, settle and resume threads from their database.",
+        epilog=f"Errors are one line on stderr and exit 1 (JSON on stdout under --json; "
+        f"a traceback with $LANGGRAPH_CANCEL_DEBUG=1). `{PROG} COMMAND --help` describes "
+        "a command.",
+        allow_abbrev=False,
+    )
+    parser.add_argument("--version", action=_Version, help="print the version and exit")
+    shared = _shared_arguments()
+    commands = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", title="commands"
+    )
+
+    def command(name: str, handler: str, parents: list[Parser], **kwargs: Any) -> Parser:
+        sub: Parser = commands.add_parser(name, parents=parents, allow_abbrev=False, **kwargs)
+        sub.set_defaults(handler=handler)
+        return sub
+
+    for add_group in _GROUPS:
+        add_group(command, shared)
     return parser
 
 
@@ -514,7 +497,9 @@ __all__ = [
     "DEMO_THREAD",
     "ENV_PROVIDERS_DB",
     "SHELLS",
+    "AddCommand",
     "Parser",
+    "SharedArguments",
     "build_parser",
     "database",
     "graph_spec",

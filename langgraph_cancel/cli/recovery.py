@@ -12,14 +12,23 @@ import importlib.util
 import os
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console
 
 from langgraph_cancel.cli import render
-from langgraph_cancel.cli.config import resolve_database
+from langgraph_cancel.cli.config import Database, resolve_database
 from langgraph_cancel.cli.database import open_ledger, open_saver
-from langgraph_cancel.cli.inspection import effect_json, lease_live, run_json
+from langgraph_cancel.cli.inspection import effect_json, run_json
 from langgraph_cancel.errors import CommandLineError
+from langgraph_cancel.types import RunRecord
+from langgraph_cancel.workers import lease_is_live
+
+if TYPE_CHECKING:
+    from langgraph_cancel.ledger import Ledger
+    from langgraph_cancel.report import CancellationReport
 
 #: How long ``compensate`` holds the thread's lease while it undoes effects, in seconds.
 COMPENSATE_LEASE_TTL = 120.0
@@ -147,15 +156,15 @@ def compensate(args: argparse.Namespace) -> int:
     tools = tools_of(load_object(args.graph))
     with open_ledger(db) as ledger:
         ledger.require_latest_run(args.thread)
-        me = worker_id()
+        worker = worker_id()
         try:
-            ledger.acquire_lease(args.thread, me, ttl=COMPENSATE_LEASE_TTL)
+            ledger.acquire_lease(args.thread, worker, ttl=COMPENSATE_LEASE_TTL)
         except ThreadBusyError as exc:
             raise CommandLineError(f"{exc}; compensate once it has stopped") from exc
         try:
             done = undo(ledger, args.thread, tools=tools)
         finally:
-            ledger.release_lease(args.thread, me)
+            ledger.release_lease(args.thread, worker)
     if args.json:
         render.print_json([effect_json(e) for e in done])
     else:
@@ -164,16 +173,25 @@ def compensate(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def resume(args: argparse.Namespace) -> int:
-    """``langgraph-cancel resume THREAD``: reconcile, then continue from the last checkpoint."""
-    from langgraph.types import Command
+@dataclass(frozen=True, slots=True)
+class Resumed:
+    """Where a resumed thread stands once its graph has run on.
 
-    from langgraph_cancel.api import get_report
-    from langgraph_cancel.recovery import LEASE_TTL
-    from langgraph_cancel.recovery import reconcile as settle
-    from langgraph_cancel.runtime import worker_id
+    Attributes:
+        run: The thread's latest run.
+        interrupts: The values of the interrupts it waits on.
+        report: The cancellation report, when a stop was asked for.
+        last_message: The content of the last message in the state, if any.
+    """
 
-    db = resolve_database(args.db)
+    run: RunRecord
+    interrupts: list[Any]
+    report: CancellationReport | None
+    last_message: Any
+
+
+def _resumable_builder(args: argparse.Namespace, db: Database) -> Any:
+    """The ``--graph`` builder, its ledger left to the saver on ``--db``."""
     if db.url.is_memory:
         raise CommandLineError(
             "memory:// keeps nothing between processes: there is nothing to resume"
@@ -183,43 +201,98 @@ def resume(args: argparse.Namespace) -> int:
     if settings is None:
         raise CommandLineError("--graph was not prepared with add_cancellation(builder)")
     settings.ledger = None  # the saver on --db owns the ledger here
+    return builder
+
+
+def _force_take_over(ledger: Ledger, thread_id: str, out: Console) -> None:
+    """``--force``: break a live lease whose worker the operator knows is gone."""
+    from langgraph_cancel.recovery import LEASE_TTL
+    from langgraph_cancel.runtime import worker_id
+
+    held = ledger.lease(thread_id)
+    if held is not None and lease_is_live(held):
+        # The operator knows its worker is gone (a lost host): take the lease
+        # now instead of waiting out its TTL, with the takeover in the audit.
+        ledger.break_lease(thread_id, worker_id(), ttl=LEASE_TTL)
+        render.line(out, f"Broke the live lease of {held.owner} on thread {thread_id} (--force).")
+
+
+def _settle_first(
+    ledger: Ledger, thread_id: str, tools: dict[str, Any], out: Console, *, quiet: bool
+) -> None:
+    """Reconcile the thread before it runs on; refuse a thread another worker runs."""
+    from langgraph_cancel.recovery import reconcile as settle
+
+    settled = settle(ledger, thread_id, tools=tools)
+    busy = next((result for result in settled if result.busy), None)
+    if busy is not None:
+        raise CommandLineError(
+            f"thread {thread_id!r} is being run by {busy.busy} (lease until "
+            f"{busy.busy_until}): it cannot be resumed twice (if that worker is dead, "
+            "--force takes the thread over now)"
+        )
+    if not quiet and any(result.effects for result in settled):
+        render.render_reconciled(out, settled)
+
+
+def _nothing_to_resume(snapshot: Any, before: RunRecord, thread_id: str) -> str | None:
+    """Why the thread has nothing to run on, or ``None`` when it has."""
+    saved = snapshot.created_at is not None
+    if saved and (snapshot.next or snapshot.interrupts or not before.terminal):
+        return None
+    if saved:
+        return f"nothing to resume: run {before.run_id} is {before.status.value}"
+    return (
+        f"nothing to resume: thread {thread_id!r} has no saved checkpoint (its "
+        "worker stopped before writing the first one); the ledger's effects were "
+        "reconciled, and new input on the thread starts it again"
+    )
+
+
+def _run_on(graph: Any, ledger: Ledger, args: argparse.Namespace, out: Console) -> Resumed:
+    """Invoke the graph from its checkpoint (answering the interrupt, if asked to)."""
+    from langgraph.types import Command
+
+    from langgraph_cancel.api import get_report
+
+    config: Any = {"configurable": {"thread_id": args.thread}}
+    value: Command[Any] | None = (
+        None if args.resume_value is None else Command(resume=args.resume_value)
+    )
+    if args.json or not out.is_terminal:
+        graph.invoke(value, config)
+    else:
+        with out.status(f"resuming thread {args.thread}…"):
+            graph.invoke(value, config)
+    after = graph.get_state(config)
+    run = ledger.require_latest_run(args.thread)
+    report = get_report(ledger, args.thread) if run.cancel_requested else None
+    messages = after.values.get("messages", []) if isinstance(after.values, dict) else []
+    return Resumed(
+        run=run,
+        interrupts=[interrupt.value for interrupt in after.interrupts],
+        report=report,
+        last_message=messages[-1].content if messages else None,
+    )
+
+
+def resume(args: argparse.Namespace) -> int:
+    """``langgraph-cancel resume THREAD``: reconcile, then continue from the last checkpoint."""
+    db = resolve_database(args.db)
+    builder = _resumable_builder(args, db)
     tools = tools_of(builder)
     out = render.console(stderr=args.json)
     with open_saver(db) as saver:
         ledger = saver.ledger
         ledger.require_latest_run(args.thread)
         if args.force:
-            held = ledger.lease(args.thread)
-            if held is not None and lease_live(held):
-                # The operator knows its worker is gone (a lost host): take the lease
-                # now instead of waiting out its TTL, with the takeover in the audit.
-                ledger.break_lease(args.thread, worker_id(), ttl=LEASE_TTL)
-                render.line(
-                    out, f"Broke the live lease of {held.owner} on thread {args.thread} (--force)."
-                )
-        settled = settle(ledger, args.thread, tools=tools)
-        busy = next((r for r in settled if r.busy), None)
-        if busy is not None:
-            raise CommandLineError(
-                f"thread {args.thread!r} is being run by {busy.busy} (lease until "
-                f"{busy.busy_until}): it cannot be resumed twice (if that worker is dead, "
-                "--force takes the thread over now)"
-            )
-        if not args.json and any(r.effects for r in settled):
-            render.render_reconciled(out, settled)
+            _force_take_over(ledger, args.thread, out)
+        _settle_first(ledger, args.thread, tools, out, quiet=args.json)
         graph = builder.compile(checkpointer=saver)
-        config: Any = {"configurable": {"thread_id": args.thread}}
-        snapshot = graph.get_state(config)
+        snapshot = graph.get_state({"configurable": {"thread_id": args.thread}})
         before = ledger.require_latest_run(args.thread)
-        saved = snapshot.created_at is not None
-        if not saved or (not snapshot.next and not snapshot.interrupts and before.terminal):
-            message = (
-                f"nothing to resume: run {before.run_id} is {before.status.value}"
-                if saved
-                else f"nothing to resume: thread {args.thread!r} has no saved checkpoint (its "
-                "worker stopped before writing the first one); the ledger's effects were "
-                "reconciled, and new input on the thread starts it again"
-            )
+        message = _nothing_to_resume(snapshot, before, args.thread)
+        if message is not None:
             if args.json:
                 render.print_json(
                     {
@@ -232,38 +305,27 @@ def resume(args: argparse.Namespace) -> int:
             else:
                 render.line(out, message)
             return 0
-        value: Command[Any] | None = (
-            None if args.resume_value is None else Command(resume=args.resume_value)
-        )
-        if args.json or not out.is_terminal:
-            graph.invoke(value, config)
-        else:
-            with out.status(f"resuming thread {args.thread}…"):
-                graph.invoke(value, config)
-        after = graph.get_state(config)
-        run = ledger.require_latest_run(args.thread)
-        interrupts = [i.value for i in after.interrupts]
-        report = get_report(ledger, args.thread) if run.cancel_requested else None
-        messages = after.values.get("messages", []) if isinstance(after.values, dict) else []
-    last = messages[-1].content if messages else None
+        resumed = _run_on(graph, ledger, args, out)
     if args.json:
         render.print_json(
             {
                 "thread_id": args.thread,
                 "resumed": True,
-                "run": run_json(run),
-                "interrupts": interrupts,
-                "last_message": last,
-                "report": None if report is None else report.model_dump(mode="json"),
+                "run": run_json(resumed.run),
+                "interrupts": resumed.interrupts,
+                "last_message": resumed.last_message,
+                "report": None
+                if resumed.report is None
+                else resumed.report.model_dump(mode="json"),
             }
         )
         return 0
     render.render_resumed(
         out,
-        run,
-        interrupts=interrupts,
-        report=report,
-        last_message=last,
+        resumed.run,
+        interrupts=resumed.interrupts,
+        report=resumed.report,
+        last_message=resumed.last_message,
         thread_id=args.thread,
         db_flag=db.flag,
     )
@@ -272,6 +334,7 @@ def resume(args: argparse.Namespace) -> int:
 
 __all__ = [
     "COMPENSATE_LEASE_TTL",
+    "Resumed",
     "builder_of",
     "compensate",
     "load_object",

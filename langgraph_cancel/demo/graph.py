@@ -75,6 +75,71 @@ CUSTOMER_EMAIL = "dana@example.com"
 QUEUED_CALLS: tuple[str, ...] = ("create_ticket", "send_email", "update_order", "issue_refund")
 
 
+def _first_turn(refund_amount: float, amount: str, *, follow_up: bool) -> AIMessage:
+    """Turn 1: look the order up, refund it, email Dana and finance (and schedule a
+    follow-up email to Dana when asked)."""
+    follow_up_call = tool_call(
+        "schedule_email",
+        {
+            "to": CUSTOMER_EMAIL,
+            "subject": "How did we do with order o-88?",
+            "body": "Hi Dana, could you rate the help you got with o-88?",
+        },
+    )
+    return tool_calls_turn(
+        tool_call("lookup_order", {"order_id": "o-88"}),
+        tool_call("issue_refund", {"order_id": "o-88", "amount": refund_amount}),
+        tool_call(
+            "send_email",
+            {
+                "to": CUSTOMER_EMAIL,
+                "subject": "Your refund for order o-88",
+                "body": f"Hi Dana, we refunded {amount} USD for the damaged item in o-88.",
+            },
+        ),
+        tool_call(
+            "send_email",
+            {
+                "to": FINANCE_EMAIL,
+                "subject": f"Refund issued: o-88, {amount} USD",
+                "body": f"Partial refund of {amount} USD on o-88 (damaged item).",
+            },
+        ),
+        *([follow_up_call] if follow_up else []),
+        content="I'll check the order, refund the damaged item and notify Dana and finance.",
+    )
+
+
+def _second_turn(amount: str) -> AIMessage:
+    """Turn 2: mark o-88 refunded, then the four follow-ups a stop during it drops."""
+    return tool_calls_turn(
+        tool_call("update_order", {"order_id": "o-88", "status": "refunded"}),
+        tool_call(
+            "create_ticket",
+            {
+                "order_id": "o-88",
+                "subject": "Damaged item in o-88",
+                "body": f"Customer reported a damaged item; refunded {amount} USD. "
+                "Please check the packaging of this batch.",
+            },
+        ),
+        tool_call(
+            "send_email",
+            {
+                "to": CUSTOMER_EMAIL,
+                "subject": "Order o-88 updated",
+                "body": "Your order o-88 is now marked refunded.",
+            },
+        ),
+        tool_call(
+            "update_order",
+            {"order_id": "o-91", "status": "on_hold", "note": "check for the same batch"},
+        ),
+        tool_call("issue_refund", {"order_id": "o-91", "amount": 15.0}),
+        content="Refund done. Now I'll update the order records and file the follow-ups.",
+    )
+
+
 def seed_script(refund_amount: float = 40.0, *, follow_up: bool = False) -> list[AIMessage]:
     """The model's three turns in the seed scenario.
 
@@ -94,67 +159,8 @@ def seed_script(refund_amount: float = 40.0, *, follow_up: bool = False) -> list
     """
     amount = f"{refund_amount:.2f}"
     return [
-        tool_calls_turn(
-            tool_call("lookup_order", {"order_id": "o-88"}),
-            tool_call("issue_refund", {"order_id": "o-88", "amount": refund_amount}),
-            tool_call(
-                "send_email",
-                {
-                    "to": CUSTOMER_EMAIL,
-                    "subject": "Your refund for order o-88",
-                    "body": f"Hi Dana, we refunded {amount} USD for the damaged item in o-88.",
-                },
-            ),
-            tool_call(
-                "send_email",
-                {
-                    "to": FINANCE_EMAIL,
-                    "subject": f"Refund issued: o-88, {amount} USD",
-                    "body": f"Partial refund of {amount} USD on o-88 (damaged item).",
-                },
-            ),
-            *(
-                [
-                    tool_call(
-                        "schedule_email",
-                        {
-                            "to": CUSTOMER_EMAIL,
-                            "subject": "How did we do with order o-88?",
-                            "body": "Hi Dana, could you rate the help you got with o-88?",
-                        },
-                    )
-                ]
-                if follow_up
-                else []
-            ),
-            content="I'll check the order, refund the damaged item and notify Dana and finance.",
-        ),
-        tool_calls_turn(
-            tool_call("update_order", {"order_id": "o-88", "status": "refunded"}),
-            tool_call(
-                "create_ticket",
-                {
-                    "order_id": "o-88",
-                    "subject": "Damaged item in o-88",
-                    "body": f"Customer reported a damaged item; refunded {amount} USD. "
-                    "Please check the packaging of this batch.",
-                },
-            ),
-            tool_call(
-                "send_email",
-                {
-                    "to": CUSTOMER_EMAIL,
-                    "subject": "Order o-88 updated",
-                    "body": "Your order o-88 is now marked refunded.",
-                },
-            ),
-            tool_call(
-                "update_order",
-                {"order_id": "o-91", "status": "on_hold", "note": "check for the same batch"},
-            ),
-            tool_call("issue_refund", {"order_id": "o-91", "amount": 15.0}),
-            content="Refund done. Now I'll update the order records and file the follow-ups.",
-        ),
+        _first_turn(refund_amount, amount, follow_up=follow_up),
+        _second_turn(amount),
         AIMessage(
             content=f"Done: refunded {amount} USD on o-88, emailed Dana and finance, marked "
             "o-88 refunded, opened a warehouse ticket, put o-91 on hold and refunded its "

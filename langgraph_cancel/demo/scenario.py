@@ -287,32 +287,40 @@ def _effects(report: CancellationReport, buckets: Sequence[str]) -> list[ReportE
     return out
 
 
-def check_truth(
-    report: CancellationReport,
-    truth: Mapping[str, Any],
-    send_at: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
-) -> TruthCheck:
-    """Compare a report with the providers' truth (``Providers.truth()``), and with the
-    send-at provider's (``SendAtMail.truth()``) when given."""
-    keys: Mapping[str, Mapping[str, Any]] = truth.get("keys", {})
+#: The providers' record kinds a truth check counts: the key in ``Providers.truth()``,
+#: the words for them, and one of them.
+_APPLIED_KINDS: tuple[tuple[str, str, str], ...] = (
+    ("refunds", "refunds", "refund"),
+    ("emails", "emails", "email"),
+    ("updates", "order updates", "order update"),
+    ("restores", "restores", "order restore"),
+    ("tickets", "tickets", "ticket"),
+    ("messages", "chat messages", "chat message"),
+)
+
+
+def _key_problems(report: CancellationReport, keys: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """Where the report and the providers' idempotency keys disagree."""
 
     def executions(key: str) -> int:
         return int(keys.get(key, {}).get("executions", 0))
 
     problems: list[str] = []
-    reported = {e.idempotency_key for e in _effects(report, _EXPECT_APPLIED)}
-    for e in _effects(report, _EXPECT_APPLIED):
-        if executions(e.idempotency_key) != 1:
+    applied = _effects(report, _EXPECT_APPLIED)
+    for effect in applied:
+        if executions(effect.idempotency_key) != 1:
             problems.append(
-                f"{e.tool} {e.idempotency_key} is reported {e.status} but the provider "
-                f"applied it {executions(e.idempotency_key)} times"
+                f"{effect.tool} {effect.idempotency_key} is reported {effect.status} but the "
+                f"provider applied it {executions(effect.idempotency_key)} times"
             )
-    for e in _effects(report, _EXPECT_NOT_APPLIED):
-        if executions(e.idempotency_key):
+    for effect in _effects(report, _EXPECT_NOT_APPLIED):
+        if executions(effect.idempotency_key):
             problems.append(
-                f"{e.tool} {e.idempotency_key} is reported not run but a provider applied it"
+                f"{effect.tool} {effect.idempotency_key} is reported not run but a provider "
+                "applied it"
             )
-    unknown = {e.idempotency_key for e in report.unknown}
+    reported = {effect.idempotency_key for effect in applied}
+    unknown = {effect.idempotency_key for effect in report.unknown}
     for key, info in keys.items():
         if key.startswith("compensate:") or not info.get("executions"):
             continue
@@ -320,49 +328,66 @@ def check_truth(
             problems.append(
                 f"the provider applied {info.get('operation')} {key}, not in the report"
             )
-    scheduled_mail = send_at or {}
-    delivered = {e["key"] for e in scheduled_mail.get("delivered", [])}
-    withdrawn = {e["key"] for e in scheduled_mail.get("revoked", [])}
-    for e in report.revoked:
-        if e.idempotency_key in delivered:
-            problems.append(f"{e.tool} {e.idempotency_key} is reported revoked but was delivered")
-    held_by_report = {e.idempotency_key for e in report.permanent + report.scheduled} | unknown
-    for key in sorted(delivered - held_by_report):
-        problems.append(f"the send-at provider delivered {key}, not in the report as permanent")
-    applied = {
-        "refunds": len(truth.get("refunds", [])),
-        "emails": len(truth.get("emails", [])),
-        "order updates": len(truth.get("updates", [])),
-        "restores": len(truth.get("restores", [])),
-        "tickets": len(truth.get("tickets", [])),
-        "chat messages": len(truth.get("messages", [])),
+    return problems
+
+
+def _send_at_problems(report: CancellationReport, delivered: set[str]) -> list[str]:
+    """Where the report and what the send-at provider delivered disagree."""
+    problems = [
+        f"{effect.tool} {effect.idempotency_key} is reported revoked but was delivered"
+        for effect in report.revoked
+        if effect.idempotency_key in delivered
+    ]
+    held_by_report = {
+        effect.idempotency_key for effect in report.permanent + report.scheduled + report.unknown
     }
-    words = {
-        "refunds": "refund",
-        "emails": "email",
-        "order updates": "order update",
-        "restores": "order restore",
-        "tickets": "ticket",
-        "chat messages": "chat message",
-    }
-    done = [_plural(n, words[k]) for k, n in applied.items() if n]
+    problems.extend(
+        f"the send-at provider delivered {key}, not in the report as permanent"
+        for key in sorted(delivered - held_by_report)
+    )
+    return problems
+
+
+def _what_applied(truth: Mapping[str, Any], applied: Mapping[str, int], withdrawn: int) -> str:
+    """What the providers applied, in words: ``1 refund, 2 emails (o-88 -> status=...)``."""
+    words = {label: one for _key, label, one in _APPLIED_KINDS}
+    done = [_plural(count, words[label]) for label, count in applied.items() if count]
     updates = [
-        f"{u['order_id']} -> {', '.join(f'{k}={v}' for k, v in sorted(u['fields'].items()))}"
-        for u in truth.get("updates", [])
+        f"{update['order_id']} -> "
+        + ", ".join(f"{name}={value}" for name, value in sorted(update["fields"].items()))
+        for update in truth.get("updates", [])
     ]
     what = ", ".join(done) if done else "nothing"
     if updates:
         what += f" ({'; '.join(updates)})"
     if withdrawn:
-        what += f"; the send-at provider withdrew {_plural(len(withdrawn), 'scheduled email')}"
+        what += f"; the send-at provider withdrew {_plural(withdrawn, 'scheduled email')}"
         what += " before delivery"
-    n_not = len(report.not_run) + len(report.rejected)
+    return what
+
+
+def check_truth(
+    report: CancellationReport,
+    truth: Mapping[str, Any],
+    send_at: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
+) -> TruthCheck:
+    """Compare a report with the providers' truth (``Providers.truth()``), and with the
+    send-at provider's (``SendAtMail.truth()``) when given."""
+    scheduled_mail = send_at or {}
+    delivered = {record["key"] for record in scheduled_mail.get("delivered", [])}
+    withdrawn = {record["key"] for record in scheduled_mail.get("revoked", [])}
+    problems = _key_problems(report, truth.get("keys", {}))
+    problems += _send_at_problems(report, delivered)
+    applied = {label: len(truth.get(key, [])) for key, label, _one in _APPLIED_KINDS}
+    not_run = len(report.not_run) + len(report.rejected)
     if problems:
         line = f"Providers' truth DISAGREES with the report: {'; '.join(problems)}"
     else:
-        line = f"Providers' truth agrees: they applied {what}"
-        if n_not:
-            line += f"; none of the {n_not} not-run calls reached a provider"
+        line = (
+            f"Providers' truth agrees: they applied {_what_applied(truth, applied, len(withdrawn))}"
+        )
+        if not_run:
+            line += f"; none of the {not_run} not-run calls reached a provider"
         if report.unknown:
             line += f"; {len(report.unknown)} unknown outcome(s) still to settle"
     return TruthCheck(not problems, applied, problems, line + ".")

@@ -19,7 +19,7 @@ import asyncio
 import concurrent.futures
 import inspect
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -28,12 +28,12 @@ from langchain_core.runnables import RunnableConfig
 from langchain_core.runnables.config import ContextThreadPoolExecutor, get_config_list
 from langchain_core.tools import BaseTool
 from langgraph.prebuilt import ToolNode
-from langgraph.prebuilt.tool_node import ToolRuntime
+from langgraph.prebuilt.tool_node import ToolCallRequest, ToolRuntime
 from langgraph.runtime import Runtime
 from pydantic import BaseModel
 
 from langgraph_cancel.checkpointers.durable import PLAN_SAVE_TIMEOUT
-from langgraph_cancel.effects import EffectSpec, spec_of
+from langgraph_cancel.effects import EFFECT_KIND_METADATA, EffectSpec, effect, spec_of
 from langgraph_cancel.execution.answers import ABANDONED_READ
 from langgraph_cancel.execution.batch import Batch
 from langgraph_cancel.execution.drive import adrive_ledger, drive_ledger
@@ -66,6 +66,48 @@ TOOLNODE_HANDLE_TOOL_ERRORS: Any = (
 _READ_POLL = 0.05
 
 
+#: How ``effects=`` classifies a tool by name: what ``effect(...)`` returns as a
+#: decorator, or just the kind (``"read_only"``: ``effect("read_only")``).
+Classification = EffectKind | str | Callable[[BaseTool], BaseTool]
+
+
+class ServedEffects:
+    """Classifications by tool name, for the tools no ``effect(...)`` decorated.
+
+    A tool a ``wrap_tool_call`` wrapper serves (or that middleware adds to a model
+    request) reaches the effect protocol as the wrapper made it: ``effects=``
+    classifies it by its name, as ``effect(...)`` would have, so that it runs as
+    ``ToolNode`` runs it instead of waiting for approval. A tool classified itself
+    keeps its own classification; a name the mapping does not give stays
+    unclassified (irreversible, approval).
+
+    Args:
+        effects: Tool name to classification; any ``Mapping`` (its ``get`` is asked).
+    """
+
+    def __init__(self, effects: Mapping[str, Classification] | None = None) -> None:
+        self.effects = effects
+
+    def classify(self, tool: BaseTool) -> BaseTool:
+        """``tool`` classified by its name, when it is not classified and the mapping
+        gives its name; else ``tool`` itself."""
+        if self.effects is None or (tool.metadata or {}).get(EFFECT_KIND_METADATA):
+            return tool
+        given = self.effects.get(tool.name)
+        if given is None:
+            return tool
+        decorate = effect(given) if isinstance(given, EffectKind | str) else given
+        classified: BaseTool = decorate(tool)
+        return classified
+
+    def request(self, request: ToolCallRequest) -> ToolCallRequest:
+        """``request`` with its tool classified by name (see ``classify``)."""
+        if request.tool is None:
+            return request
+        tool = self.classify(request.tool)
+        return request if tool is request.tool else request.override(tool=tool)
+
+
 @dataclass(frozen=True, slots=True)
 class _Sorted:
     """A batch's calls by phase, as positions in the batch."""
@@ -93,6 +135,9 @@ class EffectToolNode(ToolNode):
             (yours is outermost: what it passes on is what the ledger records).
         awrap_tool_call: Async twin of ``wrap_tool_call``.
         ledger: The ledger (or its URL); default: it follows the checkpointer.
+        effects: Classifications by tool name (``effect(...)`` as a decorator, or a
+            kind) for tools no ``effect(...)`` decorated: ones your ``wrap_tool_call``
+            serves, or ones given here undecorated.
         effect_concurrency: Side-effecting calls dispatched at once (default 1:
             plan order, so a cancel mid-batch costs nothing it need not). Above 1,
             each call still writes its intent before its dispatch, but the intents
@@ -116,6 +161,7 @@ class EffectToolNode(ToolNode):
         wrap_tool_call: Any = None,
         awrap_tool_call: Any = None,
         ledger: Ledger | str | None = None,
+        effects: Mapping[str, Classification] | None = None,
         effect_concurrency: int = 1,
         cancel_timeout: float = DEFAULT_CANCEL_TIMEOUT,
         checkpoint_timeout: float = PLAN_SAVE_TIMEOUT,
@@ -131,20 +177,22 @@ class EffectToolNode(ToolNode):
             carry_ledger_errors=True,
             carry_tool_errors=wrap_tool_call is None and awrap_tool_call is None,
         )
+        self.served = served = ServedEffects(effects)
+        guarded, aguarded = _effect_seam(self.interceptor, served)
         # ToolNode calls a sync wrapper from its async path when it has no async one;
         # so does this node, for a sync wrapper of yours.
         async_wrapper = (
-            compose_async(awrap_tool_call, self.interceptor.awrap)
+            compose_async(awrap_tool_call, aguarded)
             if awrap_tool_call is not None or wrap_tool_call is None
             else None
         )
         super().__init__(
-            tools,
+            [served.classify(tool) if isinstance(tool, BaseTool) else tool for tool in tools],
             name=name,
             tags=tags,
             handle_tool_errors=handle_tool_errors,
             messages_key=messages_key,
-            wrap_tool_call=compose_sync(wrap_tool_call, self.interceptor.wrap),
+            wrap_tool_call=compose_sync(wrap_tool_call, guarded),
             awrap_tool_call=async_wrapper,
         )
         #: Whether a wrapper of the user's may rewrite calls: the batch then plans
@@ -462,6 +510,21 @@ class EffectToolNode(ToolNode):
             outputs[i] = _copy(outputs[twin])
 
 
+def _effect_seam(
+    interceptor: EffectInterceptor, served: ServedEffects
+) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """The interceptor as ``ToolNode``'s wrapper pair, each request's tool classified by
+    name first (a tool your wrapper serves)."""
+
+    def guarded(request: ToolCallRequest, execute: Callable[..., Any]) -> Any:
+        return interceptor.wrap(served.request(request), execute)
+
+    async def aguarded(request: ToolCallRequest, execute: Callable[..., Any]) -> Any:
+        return await interceptor.awrap(served.request(request), execute)
+
+    return guarded, aguarded
+
+
 def _twins(phases: _Sorted, calls: list[ToolCall]) -> tuple[list[int], list[tuple[int, int]]]:
     """The same call twice in a concurrent batch (same id, tool and arguments) is one
     step: run it once and give each copy its answer, instead of letting the copy find
@@ -481,4 +544,4 @@ def _copy(answer: Any) -> Any:
     return answer.model_copy() if isinstance(answer, ToolMessage) else answer
 
 
-__all__ = ["TOOLNODE_HANDLE_TOOL_ERRORS", "EffectToolNode"]
+__all__ = ["TOOLNODE_HANDLE_TOOL_ERRORS", "Classification", "EffectToolNode", "ServedEffects"]

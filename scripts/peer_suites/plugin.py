@@ -9,13 +9,16 @@ in, according to ``LGC_PEER_MODE``:
     ``EffectToolNode`` whose tools are classified ``irreversible`` with
     ``requires_approval=False``: the strictest path that runs unasked (an intent
     written before each dispatch, one side effect at a time, the outcome recorded).
+    A tool a test's ``wrap_tool_call`` serves is classified so too, by name
+    (``effects=``), as the user who wrote the wrapper would.
 ``toolnode-unclassified``
     The same ``EffectToolNode``, the tools as the test wrote them: nobody classified
     them, so each needs approval. A test that fails here may differ only by that.
 ``create-agent``
     ``langchain.agents.create_agent`` adds ``EffectMiddleware`` to every agent (given
     the agent's ``HumanInTheLoopMiddleware`` as ``approval=``, as the README says),
-    and classifies the agent's tools as in ``toolnode-classified``.
+    and classifies the agent's tools as in ``toolnode-classified`` (a tool a test's
+    middleware adds to a request and serves too, by name: ``effects=``).
 
 Each test's outcome is written to the JSON file ``LGC_PEER_RESULTS`` names, with
 whether langgraph-cancel asked for an approval during it (an interrupt of its
@@ -30,7 +33,7 @@ import os
 import threading
 import time
 import tomllib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +63,24 @@ def classified(tool: BaseTool | Callable[..., Any] | dict[str, Any]) -> Any:
     return effect(EffectKind.IRREVERSIBLE, base, requires_approval=False)
 
 
+class EveryName(Mapping[str, Any]):
+    """``effects=`` for a suite whose every tool is classified: whatever tool a test's
+    wrapper serves (or its middleware adds to a request), by any name, is classified
+    as ``classified`` classifies the tools it is given. A user lists the names their
+    wrapper serves; the peers' tests name theirs in their bodies."""
+
+    def __getitem__(self, name: str) -> Any:
+        from langgraph_cancel import EffectKind, effect
+
+        return effect(EffectKind.IRREVERSIBLE, requires_approval=False)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(())
+
+    def __len__(self) -> int:
+        return 0
+
+
 def _install_tool_node(*, classify: bool) -> None:
     import langgraph.prebuilt
     import langgraph.prebuilt.chat_agent_executor
@@ -73,6 +94,7 @@ def _install_tool_node(*, classify: bool) -> None:
         def __init__(self, tools: Sequence[Any], *args: Any, **kwargs: Any) -> None:
             if classify:
                 tools = [classified(tool) for tool in tools]
+                kwargs.setdefault("effects", EveryName())
             super().__init__(tools, *args, **kwargs)
 
     PeerToolNode.__name__ = PeerToolNode.__qualname__ = "ToolNode"
@@ -97,7 +119,9 @@ def _install_create_agent() -> None:
             own_tools = getattr(each, "tools", None)
             if own_tools:
                 each.tools = [classified(tool) for tool in own_tools]
-        middleware.append(EffectMiddleware(approval=hitl if hitl is not None else True))
+        middleware.append(
+            EffectMiddleware(approval=hitl if hitl is not None else True, effects=EveryName())
+        )
         if tools is not None:
             tools = [classified(tool) for tool in tools]
         return original(model, tools, *args, middleware=middleware, **kwargs)
@@ -213,9 +237,11 @@ class Recorder:
 
 
 def _summary(report: pytest.TestReport) -> str:
+    """Where the test failed (the file and line of the crash) and what it said."""
     crash = getattr(report.longrepr, "reprcrash", None)
     text = getattr(crash, "message", None) or str(report.longrepr)
-    return " ".join(text.split())[:300]
+    where = f"{Path(crash.path).name}:{crash.lineno}: " if crash is not None else ""
+    return where + " ".join(text.split())[:300]
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -190,24 +190,45 @@ def run_pass(peer: PeerPass, root: Path, results: Path) -> int:
             recorded = now
 
 
-def allowlist() -> list[tuple[str, str, bool]]:
-    """(pass, test, open) from ``allowlist.toml``: one per pass an entry names; ``open``
-    for an entry that is a known defect, not a deliberate difference."""
-    data = tomllib.loads((HERE / "allowlist.toml").read_text())
+@dataclass(frozen=True, slots=True)
+class Allowed:
+    """One pass's share of an ``allowlist.toml`` entry.
+
+    Attributes:
+        peer_pass: The pass it covers.
+        test: The node id (without parameters: every parametrisation).
+        open: A known defect, not a deliberate difference.
+        when: Text the failure's summary must contain (where it failed, what it
+            said); empty: any failure.
+    """
+
+    peer_pass: str
+    test: str
+    open: bool = False
+    when: str = ""
+
+
+def allowlist(text: str | None = None) -> list[Allowed]:
+    """The entries of ``allowlist.toml`` (or of ``text``), one per pass each names."""
+    data = tomllib.loads(text if text is not None else (HERE / "allowlist.toml").read_text())
     return [
-        (name, entry["test"], bool(entry.get("open", False)))
+        Allowed(name, entry["test"], bool(entry.get("open", False)), str(entry.get("when", "")))
         for entry in data.get("allow", [])
         if entry.get("reason")
         for name in entry["passes"]
     ]
 
 
-def allowed_as(allowed: list[tuple[str, str, bool]], name: str, test: str) -> str | None:
-    """``"allowed"`` or ``"open"`` when ``test`` failing in pass ``name`` is on the
-    allowlist (an entry without parameters covers all of them), else None."""
-    for entry_pass, entry_test, is_open in allowed:
-        if name == entry_pass and (test == entry_test or test.startswith(f"{entry_test}[")):
-            return "open" if is_open else "allowed"
+def allowed_as(allowed: list[Allowed], name: str, test: str, summary: str = "") -> str | None:
+    """``"allowed"`` or ``"open"`` when ``test`` failing in pass ``name`` (as ``summary``
+    says) is on the allowlist, else None."""
+    for entry in allowed:
+        if (
+            name == entry.peer_pass
+            and (test == entry.test or test.startswith(f"{entry.test}["))
+            and entry.when in summary
+        ):
+            return "open" if entry.open else "allowed"
     return None
 
 
@@ -229,7 +250,9 @@ def tally(peer: PeerPass, outcomes: dict[str, Any], classified: dict[str, Any] |
             and classified.get(test, {}).get("outcome") == "passed"
         ):
             result.approvals.append(test)
-        elif (verdict := allowed_as(allowed, peer.name, test)) is not None:
+        elif (
+            verdict := allowed_as(allowed, peer.name, test, entry.get("summary", ""))
+        ) is not None:
             (result.open if verdict == "open" else result.allowed).append(test)
         else:
             result.failed.append(f"{test}: {entry.get('summary', outcome)}")
