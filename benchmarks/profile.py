@@ -114,15 +114,16 @@ def _wrap_cm(fn: Any, label: str, rec: Recorder) -> Any:
 @contextlib.contextmanager
 def instrument(rec: Recorder) -> Iterator[None]:
     """Wrap the library's interesting functions with timers; undo on exit."""
-    import langgraph_cancel.graph as graph_mod
+    import langgraph_cancel.lifecycle as lifecycle
+    import langgraph_cancel.nodes.entry as entry
     import langgraph_cancel.nodes.tool_node as tn
     from langgraph_cancel.ledger import backends, postgres
     from langgraph_cancel.ledger.core import Ledger
 
     patches: list[Patch] = [
-        (graph_mod._Invocation, "__init__", "invocation start (run row, lease, heartbeat thread)"),
-        (graph_mod._Invocation, "end", "invocation end (close run, get_state, release lease)"),
-        (graph_mod, "reconcile_thread", "reconcile node: reconcile_thread"),
+        (lifecycle.Invocation, "__init__", "invocation start (run row, lease, heartbeat thread)"),
+        (lifecycle.Invocation, "end", "invocation end (close run, get_state, release lease)"),
+        (entry, "reconcile_thread", "reconcile node: reconcile_thread"),
         (tn.EffectToolNode, "_func", "EffectToolNode (whole node, sync entry)"),
         (tn.EffectToolNode, "_invoke", "tool execution (tool.invoke in a worker thread)"),
         (tn.EffectToolNode, "_classify", "call classification/validation"),

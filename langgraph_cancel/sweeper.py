@@ -48,11 +48,12 @@ from langgraph_cancel.compensation import compensate_effect
 from langgraph_cancel.effects import spec_of
 from langgraph_cancel.errors import IllegalTransitionError, ThreadBusyError
 from langgraph_cancel.execution.identity import dangling_tool_calls
-from langgraph_cancel.graph import CancellationSettings, finalize_cancel
 from langgraph_cancel.ledger import Ledger
 from langgraph_cancel.ledgers import coerce_ledger
+from langgraph_cancel.nodes.cancel import finalize_cancel
+from langgraph_cancel.nodes.reconcile import reconcile
+from langgraph_cancel.nodes.settings import CancellationSettings
 from langgraph_cancel.outbox import OUTBOX_OWNER_PREFIX
-from langgraph_cancel.recovery import reconcile
 from langgraph_cancel.runtime import CancelSignal, RunScope, worker_id
 from langgraph_cancel.types import (
     TERMINAL_RUN_STATUSES,

@@ -1273,9 +1273,9 @@ def kill_worker(plan: Plan, root: str, thread_id: str, kill_point: tuple[int, st
     Approvals are answered as the plan says. The lease TTL is short so the
     process that recovers the thread can take it over quickly.
     """
-    import langgraph_cancel.graph as lgc_graph
+    import langgraph_cancel.lifecycle as lgc_lifecycle
 
-    lgc_graph.LEASE_TTL = 1.0
+    lgc_lifecycle.LEASE_TTL = 1.0
     rootp = Path(root)
     with open_saver("sqlite", rootp) as saver:
         runner = Runner(plan, rootp, saver, url=db_url_of("sqlite", rootp), thread_id=thread_id)

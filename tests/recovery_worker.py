@@ -47,7 +47,7 @@ from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.prebuilt import tools_condition
 from langgraph.types import Command
 
-import langgraph_cancel.graph as lgc_graph
+import langgraph_cancel.lifecycle as lgc_lifecycle
 from langgraph_cancel import (
     ApprovalGate,
     EffectKind,
@@ -532,7 +532,7 @@ def run_job(spec: dict[str, Any]) -> dict[str, Any]:
     ``resume_value``, ``start_gate`` (a file to wait for).
     """
     refund_tools.set_providers_path(spec["providers"])
-    lgc_graph.LEASE_TTL = float(spec.get("lease_ttl", lgc_graph.LEASE_TTL))
+    lgc_lifecycle.LEASE_TTL = float(spec.get("lease_ttl", lgc_lifecycle.LEASE_TTL))
     points = Points(spec)
     install_points(points)
     from langgraph_cancel import runtime

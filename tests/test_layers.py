@@ -45,7 +45,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("runtime", ("runtime", "subagents", "api")),
     ("execution", ("execution",)),
     ("nodes", ("nodes",)),
-    ("graph", ("graph",)),
+    ("graph", ("graph", "lifecycle", "thread_state")),
     ("integrations", ("middleware", "recovery", "sweeper", "outbox")),
     ("operations", ("metrics", "follow", "telemetry", "testing")),
     ("applications", ("demo",)),

@@ -128,7 +128,7 @@ def _reconciled_json(results: Sequence[Any]) -> list[dict[str, Any]]:
 
 def reconcile(args: argparse.Namespace) -> int:
     """``langgraph-cancel reconcile [THREAD | --all]``."""
-    from langgraph_cancel.recovery import reconcile as settle
+    from langgraph_cancel.nodes.reconcile import reconcile as settle
 
     if (args.thread is None) == (not args.all):
         raise CommandLineError("reconcile wants a THREAD or --all (not both)")
@@ -206,7 +206,7 @@ def _resumable_builder(args: argparse.Namespace, db: Database) -> Any:
 
 def _force_take_over(ledger: Ledger, thread_id: str, out: Console) -> None:
     """``--force``: break a live lease whose worker the operator knows is gone."""
-    from langgraph_cancel.recovery import LEASE_TTL
+    from langgraph_cancel.nodes.reconcile import RECONCILE_LEASE_TTL as LEASE_TTL
     from langgraph_cancel.runtime import worker_id
 
     held = ledger.lease(thread_id)
@@ -221,7 +221,7 @@ def _settle_first(
     ledger: Ledger, thread_id: str, tools: dict[str, Any], out: Console, *, quiet: bool
 ) -> None:
     """Reconcile the thread before it runs on; refuse a thread another worker runs."""
-    from langgraph_cancel.recovery import reconcile as settle
+    from langgraph_cancel.nodes.reconcile import reconcile as settle
 
     settled = settle(ledger, thread_id, tools=tools)
     busy = next((result for result in settled if result.busy), None)

@@ -12,7 +12,7 @@ from langgraph_cancel.cli.render.report import render_report
 from langgraph_cancel.cli.render.text import DETAIL, call_label, line, short, status_text
 
 if TYPE_CHECKING:
-    from langgraph_cancel.recovery import ThreadReconciliation
+    from langgraph_cancel.nodes.reconcile import ThreadReconciliation
     from langgraph_cancel.report import CancellationReport
     from langgraph_cancel.types import EffectRecord, RunRecord
 
