@@ -582,7 +582,7 @@ def findings(res: dict[str, Any]) -> list[str]:
             f"In-process signal: for {sps['cancel_not_seen_at_once']} of {sps['ledgers']} "
             "short-lived ledgers, a request_cancel through the very ledger the run uses was not "
             "seen by the next check (it waits for the poll). The hub registers its listener "
-            "once per id(ledger) (runtime._SignalHub._hooked); ids are reused after a ledger "
+            "once per id(ledger) (runtime.signal.SignalHub._hooked); ids are reused after a ledger "
             "is garbage-collected, so a new ledger at a recycled address is never hooked."
         )
     lst = hyg.get("pg_listener_threads") or {}
@@ -591,7 +591,7 @@ def findings(res: dict[str, Any]) -> list[str]:
             f"PostgreSQL LISTEN threads leak: after opening and closing "
             f"{lst['ledgers_opened_and_closed']} ledgers, {lst['listen_threads_after']} "
             f"listener threads are alive (before: {lst['listen_threads_before']}). "
-            "runtime._start_pg_listener loops forever (reconnecting every 0.5 s once its "
+            "runtime.signal.start_pg_listener loops forever (reconnecting every 0.5 s once its "
             "database is gone) and Ledger.close() does not stop it; each keeps a connection "
             "while the database exists."
         )

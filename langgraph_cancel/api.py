@@ -16,6 +16,7 @@ from langchain_core.tools import BaseTool
 from langgraph_cancel.compensation import compensate_run
 from langgraph_cancel.effects import CLASSIFIED_TOOLS
 from langgraph_cancel.errors import UnknownThreadError
+from langgraph_cancel.hooks import run_sync
 from langgraph_cancel.ledger import Ledger
 from langgraph_cancel.ledgers import coerce_ledger
 from langgraph_cancel.report import CancellationReport, build_report
@@ -108,9 +109,7 @@ def compensate(
     target: Target, thread_id: str, *, tools: Mapping[str, BaseTool] | None = None
 ) -> list[EffectRecord]:
     """Sync ``acompensate``."""
-    from langgraph_cancel.hooks import run_sync as _run_sync
-
-    result: list[EffectRecord] = _run_sync(acompensate(target, thread_id, tools=tools))
+    result: list[EffectRecord] = run_sync(acompensate(target, thread_id, tools=tools))
     return result
 
 

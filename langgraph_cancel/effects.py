@@ -7,7 +7,6 @@ in-flight call, reconciliation) follows from that declaration.
 
 from __future__ import annotations
 
-import contextvars
 import warnings
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
@@ -20,6 +19,7 @@ from langchain_core.tools import tool as as_tool
 from typing_extensions import TypedDict
 
 from langgraph_cancel.errors import EffectDeclarationError
+from langgraph_cancel.process import CLASSIFIED_TOOLS, WARNED_UNCLASSIFIED, current_idempotency_key
 from langgraph_cancel.types import CancelPolicy, EffectKind, effect_kind
 
 OutcomeStatusLiteral = Literal["committed", "not_applied", "unknown"]
@@ -34,9 +34,6 @@ ApprovalRule = bool | Callable[[dict[str, Any]], bool]
 
 _SPEC_ATTR = "_langgraph_cancel_spec"
 
-#: Every tool classified with ``effect(...)`` in this process, by name: where the
-#: cancel node, the reconciler and the CLI find hooks for a tool they did not run.
-CLASSIFIED_TOOLS: dict[str, BaseTool] = {}
 DEFAULT_RETRYABLE: tuple[type[BaseException], ...] = (ConnectionError, TimeoutError)
 
 
@@ -295,50 +292,13 @@ def effect(
             ``abandon`` on a side-effecting tool, or other inconsistent settings.
     """
     parsed_kind = effect_kind(kind)
-    if cancel_policy is None:
-        policy = CancelPolicy.ABANDON if parsed_kind is EffectKind.READ_ONLY else CancelPolicy.WAIT
-    else:
-        try:
-            policy = CancelPolicy(cancel_policy)
-        except ValueError:
-            raise EffectDeclarationError(
-                f"unknown cancel_policy {cancel_policy!r}; expected wait, reconcile or abandon"
-            ) from None
-    if parsed_kind is EffectKind.REVERSIBLE and compensate is None:
-        raise EffectDeclarationError(
-            "a reversible tool needs a compensate hook: effect(EffectKind.REVERSIBLE, "
-            "compensate=undo) where undo(key, args, result) reverses the call"
-        )
-    if parsed_kind is not EffectKind.READ_ONLY and policy is CancelPolicy.ABANDON:
-        raise EffectDeclarationError(
-            "cancel_policy='abandon' is only allowed for read_only tools: abandoning the wait "
-            "on a side-effecting call leaves its outcome unknown with no record"
-        )
-    if parsed_kind is EffectKind.READ_ONLY and compensate is not None:
-        raise EffectDeclarationError("a read_only tool has nothing to compensate")
-    if max_attempts < 1:
-        raise EffectDeclarationError("max_attempts must be at least 1")
-    if hook_timeout <= 0:
-        raise EffectDeclarationError("hook_timeout must be positive")
-    if revoke is not None and delay is None:
-        raise EffectDeclarationError("a revoke hook needs a delay window: effect(..., delay=...)")
-    if delay is not None:
-        if not isinstance(delay, timedelta) or delay <= timedelta(0):
-            raise EffectDeclarationError("delay must be a positive datetime.timedelta")
-        if parsed_kind is EffectKind.READ_ONLY:
-            raise EffectDeclarationError("a read_only tool has no effect to delay")
-    if requires_approval is not None and not (
-        isinstance(requires_approval, bool) or callable(requires_approval)
-    ):
-        raise EffectDeclarationError("requires_approval must be a bool or a callable on the args")
-
     spec = EffectSpec(
         kind=parsed_kind,
         idempotency_key=idempotency_key,
         reconcile=reconcile,
         compensate=compensate,
         requires_approval=requires_approval,
-        cancel_policy=policy,
+        cancel_policy=_cancel_policy(parsed_kind, cancel_policy),
         retry_safe=retry_safe or parsed_kind is EffectKind.READ_ONLY,
         retryable=retryable,
         max_attempts=max_attempts,
@@ -348,23 +308,79 @@ def effect(
         delay=delay,
         revoke=revoke,
     )
+    _check_declaration(spec)
 
     def apply(target: BaseTool | Callable[..., Any]) -> BaseTool:
-        base = target if isinstance(target, BaseTool) else as_tool(target)
-        if not isinstance(base, BaseTool):  # pragma: no cover - as_tool overloads
-            raise EffectDeclarationError(f"cannot make a tool of {target!r}")
-        classified = base.model_copy()
-        classified.metadata = {**(base.metadata or {}), EFFECT_KIND_METADATA: parsed_kind.value}
-        object.__setattr__(classified, _SPEC_ATTR, spec)
-        CLASSIFIED_TOOLS[classified.name] = classified
-        return classified
+        return _classified(target, spec)
 
     if tool is not None:
         return apply(tool)
     return apply
 
 
-_warned_unclassified: set[str] = set()
+def _cancel_policy(kind: EffectKind, declared: CancelPolicy | str | None) -> CancelPolicy:
+    """The cancel policy a declaration asks for; by default ``abandon`` for reads, else
+    ``wait``.
+
+    Raises:
+        EffectDeclarationError: For a policy that does not exist.
+    """
+    if declared is None:
+        return CancelPolicy.ABANDON if kind is EffectKind.READ_ONLY else CancelPolicy.WAIT
+    try:
+        return CancelPolicy(declared)
+    except ValueError:
+        raise EffectDeclarationError(
+            f"unknown cancel_policy {declared!r}; expected wait, reconcile or abandon"
+        ) from None
+
+
+def _check_declaration(spec: EffectSpec) -> None:
+    """Refuse a declaration whose settings contradict each other.
+
+    Raises:
+        EffectDeclarationError: Naming the contradiction and what to declare instead.
+    """
+    kind = spec.kind
+    if kind is EffectKind.REVERSIBLE and spec.compensate is None:
+        raise EffectDeclarationError(
+            "a reversible tool needs a compensate hook: effect(EffectKind.REVERSIBLE, "
+            "compensate=undo) where undo(key, args, result) reverses the call"
+        )
+    if kind is not EffectKind.READ_ONLY and spec.cancel_policy is CancelPolicy.ABANDON:
+        raise EffectDeclarationError(
+            "cancel_policy='abandon' is only allowed for read_only tools: abandoning the wait "
+            "on a side-effecting call leaves its outcome unknown with no record"
+        )
+    if kind is EffectKind.READ_ONLY and spec.compensate is not None:
+        raise EffectDeclarationError("a read_only tool has nothing to compensate")
+    if spec.max_attempts < 1:
+        raise EffectDeclarationError("max_attempts must be at least 1")
+    if spec.hook_timeout <= 0:
+        raise EffectDeclarationError("hook_timeout must be positive")
+    if spec.revoke is not None and spec.delay is None:
+        raise EffectDeclarationError("a revoke hook needs a delay window: effect(..., delay=...)")
+    if spec.delay is not None:
+        if not isinstance(spec.delay, timedelta) or spec.delay <= timedelta(0):
+            raise EffectDeclarationError("delay must be a positive datetime.timedelta")
+        if kind is EffectKind.READ_ONLY:
+            raise EffectDeclarationError("a read_only tool has no effect to delay")
+    rule = spec.requires_approval
+    if rule is not None and not (isinstance(rule, bool) or callable(rule)):
+        raise EffectDeclarationError("requires_approval must be a bool or a callable on the args")
+
+
+def _classified(target: BaseTool | Callable[..., Any], spec: EffectSpec) -> BaseTool:
+    """A copy of the tool (made a tool first, if a function) carrying ``spec``, registered
+    by name for whoever must find its hooks later (``process.CLASSIFIED_TOOLS``)."""
+    base = target if isinstance(target, BaseTool) else as_tool(target)
+    if not isinstance(base, BaseTool):  # pragma: no cover - as_tool overloads
+        raise EffectDeclarationError(f"cannot make a tool of {target!r}")
+    classified = base.model_copy()
+    classified.metadata = {**(base.metadata or {}), EFFECT_KIND_METADATA: spec.kind.value}
+    object.__setattr__(classified, _SPEC_ATTR, spec)
+    CLASSIFIED_TOOLS[classified.name] = classified
+    return classified
 
 
 def spec_of(tool: BaseTool) -> EffectSpec:
@@ -375,8 +391,8 @@ def spec_of(tool: BaseTool) -> EffectSpec:
     spec = getattr(tool, _SPEC_ATTR, None)
     if isinstance(spec, EffectSpec):
         return spec
-    if tool.name not in _warned_unclassified:
-        _warned_unclassified.add(tool.name)
+    if tool.name not in WARNED_UNCLASSIFIED:
+        WARNED_UNCLASSIFIED.add(tool.name)
         warnings.warn(
             f"tool {tool.name!r} has no effect(...) classification; treating it as "
             "irreversible (approval required, reported as permanent)",
@@ -392,10 +408,6 @@ class UnclassifiedToolWarning(UserWarning):
 
 _UNCLASSIFIED = EffectSpec(kind=EffectKind.IRREVERSIBLE, classified=False)
 
-_current_key: contextvars.ContextVar[str | None] = contextvars.ContextVar(
-    "langgraph_cancel_idempotency_key", default=None
-)
-
 
 def idempotency_key() -> str:
     """This call's idempotency key, inside a tool dispatched by ``EffectToolNode``.
@@ -406,7 +418,7 @@ def idempotency_key() -> str:
     Raises:
         RuntimeError: When called outside a dispatched tool call.
     """
-    key = _current_key.get()
+    key = current_idempotency_key.get()
     if key is None:
         raise RuntimeError(
             "idempotency_key() is only available inside a tool call dispatched by EffectToolNode"
@@ -417,11 +429,11 @@ def idempotency_key() -> str:
 @contextmanager
 def bound_idempotency_key(key: str) -> Iterator[None]:
     """Make ``key`` what ``idempotency_key()`` returns for the duration of the block."""
-    token = _current_key.set(key)
+    token = current_idempotency_key.set(key)
     try:
         yield
     finally:
-        _current_key.reset(token)
+        current_idempotency_key.reset(token)
 
 
 __all__ = [

@@ -23,26 +23,25 @@ from __future__ import annotations
 import logging
 import os
 import sqlite3
-import threading
 import warnings
-import weakref
 from typing import Any
 
 from langchain_core.runnables import RunnableConfig
 
 from langgraph_cancel.errors import ConfigurationError
 from langgraph_cancel.ledger import Ledger, PostgresBackend, SqliteBackend
+from langgraph_cancel.process import (
+    LEDGERS_BY_SAVER,
+    LEDGERS_BY_URL,
+    LEDGERS_LOCK,
+    WARNED_NOT_DURABLE,
+)
 from langgraph_cancel.urls import ENV_DB
 
 logger = logging.getLogger("langgraph_cancel")
 
 CONFIG_KEY_LEDGER = "langgraph_cancel_ledger"
 _CONFIG_KEY_CHECKPOINTER = "__pregel_checkpointer"
-
-_by_url: dict[str, Ledger] = {}
-_by_saver: weakref.WeakKeyDictionary[Any, Ledger] = weakref.WeakKeyDictionary()
-_lock = threading.Lock()
-_warned: set[str] = set()
 
 
 class NotDurableWarning(UserWarning):
@@ -51,17 +50,17 @@ class NotDurableWarning(UserWarning):
 
 def ledger_for_url(url: str) -> Ledger:
     """A process-wide ledger per URL (opened and set up once)."""
-    with _lock:
-        ledger = _by_url.get(url)
+    with LEDGERS_LOCK:
+        ledger = LEDGERS_BY_URL.get(url)
         if ledger is None:
-            ledger = _by_url[url] = Ledger.from_url(url)
+            ledger = LEDGERS_BY_URL[url] = Ledger.from_url(url)
         return ledger
 
 
 def forget_url(url: str) -> None:
     """Close and forget the process-wide ledger of ``url``, if one is open."""
-    with _lock:
-        opened = _by_url.pop(url, None)
+    with LEDGERS_LOCK:
+        opened = LEDGERS_BY_URL.pop(url, None)
     if opened is not None:
         opened.close()
 
@@ -130,18 +129,18 @@ def resolve_ledger(config: RunnableConfig | None, bound: Any = None) -> Ledger |
 
 def known_saver_ledger(saver: Any) -> Ledger | None:
     """The ledger already opened beside ``saver`` (rules 4 and 5), if any."""
-    with _lock:
-        return _by_saver.get(saver)
+    with LEDGERS_LOCK:
+        return LEDGERS_BY_SAVER.get(saver)
 
 
 def _saver_ledger(saver: Any) -> Ledger:
-    with _lock:
-        found = _by_saver.get(saver)
+    with LEDGERS_LOCK:
+        found = LEDGERS_BY_SAVER.get(saver)
     if found is not None:
         return found
     ledger = _open_beside(saver)
-    with _lock:
-        return _by_saver.setdefault(saver, ledger)
+    with LEDGERS_LOCK:
+        return LEDGERS_BY_SAVER.setdefault(saver, ledger)
 
 
 def _open_beside(saver: Any) -> Ledger:
@@ -203,8 +202,8 @@ async def aresolve_ledger(config: RunnableConfig | None, bound: Any = None) -> L
             and conn is not None
             and not isinstance(conn, sqlite3.Connection)
         ):
-            with _lock:
-                found = _by_saver.get(saver)
+            with LEDGERS_LOCK:
+                found = LEDGERS_BY_SAVER.get(saver)
             if found is not None:
                 return found
             cursor = await conn.execute("PRAGMA database_list")
@@ -213,8 +212,8 @@ async def aresolve_ledger(config: RunnableConfig | None, bound: Any = None) -> L
             ledger = (
                 ledger_for_url(f"sqlite:///{path}") if path else _memory_beside("AsyncSqliteSaver")
             )
-            with _lock:
-                return _by_saver.setdefault(saver, ledger)
+            with LEDGERS_LOCK:
+                return LEDGERS_BY_SAVER.setdefault(saver, ledger)
     import asyncio
 
     return await asyncio.to_thread(resolve_ledger, config, bound)
@@ -234,10 +233,10 @@ def _pg_conninfo(conn: Any) -> str:
 
 
 def _warn_once(key: str, text: str) -> None:
-    with _lock:
-        if key in _warned:
+    with LEDGERS_LOCK:
+        if key in WARNED_NOT_DURABLE:
             return
-        _warned.add(key)
+        WARNED_NOT_DURABLE.add(key)
     warnings.warn(text, NotDurableWarning, stacklevel=3)
 
 

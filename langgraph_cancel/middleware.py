@@ -54,9 +54,9 @@ from langgraph.prebuilt.tool_node import ToolCallRequest
 from langgraph.types import Command
 
 from langgraph_cancel.checkpointers.durable import PLAN_SAVE_TIMEOUT
+from langgraph_cancel.execution.context import ReviewMode
 from langgraph_cancel.execution.identity import dangling_tool_calls
 from langgraph_cancel.execution.interceptor import DEFAULT_CANCEL_TIMEOUT, EffectInterceptor
-from langgraph_cancel.execution.protocol import ReviewMode
 from langgraph_cancel.graph import (
     REPORT_KEY,
     CancellationSettings,

@@ -17,6 +17,7 @@ from langchain_core.runnables import RunnableConfig
 
 from langgraph_cancel.ledger import Ledger
 from langgraph_cancel.runtime import CONFIG_KEY_LEDGER, scope_for
+from langgraph_cancel.types import RunStatus
 
 
 def child_config(
@@ -39,7 +40,7 @@ def child_config(
     """
     parent = scope_for(config, ledger=ledger, new_run=False)
     child = parent.ledger.start_run(child_thread_id, parent_run_id=parent.run_id)
-    if parent.cancel_called() and child.status.value == "running":
+    if parent.cancel_called() and child.status is RunStatus.RUNNING:
         parent.ledger.request_cancel(
             child_thread_id,
             reason=f"parent run {parent.run_id} cancelled",

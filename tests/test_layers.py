@@ -27,7 +27,18 @@ EXPORTS: dict[str, str] = langgraph_cancel._EXPORTS
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     (
         "vocabulary",
-        ("", "errors", "types", "urls", "workers", "progress", "effects", "hooks", "ordering"),
+        (
+            "",
+            "errors",
+            "types",
+            "urls",
+            "workers",
+            "process",
+            "progress",
+            "effects",
+            "hooks",
+            "ordering",
+        ),
     ),
     (
         "storage",

@@ -170,6 +170,18 @@ def replay(rec: EffectRecord, call: ToolCall | None = None) -> Any:
     return output if output is not None else replay_message(rec, call)
 
 
+def is_error_answer(answer: Any) -> bool:
+    """True for a ``ToolMessage`` that reports an error (the tool's, or ``ToolNode``'s)."""
+    return isinstance(answer, ToolMessage) and answer.status == "error"
+
+
+def answer_text(answer: Any) -> str:
+    """The words of an answer, for a record's ``error``."""
+    if isinstance(answer, ToolMessage):
+        return result_text(answer.content)
+    return str(outcome_payload(answer)["content"])
+
+
 def not_run(call: ToolCall, text: str = NOT_RUN_CANCELLED) -> ToolMessage:
     """The answer for a call the cancel stopped before it was dispatched."""
     return ToolMessage(
@@ -181,6 +193,8 @@ __all__ = [
     "ABANDONED_READ",
     "NOT_RUN_CANCELLED",
     "REVIEW_NOTICE_SOURCE",
+    "answer_text",
+    "is_error_answer",
     "message_payload",
     "not_run",
     "outcome_payload",

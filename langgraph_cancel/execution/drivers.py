@@ -37,7 +37,6 @@ from langgraph_cancel.errors import BatchSuperseded, LedgerError
 from langgraph_cancel.execution.batch import Batch
 from langgraph_cancel.execution.drive import acall_ledger, adrive, call_ledger, drive
 from langgraph_cancel.execution.group import AsyncGroupCommit, ThreadGroupCommit
-from langgraph_cancel.execution.protocol import DispatchCancelled
 from langgraph_cancel.execution.settlement import (
     mark_unknown,
     record_late_outcome,
@@ -48,6 +47,7 @@ from langgraph_cancel.execution.steps import (
     AwaitPlanSaved,
     CancelCheck,
     Dispatch,
+    DispatchCancelled,
     GroupWrite,
     LedgerCall,
     Observe,
@@ -61,7 +61,8 @@ from langgraph_cancel.execution.steps import (
 from langgraph_cancel.execution.supervision import InFlight
 from langgraph_cancel.hooks import call_reconcile, run_sync
 from langgraph_cancel.offloop import off_the_loop
-from langgraph_cancel.runtime import RunScope, current_scope
+from langgraph_cancel.process import CALL_THREADS, current_scope
+from langgraph_cancel.runtime import RunScope
 from langgraph_cancel.types import EffectRecord, EffectStatus
 
 logger = logging.getLogger("langgraph_cancel.tools")
@@ -177,7 +178,7 @@ class SyncDriver:
     def _watched(self, step: Dispatch) -> Any:
         """The call in a helper thread, the wait here, with an eye on the cancel signal."""
         context = contextvars.copy_context()
-        future = _helpers().submit(context.run, _call, self.handler, step, self.scope)
+        future = CALL_THREADS.get().submit(context.run, _call, self.handler, step, self.scope)
         deadline: float | None = None
         while True:
             # wait(), not result(timeout): a tool may raise TimeoutError itself.
@@ -350,24 +351,6 @@ def _settle_when_returned(scope: RunScope, step: SettleWhenReturned) -> None:
             stop_running(rec.effect_id)
 
     step.pending.add_done_callback(returned)
-
-
-_helpers_lock = threading.Lock()
-_helper_pool: concurrent.futures.ThreadPoolExecutor | None = None
-
-
-def _helpers() -> concurrent.futures.ThreadPoolExecutor:
-    """Threads for calls a sync driver watches itself (created on first use).
-
-    Generous: a call given up on keeps its thread until it returns.
-    """
-    global _helper_pool
-    with _helpers_lock:
-        if _helper_pool is None:
-            _helper_pool = concurrent.futures.ThreadPoolExecutor(
-                max_workers=64, thread_name_prefix="langgraph-cancel-call"
-            )
-        return _helper_pool
 
 
 __all__ = ["POLL_SECONDS", "AsyncDriver", "SyncDriver"]

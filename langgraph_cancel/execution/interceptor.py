@@ -26,8 +26,9 @@ from langgraph.prebuilt.tool_node import ToolCallRequest
 from langgraph_cancel.checkpointers.durable import PLAN_SAVE_TIMEOUT
 from langgraph_cancel.errors import LedgerError
 from langgraph_cancel.execution.batch import Batch
+from langgraph_cancel.execution.context import CallContext, ReviewMode
 from langgraph_cancel.execution.drivers import AsyncDriver, SyncDriver
-from langgraph_cancel.execution.protocol import CallContext, ReviewMode, intercept
+from langgraph_cancel.execution.protocol import intercept
 from langgraph_cancel.ledger import Ledger
 from langgraph_cancel.runtime import RunScope, check_durability, invocation_scope, scope_for
 

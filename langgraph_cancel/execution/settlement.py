@@ -18,39 +18,33 @@ from langgraph_cancel.execution.answers import outcome_payload, result_text
 from langgraph_cancel.execution.drive import drive_ledger
 from langgraph_cancel.execution.steps import Protocol, ledger_call
 from langgraph_cancel.ledger import Ledger
+from langgraph_cancel.process import RUNNING_CALLS
 from langgraph_cancel.types import EffectKind, EffectRecord, EffectStatus
-
-#: The effects whose call is running in this process. A stopped wait does not stop
-#: the request, so reconciliation must not call such a call ``not_applied`` (its
-#: provider may simply not have seen it yet). Process-wide because the call and
-#: whoever reconciles it may be in different runs of the process; a set's add,
-#: discard and ``in`` are atomic, so threads need no lock.
-_RUNNING: set[str] = set()
 
 
 @contextmanager
 def running(effect_id: str) -> Iterator[None]:
     """Mark ``effect_id``'s call as running in this process for the block."""
-    _RUNNING.add(effect_id)
+    RUNNING_CALLS.add(effect_id)
     try:
         yield
     finally:
-        _RUNNING.discard(effect_id)
+        RUNNING_CALLS.discard(effect_id)
 
 
 def start_running(effect_id: str) -> None:
     """Mark a call running until ``stop_running`` (for calls that outlive their wait)."""
-    _RUNNING.add(effect_id)
+    RUNNING_CALLS.add(effect_id)
 
 
 def stop_running(effect_id: str) -> None:
     """The call of ``effect_id`` has ended."""
-    _RUNNING.discard(effect_id)
+    RUNNING_CALLS.discard(effect_id)
 
 
 def running_here(effect_id: str) -> bool:
     """Whether this process is still making the call of ``effect_id``."""
-    return effect_id in _RUNNING
+    return effect_id in RUNNING_CALLS
 
 
 def unknown_owner(spec: EffectSpec) -> tuple[str, str]:

@@ -10,6 +10,8 @@ are written once. ``ask(step)`` and ``ledger_call(...)`` give the answer its typ
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar, cast
@@ -18,11 +20,14 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.prebuilt.tool_node import ToolCallRequest
 
 from langgraph_cancel.effects import EffectSpec, Outcome
+from langgraph_cancel.errors import IllegalTransitionError
 from langgraph_cancel.ledger import Ledger
 from langgraph_cancel.types import EffectRecord, TransitionRequest
 
 if TYPE_CHECKING:
     from langgraph_cancel.execution.group import GroupCommit
+
+logger = logging.getLogger("langgraph_cancel.tools")
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -149,6 +154,36 @@ class Abandoned(Exception):
     """A read-only call given up on because the run was cancelled."""
 
 
+class DispatchCancelled(asyncio.CancelledError):
+    """The run's asyncio task was cancelled while a call was in flight.
+
+    The driver waited for the call within its grace (shielded); this carries what
+    it found, for the protocol to record before the cancellation goes on.
+
+    Attributes:
+        finished: The call returned (or raised) within the grace.
+        output: What it returned.
+        error: What it raised.
+        pending: The still-running call, when it did not finish.
+    """
+
+    def __init__(
+        self,
+        *,
+        finished: bool,
+        output: Any = None,
+        error: BaseException | None = None,
+        pending: Any = None,
+    ) -> None:
+        super().__init__("run task cancelled while a call was in flight")
+        self.finished = finished
+        self.output = output
+        self.error = error
+        self.pending = pending
+        #: The exception ToolNode answered with ``output``, if it caught one.
+        self.raised: BaseException | None = None
+
+
 def ask(step: Step[T]) -> Protocol[T]:
     """Yield ``step`` and return its answer, typed."""
     answer = yield step
@@ -175,11 +210,49 @@ def ledger_write_before_flush(
     return cast(T, answer)
 
 
+def transition_steps(
+    request: TransitionRequest, *, lost_ok: bool = False
+) -> Protocol[EffectRecord]:
+    """One compare-and-set; ``lost_ok``: another writer moved it first, its record stands."""
+    try:
+        return (
+            yield from ledger_call(
+                Ledger.transition,
+                request.effect_id,
+                request.to,
+                expected=request.expected,
+                actor=request.actor,
+                detail=request.detail,
+                **_optional_fields(request),
+            )
+        )
+    except IllegalTransitionError as exc:
+        if not lost_ok:
+            raise
+        logger.warning("could not record %s as %s: %s", request.effect_id, request.to.value, exc)
+        return (yield from ledger_call(Ledger.get_effect, request.effect_id))
+
+
+def _optional_fields(request: TransitionRequest) -> dict[str, Any]:
+    """The fields of ``request`` that ``Ledger.transition`` takes only when given."""
+    fields: dict[str, Any] = {}
+    for name in ("result", "error", "next_action"):
+        value = getattr(request, name)
+        if value is not ...:
+            fields[name] = value
+    for name in ("owner", "approval", "args"):
+        value = getattr(request, name)
+        if value is not None:
+            fields[name] = value
+    return fields
+
+
 __all__ = [
     "Abandoned",
     "AwaitPlanSaved",
     "CancelCheck",
     "Dispatch",
+    "DispatchCancelled",
     "GroupWrite",
     "LedgerCall",
     "Observe",
@@ -192,4 +265,5 @@ __all__ = [
     "ask",
     "ledger_call",
     "ledger_write_before_flush",
+    "transition_steps",
 ]

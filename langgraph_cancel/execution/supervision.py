@@ -22,7 +22,6 @@ from __future__ import annotations
 import concurrent.futures
 import contextvars
 import math
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -30,6 +29,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from langgraph_cancel.errors import BatchSuperseded
+from langgraph_cancel.process import NODE_THREADS
 from langgraph_cancel.runtime import RunScope
 from langgraph_cancel.types import EffectRecord
 
@@ -127,7 +127,7 @@ def supervise(
         What ``work`` (or ``take_over``) returned.
     """
     sup = supervisor
-    future = _node_pool().submit(contextvars.copy_context().run, work)
+    future = NODE_THREADS.get().submit(contextvars.copy_context().run, work)
     watched: InFlight | None = None
     deadline: float | None = None
     try:
@@ -152,32 +152,6 @@ def supervise(
     except BaseException:
         sup.stop()
         raise
-
-
-_pool_lock = threading.Lock()
-_pool: concurrent.futures.ThreadPoolExecutor | None = None
-
-
-def _node_pool() -> concurrent.futures.ThreadPoolExecutor:
-    """The process's worker threads for supervised batches (created on first use).
-
-    Generous: a call given up on keeps its worker until it returns.
-    """
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            _pool = concurrent.futures.ThreadPoolExecutor(
-                max_workers=64, thread_name_prefix="langgraph-cancel-node"
-            )
-        return _pool
-
-
-def _forget_after_fork() -> None:
-    global _pool
-    _pool = None  # the parent's threads do not exist in the child
-
-
-os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 __all__ = ["InFlight", "Supervisor", "supervise"]

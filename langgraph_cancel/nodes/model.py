@@ -28,11 +28,11 @@ from langchain_core.messages import (
     BaseMessage,
     SystemMessage,
 )
-from langchain_core.runnables import RunnableConfig
+from langchain_core.runnables import RunnableConfig, RunnableLambda
 from langchain_core.tools import BaseTool
-from langgraph._internal._runnable import RunnableCallable
 from langgraph.types import Command
 
+from langgraph_cancel.hooks import run_sync
 from langgraph_cancel.nodes.names import CANCEL_NODE
 from langgraph_cancel.runtime import RunScope, async_ledger_of, invocation_scope, scope_for
 from langgraph_cancel.types import RunRecord
@@ -200,17 +200,18 @@ async def acall_model(
     return ModelCallResult(None, True, reading.chunks, after)
 
 
-def _finish(acc: AIMessageChunk | None) -> AIMessage:
-    if acc is None:
+def _finish(streamed: AIMessageChunk | None) -> AIMessage:
+    """The complete message of a stream read to its end (empty when nothing came)."""
+    if streamed is None:
         return AIMessage(content="")
     return AIMessage(
-        content=acc.content,
-        tool_calls=acc.tool_calls,
-        invalid_tool_calls=acc.invalid_tool_calls,
-        id=acc.id,
-        usage_metadata=acc.usage_metadata,
-        response_metadata=acc.response_metadata,
-        additional_kwargs=acc.additional_kwargs,
+        content=streamed.content,
+        tool_calls=streamed.tool_calls,
+        invalid_tool_calls=streamed.invalid_tool_calls,
+        id=streamed.id,
+        usage_metadata=streamed.usage_metadata,
+        response_metadata=streamed.response_metadata,
+        additional_kwargs=streamed.additional_kwargs,
     )
 
 
@@ -222,13 +223,11 @@ def call_model(
     scope: RunScope | None = None,
 ) -> ModelCallResult:
     """Sync ``acall_model``."""
-    from langgraph_cancel.hooks import run_sync as _run_sync
-
-    result: ModelCallResult = _run_sync(acall_model(model, messages, config, scope=scope))
+    result: ModelCallResult = run_sync(acall_model(model, messages, config, scope=scope))
     return result
 
 
-class CancellableModelNode(RunnableCallable):
+class CancellableModelNode(RunnableLambda[Any, Any]):
     """A model node whose stream is closed the moment the run is cancelled.
 
     Use it where your graph calls the model::
@@ -261,7 +260,7 @@ class CancellableModelNode(RunnableCallable):
         self.model = bound
         self.system_prompt = system_prompt
         self.messages_key = messages_key
-        super().__init__(self._call, self._acall, name=name)
+        super().__init__(self._call, afunc=self._acall, name=name)
 
     def _messages(self, state: Any) -> list[AnyMessage]:
         messages = (
@@ -280,9 +279,7 @@ class CancellableModelNode(RunnableCallable):
         return {self.messages_key: [result.message]}
 
     def _call(self, state: Any, config: RunnableConfig) -> Any:
-        from langgraph_cancel.hooks import run_sync as _run_sync
-
-        return _run_sync(self._acall(state, config))
+        return run_sync(self._acall(state, config))
 
 
 __all__ = ["STOP_GRACE", "CancellableModelNode", "ModelCallResult", "acall_model", "call_model"]

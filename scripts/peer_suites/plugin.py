@@ -132,16 +132,16 @@ def _install_create_agent() -> None:
 
 
 def _watch_approvals() -> None:
-    import langgraph_cancel.execution.protocol as protocol
+    import langgraph_cancel.execution.approval as asking
     from langgraph_cancel.errors import ApprovalRequiredError
 
-    ask = getattr(protocol, "interrupt")  # noqa: B009 - the name it calls, replaced below
+    ask = getattr(asking, "interrupt")  # noqa: B009 - the name it calls, replaced below
 
     def interrupt(value: Any, *args: Any, **kwargs: Any) -> Any:
         _approval_asked[0] = True
         return ask(value, *args, **kwargs)
 
-    setattr(protocol, "interrupt", interrupt)  # noqa: B010
+    setattr(asking, "interrupt", interrupt)  # noqa: B010
     refuse = ApprovalRequiredError.__init__
 
     def refused(self: ApprovalRequiredError, *args: Any, **kwargs: Any) -> None:
