@@ -117,6 +117,43 @@ class _Sorted:
     plans: dict[int, CallPlan]
 
 
+def _abandon_reads(
+    pending: set[concurrent.futures.Future[Any]],
+    futures: dict[concurrent.futures.Future[Any], int],
+    phases: _Sorted,
+    outputs: list[Any],
+    batch: Batch,
+) -> set[concurrent.futures.Future[Any]]:
+    """Give up the pending reads whose policy is ``abandon``; return them.
+
+    Each is recorded failed as abandoned and answered so; its thread finishes on
+    its own and its answer is never used.
+    """
+    abandoned: set[concurrent.futures.Future[Any]] = set()
+    for future in pending:
+        plan = phases.plans.get(futures[future])
+        if plan is None or plan.spec.cancel_policy is not CancelPolicy.ABANDON:
+            continue
+        abandoned.add(future)
+        future.cancel()
+        drive_ledger(
+            batch.scope.ledger,
+            batch.note_read(
+                plan,
+                status=EffectStatus.FAILED,
+                error=ABANDONED_READ,
+                detail={"abandoned": True},
+            ),
+        )
+        outputs[plan.index] = ToolMessage(
+            ABANDONED_READ,
+            name=plan.tool.name,
+            tool_call_id=plan.call_id,
+            status="error",
+        )
+    return abandoned
+
+
 class EffectToolNode(ToolNode):
     """``ToolNode`` whose calls go through the effect protocol: none is dispatched twice.
 
@@ -359,27 +396,7 @@ class EffectToolNode(ToolNode):
                 if pending and not observed and scope.cancel_called():
                     observed = True
                     scope.signal.observe()
-                    for future in list(pending):
-                        plan = phases.plans.get(futures[future])
-                        if plan is None or plan.spec.cancel_policy is not CancelPolicy.ABANDON:
-                            continue
-                        pending.discard(future)
-                        future.cancel()
-                        drive_ledger(
-                            scope.ledger,
-                            batch.note_read(
-                                plan,
-                                status=EffectStatus.FAILED,
-                                error=ABANDONED_READ,
-                                detail={"abandoned": True},
-                            ),
-                        )
-                        outputs[plan.index] = ToolMessage(
-                            ABANDONED_READ,
-                            name=plan.tool.name,
-                            tool_call_id=plan.call_id,
-                            status="error",
-                        )
+                    pending -= _abandon_reads(pending, futures, phases, outputs, batch)
             for future, i in futures.items():
                 if outputs[i] is not None:
                     continue
