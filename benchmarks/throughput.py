@@ -45,6 +45,8 @@ QUICK_RUNS_PER_WORKER = 10
 WARMUP_RUNS = 2
 LEDGER_TABLES = ("lgc_runs", "lgc_effects", "lgc_transitions", "lgc_leases", "lgc_lease_takeovers")
 TARGET_PCT = 15.0
+#: Transactions one ``_commits_and_wal`` reading commits.
+_READING_COMMITS = 2
 
 
 # =========================================================================== worker side
@@ -55,29 +57,39 @@ def _graph(variant: str, saver: Any) -> Any:
     return build_graph([tool], scripted_model(CALLS), saver, effectful=variant == "effect")
 
 
-def worker_main(spec: dict[str, Any]) -> None:
-    """One worker process: warm up, wait for the start file, run, report."""
-    from langchain_core.messages import HumanMessage
-
-    variant, url = spec["variant"], spec["url"]
+def _open_saver(variant: str, url: str) -> Any:
     if variant == "plain":
         from langgraph.checkpoint.postgres import PostgresSaver
 
-        opened: Any = PostgresSaver.from_conn_string(url)
-    else:
-        from langgraph_cancel.checkpointers.postgres import PostgresCancelSaver
+        return PostgresSaver.from_conn_string(url)
+    from langgraph_cancel.checkpointers.postgres import PostgresCancelSaver
 
-        opened = PostgresCancelSaver.from_conn_string(url)
-    with opened as saver:
+    return PostgresCancelSaver.from_conn_string(url)
+
+
+def worker_main(spec: dict[str, Any]) -> None:
+    """One worker process: warm up, wait for the start file, run, report.
+
+    The warm-up runs on a saver of its own, closed before the worker says it is
+    ready: a backend reports its transaction counts when it exits (or up to a
+    second later), so the warm-up's commits are in the parent's first reading
+    and the measured runs' commits are in its last.
+    """
+    from langchain_core.messages import HumanMessage
+
+    variant, url = spec["variant"], spec["url"]
+
+    def run(graph: Any) -> None:
+        config = {"configurable": {"thread_id": uuid.uuid4().hex}}
+        out = graph.invoke({"messages": [HumanMessage("go")]}, config)
+        assert len(out["messages"]) == CALLS + 3, out["messages"]
+
+    with _open_saver(variant, url) as saver:
         graph = _graph(variant, saver)
-
-        def run() -> None:
-            config = {"configurable": {"thread_id": uuid.uuid4().hex}}
-            out = graph.invoke({"messages": [HumanMessage("go")]}, config)
-            assert len(out["messages"]) == CALLS + 3, out["messages"]
-
         for _ in range(WARMUP_RUNS):
-            run()
+            run(graph)
+    with _open_saver(variant, url) as saver:
+        graph = _graph(variant, saver)
         Path(spec["ready"]).write_text("ready")
         go = Path(spec["go"])
         while not go.exists():
@@ -85,7 +97,7 @@ def worker_main(spec: dict[str, Any]) -> None:
         cpu0 = time.process_time()
         started = time.time()
         for _ in range(spec["runs"]):
-            run()
+            run(graph)
         ended = time.time()
         cpu = time.process_time() - cpu0
     Path(spec["result"]).write_text(
@@ -122,17 +134,19 @@ def _db_bytes(url: str) -> int:
     return int(row[0]) if row else 0
 
 
-def _commits_and_wal(url: str) -> tuple[int, int]:
-    """Transactions committed in the database so far, and the server's WAL position."""
+def _commits_and_wal(url: str) -> tuple[int, int, int]:
+    """Transactions committed in the database so far, the server's WAL position, and
+    the WAL flushes to disk the server has done (``pg_stat_wal.wal_sync``)."""
     import psycopg
 
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("SELECT pg_stat_force_next_flush()")
         row = conn.execute(
-            "SELECT xact_commit, pg_current_wal_lsn() - '0/0'::pg_lsn"
+            "SELECT xact_commit, pg_current_wal_lsn() - '0/0'::pg_lsn,"
+            " (SELECT wal_sync FROM pg_stat_wal)"
             " FROM pg_stat_database WHERE datname = current_database()"
         ).fetchone()
-    return (int(row[0]), int(row[1])) if row else (0, 0)
+    return (int(row[0]), int(row[1]), int(row[2])) if row else (0, 0, 0)
 
 
 def _ledger_rows(url: str) -> dict[str, int]:
@@ -149,16 +163,8 @@ def _ledger_rows(url: str) -> dict[str, int]:
 
 
 def _setup_schema(variant: str, url: str) -> None:
-    if variant == "plain":
-        from langgraph.checkpoint.postgres import PostgresSaver
-
-        with PostgresSaver.from_conn_string(url) as saver:
-            saver.setup()
-    else:
-        from langgraph_cancel.checkpointers.postgres import PostgresCancelSaver
-
-        with PostgresCancelSaver.from_conn_string(url) as cancel_saver:
-            cancel_saver.setup()
+    with _open_saver(variant, url) as saver:
+        saver.setup()
 
 
 def measure(variant: str, workers: int, runs: int, dsn: str) -> dict[str, Any]:
@@ -193,7 +199,8 @@ def measure(variant: str, workers: int, runs: int, dsn: str) -> dict[str, Any]:
             time.sleep(0.05)
         bytes_before = _db_bytes(url)
         rows_before = _ledger_rows(url)
-        commits_before, wal_before = _commits_and_wal(url)
+        time.sleep(1.0)  # the warm-up backends have exited: their counts are in
+        commits_before, wal_before, flushes_before = _commits_and_wal(url)
         samples: list[dict[str, int]] = []
         stop = threading.Event()
         sampler = threading.Thread(target=_sample, args=(url, stop, samples), daemon=True)
@@ -204,8 +211,8 @@ def measure(variant: str, workers: int, runs: int, dsn: str) -> dict[str, Any]:
         stop.set()
         sampler.join(5)
         done = [json.loads(Path(r).read_text()) for r in results]
-        time.sleep(1.0)  # idle backends report their transaction counts within a second
-        commits_after, wal_after = _commits_and_wal(url)
+        time.sleep(1.0)  # the workers' backends report their counts as they exit
+        commits_after, wal_after, flushes_after = _commits_and_wal(url)
         bytes_after = _db_bytes(url)
         rows_after = _ledger_rows(url)
     wall = max(d["ended"] for d in done) - min(d["started"] for d in done)
@@ -224,9 +231,16 @@ def measure(variant: str, workers: int, runs: int, dsn: str) -> dict[str, Any]:
         "wall_s": rnd(wall),
         "runs_per_s": rnd(total / wall, 2),
         "calls_per_s": rnd(total * CALLS / wall, 1),
-        "commits_per_run": rnd((commits_after - commits_before) / total, 1),
+        # Less the parent's own: the sampler's one statement per sample and the two of
+        # the first reading (counted when its connection closed).
+        "commits_per_run": rnd(
+            (commits_after - commits_before - len(samples) - _READING_COMMITS) / total, 1
+        ),
         "wal_bytes_per_run": rnd((wal_after - wal_before) / total, 0),
+        # The server's, for every database: other sessions on the server count too.
+        "wal_flushes_per_run": rnd((flushes_after - flushes_before) / total, 1),
         "worker_cpu_s": rnd(cpu),
+        "worker_cpu_ms_per_run": rnd(cpu * 1000 / total, 1),
         "worker_cpu_share_of_wall": rnd(cpu / (wall * workers), 3),
         "mean_lock_waits": mean("lock_waits"),
         "max_lock_waits": max((s["lock_waits"] for s in samples), default=None),
@@ -308,8 +322,9 @@ def table(result: dict[str, Any]) -> str:
     lines = [
         "| workers | plain runs/s | ours runs/s | plain calls/s | ours calls/s | slower | "
         "ledger rows/run | GB per 10^5 runs (ours / plain) | commits/run (ours / plain) | "
-        "WAL kB/run (ours / plain) | lock waits (mean, max) | worker CPU / wall (ours / plain) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "WAL flushes/run (ours / plain) | WAL kB/run (ours / plain) | lock waits (mean, max) | "
+        "worker CPU ms/run (ours / plain) | worker CPU / wall (ours / plain) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in result["rows"]:
         plain, ours = cells[("plain", row["workers"])], cells[("effect", row["workers"])]
@@ -320,9 +335,11 @@ def table(result: dict[str, Any]) -> str:
             f"{ours['ledger_rows_per_run']} | {ours['gb_per_100k_runs']} / "
             f"{plain['gb_per_100k_runs']} | "
             f"{ours['commits_per_run']} / {plain['commits_per_run']} | "
+            f"{ours.get('wal_flushes_per_run')} / {plain.get('wal_flushes_per_run')} | "
             f"{rnd(ours['wal_bytes_per_run'] / 1024, 1)} / "
             f"{rnd(plain['wal_bytes_per_run'] / 1024, 1)} | "
             f"{ours['mean_lock_waits']}, {ours['max_lock_waits']} | "
+            f"{ours.get('worker_cpu_ms_per_run')} / {plain.get('worker_cpu_ms_per_run')} | "
             f"{ours['worker_cpu_share_of_wall']} / {plain['worker_cpu_share_of_wall']} |"
         )
     return "\n".join(lines)

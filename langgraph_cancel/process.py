@@ -14,6 +14,10 @@ belongs to the process, not to one run:
   into) sees its own; ``is_cancelled()`` in a tool reads it.
 - ``current_idempotency_key``: the key of the call a tool body runs for. A
   ``ContextVar`` for the same reason; ``idempotency_key()`` reads it.
+- ``commit_before_flush_allowed``: whether the ledger write under way may commit
+  before its WAL is on disk (``ledger.flush``). A ``ContextVar``, since the
+  protocol marks one ledger call and the backend, several calls below, reads it
+  for that call alone.
 - ``CLASSIFIED_TOOLS``: every tool classified with ``effect(...)``, by name: where
   the cancel node, the reconciler, the outbox and the command line find the
   hooks of a tool they did not run themselves.
@@ -78,6 +82,10 @@ current_scope: contextvars.ContextVar[RunScope | None] = contextvars.ContextVar(
 )
 current_idempotency_key: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "langgraph_cancel_idempotency_key", default=None
+)
+
+commit_before_flush_allowed: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "langgraph_cancel_commit_before_flush", default=False
 )
 
 # --------------------------------------------------------------- registries

@@ -31,7 +31,13 @@ from langgraph_cancel.errors import (
 from langgraph_cancel.execution.group import GroupCommit
 from langgraph_cancel.execution.identity import canonical, own_record_steps
 from langgraph_cancel.execution.plan import CallPlan
-from langgraph_cancel.execution.steps import GroupWrite, Protocol, ask, ledger_call
+from langgraph_cancel.execution.steps import (
+    GroupWrite,
+    Protocol,
+    ask,
+    ledger_call,
+    ledger_write_before_flush,
+)
 from langgraph_cancel.execution.supervision import Supervisor
 from langgraph_cancel.ledger import Ledger
 from langgraph_cancel.runtime import RunScope
@@ -142,7 +148,9 @@ class Batch:
                 self.prepared.setdefault(plan.call_id, Prepared(plan, rec))
         todo = list(effects)
         while todo:
-            entries = yield from ledger_call(
+            # Nothing leaves the process before the first intent, whose commit waits for
+            # the disk and so makes these rows durable first: this one need not wait.
+            entries = yield from ledger_write_before_flush(
                 Ledger.plan_many,
                 thread_id=scope.thread_id,
                 run_id=scope.run_id,
@@ -283,7 +291,9 @@ class Batch:
             yield from self._write_outcome(outcome)
 
     def _write_outcome(self, req: TransitionRequest) -> Protocol[None]:
-        (done,) = yield from ledger_call(Ledger.transition_many, [req])
+        # An outcome with no intent beside it need not wait for the disk: lost in a
+        # database crash, the record stands dispatched and reconciliation settles it.
+        (done,) = yield from ledger_write_before_flush(Ledger.transition_many, [req])
         if isinstance(done, LedgerError):
             _outcome_lost(req, done)
 

@@ -9,11 +9,13 @@ settles records outside a tool call (the cancel node, the reconciler).
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from contextlib import nullcontext
 from typing import Any, TypeVar, cast
 
 from langgraph_cancel.execution.steps import LedgerCall, Protocol, Step
 from langgraph_cancel.ledger import Ledger
 from langgraph_cancel.ledger.aio import async_twin_of
+from langgraph_cancel.ledger.flush import commit_before_flush
 
 T = TypeVar("T")
 
@@ -53,7 +55,8 @@ async def adrive(protocol: Protocol[T], answer: Callable[[Step[Any]], Awaitable[
 def call_ledger(ledger: Ledger, step: LedgerCall[Any]) -> Any:
     """Answer a ``LedgerCall`` with the sync method (looked up on the ledger itself)."""
     method = getattr(ledger, step.method.__name__)
-    return method(*step.args, **step.kwargs)
+    with commit_before_flush() if step.before_flush else nullcontext():
+        return method(*step.args, **step.kwargs)
 
 
 async def acall_ledger(ledger: Ledger, step: LedgerCall[Any]) -> Any:
@@ -61,7 +64,8 @@ async def acall_ledger(ledger: Ledger, step: LedgerCall[Any]) -> Any:
     (on this loop, no thread), else the sync ledger's (in a thread)."""
     native = async_twin_of(ledger)
     method = getattr(ledger if native is None else native, "a" + step.method.__name__)
-    return await method(*step.args, **step.kwargs)
+    with commit_before_flush() if step.before_flush else nullcontext():
+        return await method(*step.args, **step.kwargs)
 
 
 def drive_ledger(ledger: Ledger, protocol: Protocol[T]) -> T:

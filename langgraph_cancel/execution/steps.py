@@ -51,11 +51,15 @@ class LedgerCall(Step[T]):
         method: The sync method, unbound (``Ledger.transition``); its name names the twin.
         args: Positional arguments after the ledger.
         kwargs: Keyword arguments.
+        before_flush: The write may commit before its WAL is on disk (see
+            ``langgraph_cancel.ledger.flush``): a record whose loss on a database
+            crash reconciliation settles, never an intent.
     """
 
     method: Callable[..., T]
     args: tuple[Any, ...] = ()
     kwargs: Mapping[str, Any] = field(default_factory=dict)
+    before_flush: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,6 +198,18 @@ def ledger_call(
     return cast(T, answer)
 
 
+def ledger_write_before_flush(
+    method: Callable[Concatenate[Ledger, P], T], *args: P.args, **kwargs: P.kwargs
+) -> Protocol[T]:
+    """``ledger_call`` for a write that may commit before its WAL is on disk.
+
+    Only for records whose loss on a database crash the protocol survives (planned
+    rows, an outcome with no intent after it); never for an intent.
+    """
+    answer = yield LedgerCall(method, args, kwargs, before_flush=True)
+    return cast(T, answer)
+
+
 def transition_steps(
     request: TransitionRequest, *, lost_ok: bool = False
 ) -> Protocol[EffectRecord]:
@@ -248,5 +264,6 @@ __all__ = [
     "StoppedWaiting",
     "ask",
     "ledger_call",
+    "ledger_write_before_flush",
     "transition_steps",
 ]

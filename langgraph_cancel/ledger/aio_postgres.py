@@ -16,6 +16,8 @@ from langgraph_cancel.ledger import sql as q
 from langgraph_cancel.ledger.aio_backends import AsyncBackend, AsyncCursor
 from langgraph_cancel.ledger.backends import Dialect
 from langgraph_cancel.ledger.dialects import PostgresStatements, json_text
+from langgraph_cancel.ledger.flush import commits_before_flush
+from langgraph_cancel.ledger.postgres import ledger_session_kwargs
 
 if TYPE_CHECKING:
     from psycopg import AsyncConnection
@@ -54,26 +56,25 @@ class AsyncPostgresBackend(PostgresStatements, AsyncBackend):
         self._pool: AsyncConnectionPool[Any] | None = conn if isinstance(conn, _Pool) else None
         self._conn: AsyncConnection[Any] | None = None if isinstance(conn, _Pool) else conn
         self._lock = asyncio.Lock()
+        # As the sync backend's: opened on the first write that may commit before the
+        # WAL flush (``langgraph_cancel.ledger.flush``), on a backend that owns its pool.
+        self._unflushed: AsyncConnectionPool[Any] | None = None
+        self._unflushed_lock = asyncio.Lock()
+        self._max_size = self._pool.max_size if self._pool is not None else 1
 
     @classmethod
     async def open(
         cls, conninfo: str, *, min_size: int = 1, max_size: int = 8
     ) -> AsyncPostgresBackend:
         """A backend with a pool of its own on ``conninfo``."""
-        from psycopg.rows import dict_row
         from psycopg_pool import AsyncConnectionPool as _Pool
 
         pool: AsyncConnectionPool[Any] = _Pool(
             conninfo,
             min_size=min_size,
             max_size=max_size,
-            kwargs={
-                "autocommit": True,
-                "row_factory": dict_row,
-                # As the sync backend: prepared generic plans, index probes only.
-                "prepare_threshold": 0,
-                "options": "-c plan_cache_mode=force_generic_plan -c enable_seqscan=off",
-            },
+            # As the sync backend: prepared generic plans, index probes only.
+            kwargs=ledger_session_kwargs(),
             open=False,
             name="langgraph-cancel-ledger-async",
         )
@@ -94,14 +95,15 @@ class AsyncPostgresBackend(PostgresStatements, AsyncBackend):
     @asynccontextmanager
     async def _connection(self) -> AsyncIterator[AsyncConnection[Any]]:
         """A connection for one use: from the pool, or the one connection under its lock."""
-        if self._pool is not None:
+        pool = await self._pool_for_write()
+        if pool is not None:
             # Not pool.connection(): its ``async with conn`` ends a transaction these
             # autocommit statements never open; putconn still discards a broken one.
-            conn = await self._pool.getconn()
+            conn = await pool.getconn()
             try:
                 yield conn
             finally:
-                await self._pool.putconn(conn)
+                await pool.putconn(conn)
             return
         assert self._conn is not None
         async with self._lock:
@@ -170,10 +172,35 @@ class AsyncPostgresBackend(PostgresStatements, AsyncBackend):
                 logger.debug("cancel listener reconnecting", exc_info=True)
                 await asyncio.sleep(0.5)
 
+    async def _pool_for_write(self) -> AsyncConnectionPool[Any] | None:
+        """The pool for the statement about to run: inside ``commit_before_flush``, the
+        one whose sessions commit before the WAL flush, opened on first use (see
+        ``PostgresBackend``)."""
+        if not (self._owns and commits_before_flush()) or self.closed:
+            return self._pool
+        async with self._unflushed_lock:
+            if self._unflushed is None:
+                from psycopg_pool import AsyncConnectionPool as _Pool
+
+                pool: AsyncConnectionPool[Any] = _Pool(
+                    self.conninfo,
+                    min_size=1,
+                    max_size=self._max_size,
+                    kwargs=ledger_session_kwargs("-c synchronous_commit=off"),
+                    open=False,
+                    name="langgraph-cancel-ledger-async-unflushed",
+                )
+                await pool.open()
+                self._unflushed = pool
+            return self._unflushed
+
     async def aclose(self) -> None:
         self.closed = True
         if self._owns and self._pool is not None:
             await self._pool.close()
+        unflushed, self._unflushed = self._unflushed, None
+        if unflushed is not None:
+            await unflushed.close()
 
 
 __all__ = ["AsyncPostgresBackend"]

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, cast
 from langgraph_cancel.ledger import sql as q
 from langgraph_cancel.ledger.backends import Backend, Cursor, Dialect
 from langgraph_cancel.ledger.dialects import PostgresStatements, json_text
+from langgraph_cancel.ledger.flush import commits_before_flush
 
 if TYPE_CHECKING:
     from psycopg import Connection
@@ -34,29 +35,23 @@ class PostgresBackend(PostgresStatements, Backend):
         max_size: int = 8,
     ) -> None:
         from psycopg import Connection as _Connection
-        from psycopg.rows import dict_row
         from psycopg_pool import ConnectionPool as _Pool
 
         self._owns = False
         self.closed = False
         self._lock: threading.RLock | None = None
+        self._max_size = max_size
+        # Opened on the first write that may commit before the WAL flush (see
+        # ``langgraph_cancel.ledger.flush``), on a backend that owns its pool.
+        self._unflushed: _Pool[Any] | None = None
+        self._unflushed_lock = threading.Lock()
         if isinstance(conn, str):
             self.url = conn
             self._pool: _Pool[Any] | None = _Pool(
                 conn,
                 min_size=min_size,
                 max_size=max_size,
-                kwargs={
-                    "autocommit": True,
-                    "row_factory": dict_row,
-                    # Every ledger statement is an index probe: prepare it once and
-                    # keep the generic plan (planning the CTE writes costs more than
-                    # running them). A generic plan made while a table is still small
-                    # is a sequential scan, kept as the table grows until the next
-                    # ANALYZE: no ledger query wants one, so the planner avoids them.
-                    "prepare_threshold": 0,
-                    "options": "-c plan_cache_mode=force_generic_plan -c enable_seqscan=off",
-                },
+                kwargs=ledger_session_kwargs(),
                 open=True,
                 name="langgraph-cancel-ledger",
             )
@@ -88,8 +83,9 @@ class PostgresBackend(PostgresStatements, Backend):
     def transaction(self) -> Iterator[Cursor]:
         from psycopg.rows import dict_row
 
-        if self._pool is not None:
-            with self._pool.connection() as conn, conn.transaction():
+        pool = self._pool_for_write()
+        if pool is not None:
+            with pool.connection() as conn, conn.transaction():
                 yield conn.cursor(row_factory=dict_row)
             return
         assert self._conn is not None and self._lock is not None
@@ -100,14 +96,15 @@ class PostgresBackend(PostgresStatements, Backend):
     def statement(self) -> Iterator[Cursor]:
         from psycopg.rows import dict_row
 
-        if self._pool is not None:
+        pool = self._pool_for_write()
+        if pool is not None:
             # Not pool.connection(): its ``with conn`` ends a transaction these
             # autocommit statements never open; putconn still discards a broken one.
-            conn = self._pool.getconn()
+            conn = pool.getconn()
             try:
                 yield conn.cursor(row_factory=dict_row)
             finally:
-                self._pool.putconn(conn)
+                pool.putconn(conn)
             return
         assert self._conn is not None and self._lock is not None
         with self._lock:
@@ -130,8 +127,9 @@ class PostgresBackend(PostgresStatements, Backend):
 
             return execute
 
-        if self._pool is not None:
-            with self._pool.connection() as conn, conn.pipeline():
+        pool = self._pool_for_write()
+        if pool is not None:
+            with pool.connection() as conn, conn.pipeline():
                 yield run(conn)
             return
         assert self._conn is not None and self._lock is not None
@@ -157,10 +155,55 @@ class PostgresBackend(PostgresStatements, Backend):
             cursors = [execute(sql, params) for sql, params in statements]
         return [rows(cur) for cur in cursors]
 
+    def _pool_for_write(self) -> ConnectionPool[Any] | None:
+        """The pool for the statement about to run: inside ``commit_before_flush``, the
+        one whose sessions commit before the WAL flush (``synchronous_commit=off``),
+        opened on first use. Only a backend that owns its pool has one; on the
+        caller's pool or connection every commit waits as the server says."""
+        if not (self._owns and commits_before_flush()) or self.closed:
+            return self._pool
+        with self._unflushed_lock:
+            if self._unflushed is None:
+                from psycopg_pool import ConnectionPool as _Pool
+
+                self._unflushed = _Pool(
+                    self.url,
+                    min_size=1,
+                    max_size=self._max_size,
+                    kwargs=ledger_session_kwargs("-c synchronous_commit=off"),
+                    open=True,
+                    name="langgraph-cancel-ledger-unflushed",
+                )
+            return self._unflushed
+
     def close(self) -> None:
         self.closed = True
         if self._owns and self._pool is not None:
             self._pool.close()
+        with self._unflushed_lock:
+            unflushed, self._unflushed = self._unflushed, None
+        if unflushed is not None:
+            unflushed.close()
+
+
+def ledger_session_kwargs(more_options: str = "") -> dict[str, Any]:
+    """How the ledger's own pools open their sessions, sync and async (``more_options``:
+    more ``-c name=value`` settings)."""
+    from psycopg.rows import dict_row
+
+    return {
+        "autocommit": True,
+        "row_factory": dict_row,
+        # Every ledger statement is an index probe: prepare it once and keep the
+        # generic plan (planning the CTE writes costs more than running them). A
+        # generic plan made while a table is still small is a sequential scan, kept
+        # as the table grows until the next ANALYZE: no ledger query wants one, so
+        # the planner avoids them.
+        "prepare_threshold": 0,
+        "options": " ".join(
+            ("-c plan_cache_mode=force_generic_plan -c enable_seqscan=off", more_options)
+        ).strip(),
+    }
 
 
 def full_conninfo(conn: Any) -> str:

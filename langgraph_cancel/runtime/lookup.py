@@ -16,6 +16,7 @@ from langchain_core.runnables import RunnableConfig
 
 from langgraph_cancel.ledger import Ledger, SqliteBackend
 from langgraph_cancel.ledger.aio import AsyncLedger
+from langgraph_cancel.ledger.flush import commit_before_flush
 from langgraph_cancel.ledgers import (
     checkpointer_of,
     explicit_source,
@@ -98,13 +99,15 @@ def scope_for(
             return _cache_new_scope(resolved, thread_id, latest, worker, None)
     unsettled: list[EffectRecord] | None = None
     start = resolved.start_run_and_unsettled if prefetch_unsettled else resolved.start_run
-    started = start(
-        thread_id,
-        run_id=run_id,
-        owner=worker,
-        parent_run_id=parent_run_id,
-        lease_ttl=lease_ttl,
-    )
+    # No side effect leaves on its strength before a commit that waits for the disk.
+    with commit_before_flush():
+        started = start(
+            thread_id,
+            run_id=run_id,
+            owner=worker,
+            parent_run_id=parent_run_id,
+            lease_ttl=lease_ttl,
+        )
     run, unsettled = started if isinstance(started, tuple) else (started, None)
     return _cache_new_scope(resolved, thread_id, run, worker, unsettled)
 
@@ -184,12 +187,13 @@ async def ascope_for(
             await twin.aacquire_lease(thread_id, owner, ttl=lease_ttl)
             return _cache_new_scope(ledger, thread_id, latest, owner, None)
     unsettled: list[EffectRecord] | None = None
-    if prefetch_unsettled:
-        run, unsettled = await twin.astart_run_and_unsettled(
-            thread_id, run_id=run_id, owner=owner, lease_ttl=lease_ttl
-        )
-    else:
-        run = await twin.astart_run(thread_id, run_id=run_id, owner=owner, lease_ttl=lease_ttl)
+    with commit_before_flush():  # as in ``scope_for``
+        if prefetch_unsettled:
+            run, unsettled = await twin.astart_run_and_unsettled(
+                thread_id, run_id=run_id, owner=owner, lease_ttl=lease_ttl
+            )
+        else:
+            run = await twin.astart_run(thread_id, run_id=run_id, owner=owner, lease_ttl=lease_ttl)
     return _cache_new_scope(ledger, thread_id, run, owner, unsettled)
 
 

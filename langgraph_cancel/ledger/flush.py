@@ -1,0 +1,47 @@
+"""Ledger writes whose commit need not wait for the disk.
+
+A PostgreSQL commit waits until its WAL is flushed (``synchronous_commit=on``), so a
+run pays one disk flush per ledger write. Only some writes need that wait: an intent
+(``dispatched``) must be on disk before its call leaves the process (I1), and so must
+anything another party acts on at once. Others are records whose loss the protocol
+already survives: the ``planned`` rows written before any call goes out, or the
+outcome of the last call of a batch, which reconciliation settles when it is missing
+(the same window a worker's ``kill -9`` between the call and its outcome opens).
+
+Inside :func:`commit_before_flush`, a backend that can may let such a write commit
+before its WAL reaches the disk (PostgreSQL's ``synchronous_commit=off`` for that
+transaction). The write is never half applied, and it is visible to every other
+session as soon as it returns; a crash of the *database server* within a fraction of a
+second may lose it, and never only it: WAL is flushed in order, so any later commit
+that waited for the disk (the next intent, the step's checkpoint) made it durable
+first. A worker that dies loses nothing that returned.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from langgraph_cancel.process import commit_before_flush_allowed
+
+
+@contextmanager
+def commit_before_flush() -> Iterator[None]:
+    """Let the ledger writes of this block commit before their WAL is on disk.
+
+    Only for writes whose loss on a database crash reconciliation settles; never
+    around an intent.
+    """
+    token = commit_before_flush_allowed.set(True)
+    try:
+        yield
+    finally:
+        commit_before_flush_allowed.reset(token)
+
+
+def commits_before_flush() -> bool:
+    """Whether the current block allows commits before the WAL flush."""
+    return commit_before_flush_allowed.get()
+
+
+__all__ = ["commit_before_flush", "commits_before_flush"]

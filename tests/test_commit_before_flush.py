@@ -1,0 +1,222 @@
+"""Which ledger writes may commit before their WAL is on disk, and which never do.
+
+An intent (``dispatched``) must be durable before its call leaves (I1), so its commit
+waits for the disk; so does a run's end (a returned invoke's run is over). A run's
+start, the planned rows of a batch and the outcome of its last call need not wait: no
+side effect leaves the process on their strength before a later write that waits for
+the disk (the next intent, the step's checkpoint) has made them durable, and a lost
+outcome leaves its record dispatched, for reconciliation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from contextlib import nullcontext
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from langchain_core.messages import HumanMessage
+from psycopg.rows import dict_row
+from psycopg_pool import ConnectionPool
+
+from graphs import (
+    ExecutionLog,
+    agent_builder,
+    calls,
+    cancellable,
+    config_for,
+    counting_tool,
+    new_thread,
+    scripted,
+)
+from langgraph_cancel import EffectStatus, EffectToolNode
+from langgraph_cancel.checkpointers.postgres import PostgresCancelSaver
+from langgraph_cancel.errors import DuplicateIdempotencyKeyError, LedgerError
+from langgraph_cancel.ledger import Ledger, PostgresBackend
+from langgraph_cancel.ledger.aio_postgres import AsyncPostgresBackend
+from langgraph_cancel.ledger.flush import commit_before_flush, commits_before_flush
+from langgraph_cancel.types import (
+    EffectRecord,
+    NewEffect,
+    RunRecord,
+    RunStatus,
+    TransitionRequest,
+)
+
+
+class _WritesSeen(Ledger):
+    """The ledger, noting for each batch write whether it may commit before the flush."""
+
+    def __init__(self, backend: PostgresBackend) -> None:
+        super().__init__(backend)
+        self.seen: list[tuple[str, tuple[EffectStatus, ...], bool]] = []
+
+    def start_run_and_unsettled(
+        self,
+        thread_id: str,
+        *,
+        run_id: str | None = None,
+        owner: str | None = None,
+        parent_run_id: str | None = None,
+        lease_ttl: float | None = None,
+    ) -> tuple[RunRecord, list[EffectRecord]]:
+        self.seen.append(("start", (), commits_before_flush()))
+        return super().start_run_and_unsettled(
+            thread_id, run_id=run_id, owner=owner, parent_run_id=parent_run_id, lease_ttl=lease_ttl
+        )
+
+    def finish_run(
+        self,
+        run_id: str,
+        status: RunStatus | str,
+        *,
+        report: dict[str, Any] | None = None,
+        quiesced_at: datetime | None = None,
+        tokens_after_cancel: int | None = None,
+        release_lease: str | None = None,
+    ) -> bool:
+        self.seen.append(("finish", (), commits_before_flush()))
+        return super().finish_run(
+            run_id,
+            status,
+            report=report,
+            quiesced_at=quiesced_at,
+            tokens_after_cancel=tokens_after_cancel,
+            release_lease=release_lease,
+        )
+
+    def plan_many(
+        self,
+        *,
+        thread_id: str,
+        run_id: str,
+        items: Sequence[NewEffect],
+        owner: str | None = None,
+        actor: str = "system",
+    ) -> list[tuple[EffectRecord, bool] | DuplicateIdempotencyKeyError]:
+        self.seen.append(("plan", (), commits_before_flush()))
+        return super().plan_many(
+            thread_id=thread_id, run_id=run_id, items=items, owner=owner, actor=actor
+        )
+
+    def transition_many(
+        self, requests: Sequence[TransitionRequest]
+    ) -> list[EffectRecord | LedgerError]:
+        targets = tuple(request.to for request in requests)
+        self.seen.append(("transition", targets, commits_before_flush()))
+        return super().transition_many(requests)
+
+
+@pytest.fixture
+def log(tmp_path: Path) -> ExecutionLog:
+    return ExecutionLog(str(tmp_path / "providers.db"))
+
+
+def test_only_the_plan_and_the_last_outcome_commit_before_the_flush(
+    pg_url: str, log: ExecutionLog
+) -> None:
+    refund = counting_tool(log, "refund")
+    model = scripted(calls(("refund", "a"), ("refund", "b"), ("refund", "c")))
+    with psycopg.Connection.connect(
+        pg_url, autocommit=True, prepare_threshold=0, row_factory=dict_row
+    ) as conn:
+        ledger = _WritesSeen(PostgresBackend(pg_url, max_size=2))
+        try:
+            saver = PostgresCancelSaver(conn, ledger=ledger)
+            saver.setup()
+            graph = cancellable(agent_builder(model, EffectToolNode([refund])), saver)
+            thread = new_thread()
+            graph.invoke({"messages": [HumanMessage("refund three")]}, config_for(thread))
+            effects = ledger.effects(thread)
+        finally:
+            ledger.close()
+    assert sorted(e.status for e in effects) == [EffectStatus.COMMITTED] * 3
+    assert log.applied("refund") == 3
+    # The run's start, the batch's one plan, then each outcome beside the next intent,
+    # then the last outcome on its own (the first intent goes through ``transition``),
+    # and the run's end, whose commit waits: a returned invoke's run is durably over.
+    assert ledger.seen == [
+        ("start", (), True),
+        ("plan", (), True),
+        ("transition", (EffectStatus.COMMITTED, EffectStatus.DISPATCHED), False),
+        ("transition", (EffectStatus.COMMITTED, EffectStatus.DISPATCHED), False),
+        ("transition", (EffectStatus.COMMITTED,), True),
+        ("finish", (), False),
+    ]
+
+
+def test_the_mark_holds_only_inside_its_block() -> None:
+    assert not commits_before_flush()
+    with commit_before_flush():
+        assert commits_before_flush()
+        with commit_before_flush():
+            assert commits_before_flush()
+        assert commits_before_flush()
+    assert not commits_before_flush()
+
+
+_SETTING = "SELECT setting, source FROM pg_settings WHERE name = 'synchronous_commit'"
+
+
+def _commit_setting(backend: PostgresBackend, how: str) -> tuple[str, str]:
+    """(synchronous_commit, where the session got it) for a statement run ``how``."""
+    if how == "pipeline":
+        with backend.pipeline() as execute:
+            cur = execute(_SETTING, {})
+        row = cur.fetchone()
+    else:
+        opened = backend.statement() if how == "statement" else backend.transaction()
+        with opened as cur:
+            cur.execute(_SETTING, {})
+            row = cur.fetchone()
+    assert row is not None
+    return str(row["setting"]), str(row["source"])
+
+
+@pytest.mark.parametrize("how", ["statement", "pipeline", "transaction"])
+def test_inside_the_block_a_backend_of_its_own_commits_before_the_flush(
+    pg_url: str, how: str
+) -> None:
+    backend = PostgresBackend(pg_url, max_size=2)
+    try:
+        # The test server may run with synchronous_commit off for every session: what
+        # tells the two apart is where the session got its setting.
+        assert _commit_setting(backend, how)[1] != "client"
+        with commit_before_flush():
+            assert _commit_setting(backend, how) == ("off", "client")
+        assert _commit_setting(backend, how)[1] != "client"
+    finally:
+        backend.close()
+
+
+def test_on_the_callers_pool_every_commit_waits_as_the_server_says(pg_url: str) -> None:
+    with ConnectionPool(
+        pg_url, min_size=1, max_size=2, kwargs={"autocommit": True}, open=True
+    ) as pool:
+        backend = PostgresBackend(pool)
+        with commit_before_flush():
+            assert _commit_setting(backend, "statement")[1] != "client"
+
+
+def test_the_async_backend_of_its_own_commits_before_the_flush_inside_the_block(
+    pg_url: str,
+) -> None:
+    async def settings() -> list[tuple[str, str]]:
+        backend = await AsyncPostgresBackend.open(pg_url, max_size=2)
+        seen: list[tuple[str, str]] = []
+        try:
+            for inside in (False, True, False):
+                with commit_before_flush() if inside else nullcontext():
+                    rows = await backend.all_rows([(_SETTING, {})])
+                seen.append((str(rows[0][0]["setting"]), str(rows[0][0]["source"])))
+        finally:
+            await backend.aclose()
+        return seen
+
+    before, inside, after = asyncio.run(settings())
+    assert inside == ("off", "client")
+    assert before[1] != "client" and after[1] != "client"
