@@ -71,6 +71,11 @@ def test_compensations_are_streamed_newest_first(
     )
     progress = progress_events(chunks)
     steps = [(p.event, p.effect.tool_call_id if p.effect else None) for p in progress]
+    # The stop is asked from inside u2: the run may see it while c2 is still in flight
+    # (a waiting event for c2 right after the observation) or only once c2 returned.
+    waiting = [(ProgressKind.WAITING, "c2")]
+    if steps[2:3] == waiting:
+        del steps[2]
     assert steps == [
         (ProgressKind.REQUESTED, None),
         (ProgressKind.OBSERVED, None),
