@@ -150,20 +150,21 @@ def _load_pg(url: str, start: int, stop: int, heavy: str) -> None:
 
 
 def _explain(ledger: Any, thread: str) -> str:
-    from langgraph_cancel.ledger import sql as q
+    from langgraph_cancel.ledger import sql as ledger_sql
 
     backend = ledger.backend
     if backend.dialect == "sqlite":
         with backend._lock:
             rows = backend._conn.execute(
-                "EXPLAIN QUERY PLAN " + backend.sql(q.SELECT_UNSETTLED), {"thread_id": thread}
+                "EXPLAIN QUERY PLAN " + backend.sql(ledger_sql.SELECT_UNSETTLED),
+                {"thread_id": thread},
             ).fetchall()
         return " | ".join(str(tuple(r)[-1]) for r in rows)
     import psycopg
 
     with psycopg.connect(backend.conninfo) as conn:
         cur = psycopg.ClientCursor(conn)
-        cur.execute("EXPLAIN " + q.SELECT_UNSETTLED, {"thread_id": thread})
+        cur.execute("EXPLAIN " + ledger_sql.SELECT_UNSETTLED, {"thread_id": thread})
         return " | ".join(r[0].strip() for r in cur.fetchall())
 
 

@@ -571,7 +571,7 @@ def test_a_batched_write_probes_the_primary_key_whatever_the_ledger_holds(pg_url
     import psycopg
     from psycopg.rows import dict_row
 
-    from langgraph_cancel.ledger import sql as q
+    from langgraph_cancel.ledger import sql as ledger_sql
 
     ledger = Ledger.from_url(pg_url)
     try:
@@ -591,7 +591,7 @@ def test_a_batched_write_probes_the_primary_key_whatever_the_ledger_holds(pg_url
         with psycopg.connect(pg_url, autocommit=True, row_factory=dict_row) as conn:
             conn.execute("ANALYZE lgc_effects")
             plan = conn.execute(
-                "EXPLAIN " + q.PG_TRANSITION_EFFECTS,
+                "EXPLAIN " + ledger_sql.PG_TRANSITION_EFFECTS,
                 {
                     "rows": json.dumps(rows),
                     "ids": [a, b],

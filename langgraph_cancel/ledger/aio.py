@@ -30,7 +30,7 @@ from langgraph_cancel.errors import (
     InvalidURLError,
     LedgerError,
 )
-from langgraph_cancel.ledger import decisions as d
+from langgraph_cancel.ledger import decisions
 from langgraph_cancel.ledger.aio_backends import (
     AsyncBackend,
     AsyncMemoryBackend,
@@ -141,7 +141,7 @@ class AsyncLedger(AsyncEffectLedger):
         if not isinstance(backend, AsyncPostgresBackend):
             raise LedgerError("cancel notifications need PostgreSQL; poll the run elsewhere")
         async for payload in backend.listen("lgc_cancel"):
-            yield d.parse_cancel_notice(payload)
+            yield decisions.parse_cancel_notice(payload)
 
 
 async def _open_like(backend: Any) -> AsyncBackend:

@@ -26,7 +26,7 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
-from langgraph_cancel.ledger import sql as q
+from langgraph_cancel.ledger import sql as ledger_sql
 from langgraph_cancel.ledger.backends import Dialect, SqliteBackend
 from langgraph_cancel.ledger.dialects import DialectStatements, SqliteStatements
 from langgraph_cancel.ledger.retry import atransient_retry, is_transient
@@ -128,7 +128,7 @@ class _SqliteDialect(SqliteStatements, AsyncBackend):
 
     @property
     def migrations(self) -> list[list[str]]:
-        return q.SQLITE_MIGRATIONS
+        return ledger_sql.SQLITE_MIGRATIONS
 
     def ts_in(self, value: datetime | None) -> Any:
         return None if value is None else value.isoformat(timespec="microseconds")
@@ -268,7 +268,7 @@ class AsyncSqliteBackend(_SqliteDialect):
         """The statement with SQLite's placeholders (cached)."""
         cached = self._sql_cache.get(statement)
         if cached is None:
-            cached = self._sql_cache[statement] = q.to_sqlite(statement)
+            cached = self._sql_cache[statement] = ledger_sql.to_sqlite(statement)
         return cached
 
     @asynccontextmanager

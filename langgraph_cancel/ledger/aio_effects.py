@@ -8,7 +8,7 @@ from typing import Any
 
 from langgraph_cancel.errors import DuplicateIdempotencyKeyError
 from langgraph_cancel.ledger import effect_ops as ops
-from langgraph_cancel.ledger import sql as q
+from langgraph_cancel.ledger import sql as ledger_sql
 from langgraph_cancel.ledger.aio_backends import atransient_retry
 from langgraph_cancel.ledger.aio_transitions import AsyncTransitionLedger
 from langgraph_cancel.ledger.decisions import derive_effect_id
@@ -132,7 +132,8 @@ class AsyncEffectLedger(AsyncTransitionLedger):
         """The effect of a tool call, if recorded."""
         effect_id = derive_effect_id(thread_id, tool_call_id)
         return await arun(
-            self.backend, ops.one_effect(self.backend, q.SELECT_EFFECT, {"effect_id": effect_id})
+            self.backend,
+            ops.one_effect(self.backend, ledger_sql.SELECT_EFFECT, {"effect_id": effect_id}),
         )
 
     @atransient_retry()
@@ -144,7 +145,8 @@ class AsyncEffectLedger(AsyncTransitionLedger):
     async def aeffect_by_key(self, key: str) -> EffectRecord | None:
         """The effect holding an idempotency key, if any."""
         return await arun(
-            self.backend, ops.one_effect(self.backend, q.SELECT_EFFECT_BY_KEY, {"key": key})
+            self.backend,
+            ops.one_effect(self.backend, ledger_sql.SELECT_EFFECT_BY_KEY, {"key": key}),
         )
 
     @atransient_retry()
@@ -152,7 +154,7 @@ class AsyncEffectLedger(AsyncTransitionLedger):
         """Every effect of a thread, in plan order."""
         params = {"thread_id": thread_id}
         return await arun(
-            self.backend, ops.some_effects(self.backend, q.SELECT_THREAD_EFFECTS, params)
+            self.backend, ops.some_effects(self.backend, ledger_sql.SELECT_THREAD_EFFECTS, params)
         )
 
     @atransient_retry()
@@ -160,14 +162,16 @@ class AsyncEffectLedger(AsyncTransitionLedger):
         """Every effect of a run, in plan order."""
         params = {"run_id": run_id}
         return await arun(
-            self.backend, ops.some_effects(self.backend, q.SELECT_RUN_EFFECTS, params)
+            self.backend, ops.some_effects(self.backend, ledger_sql.SELECT_RUN_EFFECTS, params)
         )
 
     @atransient_retry()
     async def aunsettled(self, thread_id: str) -> list[EffectRecord]:
         """Effects of a thread that still need something done."""
         params = {"thread_id": thread_id}
-        return await arun(self.backend, ops.some_effects(self.backend, q.SELECT_UNSETTLED, params))
+        return await arun(
+            self.backend, ops.some_effects(self.backend, ledger_sql.SELECT_UNSETTLED, params)
+        )
 
     @atransient_retry()
     async def aeffects_by_status(
@@ -175,7 +179,9 @@ class AsyncEffectLedger(AsyncTransitionLedger):
     ) -> list[EffectRecord]:
         """Effects in one status across all threads."""
         params = {"status": effect_status(status).value, "limit": limit}
-        return await arun(self.backend, ops.some_effects(self.backend, q.SELECT_BY_STATUS, params))
+        return await arun(
+            self.backend, ops.some_effects(self.backend, ledger_sql.SELECT_BY_STATUS, params)
+        )
 
 
 __all__ = ["AsyncEffectLedger"]

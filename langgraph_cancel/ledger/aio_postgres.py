@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
-from langgraph_cancel.ledger import sql as q
+from langgraph_cancel.ledger import sql as ledger_sql
 from langgraph_cancel.ledger.aio_backends import AsyncBackend, AsyncCursor
 from langgraph_cancel.ledger.backends import Dialect
 from langgraph_cancel.ledger.dialects import PostgresStatements, json_text
@@ -83,7 +83,7 @@ class AsyncPostgresBackend(PostgresStatements, AsyncBackend):
 
     @property
     def migrations(self) -> list[list[str]]:
-        return q.POSTGRES_MIGRATIONS
+        return ledger_sql.POSTGRES_MIGRATIONS
 
     def json_in(self, value: Any) -> Any:
         if value is None:

@@ -7,7 +7,7 @@ from datetime import datetime
 from typing import Any
 
 from langgraph_cancel.ledger import run_ops as ops
-from langgraph_cancel.ledger import sql as q
+from langgraph_cancel.ledger import sql as ledger_sql
 from langgraph_cancel.ledger.aio_backends import atransient_retry
 from langgraph_cancel.ledger.aio_leases import AsyncLeaseLedger
 from langgraph_cancel.ledger.steps import arun
@@ -79,14 +79,16 @@ class AsyncRunLedger(AsyncLeaseLedger):
     async def aactive_run(self, thread_id: str) -> RunRecord | None:
         """The thread's live (not terminal) run, if any."""
         return await arun(
-            self.backend, ops.one_run(self.backend, q.SELECT_ACTIVE_RUN, {"thread_id": thread_id})
+            self.backend,
+            ops.one_run(self.backend, ledger_sql.SELECT_ACTIVE_RUN, {"thread_id": thread_id}),
         )
 
     @atransient_retry()
     async def alatest_run(self, thread_id: str) -> RunRecord | None:
         """The thread's most recent run, live or not."""
         return await arun(
-            self.backend, ops.one_run(self.backend, q.SELECT_LATEST_RUN, {"thread_id": thread_id})
+            self.backend,
+            ops.one_run(self.backend, ledger_sql.SELECT_LATEST_RUN, {"thread_id": thread_id}),
         )
 
     @atransient_retry()
@@ -103,14 +105,15 @@ class AsyncRunLedger(AsyncLeaseLedger):
         """Every run of a thread, oldest first."""
         return await arun(
             self.backend,
-            ops.some_runs(self.backend, q.SELECT_THREAD_RUNS, {"thread_id": thread_id}),
+            ops.some_runs(self.backend, ledger_sql.SELECT_THREAD_RUNS, {"thread_id": thread_id}),
         )
 
     @atransient_retry()
     async def achild_runs(self, run_id: str) -> list[RunRecord]:
         """Runs registered as children (sub-agents) of ``run_id``."""
         return await arun(
-            self.backend, ops.some_runs(self.backend, q.SELECT_CHILD_RUNS, {"run_id": run_id})
+            self.backend,
+            ops.some_runs(self.backend, ledger_sql.SELECT_CHILD_RUNS, {"run_id": run_id}),
         )
 
     @atransient_retry()
@@ -120,7 +123,7 @@ class AsyncRunLedger(AsyncLeaseLedger):
         """Runs in a given status across all threads."""
         params = {"status": run_status(status).value, "limit": limit}
         return await arun(
-            self.backend, ops.some_runs(self.backend, q.SELECT_RUNS_BY_STATUS, params)
+            self.backend, ops.some_runs(self.backend, ledger_sql.SELECT_RUNS_BY_STATUS, params)
         )
 
     async def arequest_cancel(

@@ -26,7 +26,7 @@ from tenacity import (
     wait_random,
 )
 
-from langgraph_cancel.ledger import sql as q
+from langgraph_cancel.ledger import sql as ledger_sql
 from langgraph_cancel.ledger.dialects import DialectStatements, SqliteStatements, json_text
 from langgraph_cancel.ledger.retry import is_transient, raise_transient, transient_retry
 
@@ -177,12 +177,12 @@ class SqliteBackend(SqliteStatements, Backend):
 
     @property
     def migrations(self) -> list[list[str]]:
-        return q.SQLITE_MIGRATIONS
+        return ledger_sql.SQLITE_MIGRATIONS
 
     def sql(self, statement: str) -> str:
         cached = self._sql_cache.get(statement)
         if cached is None:
-            cached = self._sql_cache[statement] = q.to_sqlite(statement)
+            cached = self._sql_cache[statement] = ledger_sql.to_sqlite(statement)
         return cached
 
     def ts_in(self, value: datetime | None) -> Any:

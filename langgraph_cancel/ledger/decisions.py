@@ -22,7 +22,7 @@ from langgraph_cancel.errors import (
     IllegalTransitionError,
     TransitionConflictError,
 )
-from langgraph_cancel.ledger import sql as q
+from langgraph_cancel.ledger import sql as ledger_sql
 from langgraph_cancel.ledger.records import Codec, run_record
 from langgraph_cancel.types import (
     EFFECT_TRANSITIONS,
@@ -180,7 +180,7 @@ def finish_statement(target: RunStatus) -> str:
         IllegalTransitionError: ``target`` is not a terminal status.
     """
     allowed = [s for s, nxt in RUN_TRANSITIONS.items() if target in nxt]
-    return q.FINISH_RUN.format(allowed=", ".join(f"'{s.value}'" for s in allowed))
+    return ledger_sql.FINISH_RUN.format(allowed=", ".join(f"'{s.value}'" for s in allowed))
 
 
 def check_finish_target(run_id: str, target: RunStatus) -> None:
@@ -469,7 +469,7 @@ def cas_statement(
     statuses = ", ".join(f"%(s{i})s" for i in range(len(names))) or "NULL"
     params.update(cas_params(req, token, now, codec))
     params.update({"actor": req.actor, "detail": codec.json_in(req.detail or {})})
-    sql = template.format(statuses=statuses, guard=q.RUN_ACTIVE_GUARD if guard else "")
+    sql = template.format(statuses=statuses, guard=ledger_sql.RUN_ACTIVE_GUARD if guard else "")
     return sql, params
 
 

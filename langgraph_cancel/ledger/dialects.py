@@ -15,8 +15,8 @@ from collections.abc import Generator, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from langgraph_cancel.ledger import decisions as d
-from langgraph_cancel.ledger import sql as q
+from langgraph_cancel.ledger import decisions
+from langgraph_cancel.ledger import sql as ledger_sql
 from langgraph_cancel.ledger.decisions import CasJob, CasOutcome
 from langgraph_cancel.ledger.records import effect_record, inserted_record
 from langgraph_cancel.ledger.steps import (
@@ -119,7 +119,7 @@ class DialectStatements:
 def select_in(template: str, ids: list[str]) -> Generator[Step, Any, list[Row]]:
     """SQLite (a body): the rows of ``template`` (an ``IN ({ids})`` query) for many ids."""
     rows: list[Row] = []
-    for sql, params in d.in_chunks(template, ids):
+    for sql, params in decisions.in_chunks(template, ids):
         rows.extend((yield Execute(sql, params, "all")))
     return rows
 
@@ -131,12 +131,12 @@ class SqliteStatements(DialectStatements):
         return (yield from within("transaction", self._insert_effect(params)))
 
     def _insert_effect(self, params: Row) -> Generator[Step, Any, tuple[Row, bool]]:
-        row = yield Execute(q.INSERT_EFFECT, params)
+        row = yield Execute(ledger_sql.INSERT_EFFECT, params)
         if row is None:
-            existing = yield Execute(q.SELECT_EFFECT, {"effect_id": params["effect_id"]})
+            existing = yield Execute(ledger_sql.SELECT_EFFECT, {"effect_id": params["effect_id"]})
             assert existing is not None
             return existing, False
-        yield Execute(q.INSERT_TRANSITION, d.plan_audit(params), "none")
+        yield Execute(ledger_sql.INSERT_TRANSITION, decisions.plan_audit(params), "none")
         return row, True
 
     def insert_effects(
@@ -157,7 +157,7 @@ class SqliteStatements(DialectStatements):
         nothing else wrote them); only rows recorded before are read.
         """
         stamp = self.ts_in(utcnow())
-        ids = {call_id: d.derive_effect_id(thread_id, call_id) for call_id in unique}
+        ids = {call_id: decisions.derive_effect_id(thread_id, call_id) for call_id in unique}
         known, rows = yield Unit(
             "transaction",
             self._insert_batch(thread_id, run_id, unique, ids, owner, actor, stamp, read_back),
@@ -185,20 +185,20 @@ class SqliteStatements(DialectStatements):
         read_back: bool,
     ) -> Generator[Step, Any, tuple[dict[str, Row], list[Row]]]:
         """The batch's body: the rows recorded before (by effect id) and those inserted."""
-        template = q.SELECT_EFFECTS_IN if read_back else q.SELECT_EFFECT_IDS_IN
+        template = ledger_sql.SELECT_EFFECTS_IN if read_back else ledger_sql.SELECT_EFFECT_IDS_IN
         before = yield from select_in(template, list(ids.values()))
         known = {row["effect_id"]: row for row in before}
         new = {call_id: item for call_id, item in unique.items() if ids[call_id] not in known}
-        rows, audits = d.sqlite_plan_rows(
+        rows, audits = decisions.sqlite_plan_rows(
             thread_id, run_id, new, owner=owner, actor=actor, stamp=stamp, codec=self
         )
         if rows:
-            yield ExecuteMany(q.INSERT_EFFECT_ROW, rows)
-            yield ExecuteMany(q.INSERT_TRANSITION, audits)
+            yield ExecuteMany(ledger_sql.INSERT_EFFECT_ROW, rows)
+            yield ExecuteMany(ledger_sql.INSERT_TRANSITION, audits)
         return known, rows
 
     def effect_rows(self, effect_ids: list[str]) -> Operation[list[Row]]:
-        return (yield from within("read", select_in(q.SELECT_EFFECTS_IN, effect_ids)))
+        return (yield from within("read", select_in(ledger_sql.SELECT_EFFECTS_IN, effect_ids)))
 
     def compare_and_set(self, job: CasJob) -> Operation[CasOutcome]:
         return (yield from within("transaction", self._compare_and_set(job)))
@@ -206,17 +206,17 @@ class SqliteStatements(DialectStatements):
     def _compare_and_set(self, job: CasJob) -> Generator[Step, Any, CasOutcome]:
         req, (allowed, guard), token = job
         now = utcnow()
-        audit, params = d.cas_statement(
-            q.SQLITE_AUDIT_TRANSITION, req, allowed, guard, token, now, self
+        audit, params = decisions.cas_statement(
+            ledger_sql.SQLITE_AUDIT_TRANSITION, req, allowed, guard, token, now, self
         )
-        update, _ = d.cas_statement(
-            q.SQLITE_TRANSITION_EFFECT, req, allowed, guard, token, now, self
+        update, _ = decisions.cas_statement(
+            ledger_sql.SQLITE_TRANSITION_EFFECT, req, allowed, guard, token, now, self
         )
         yield Execute(audit, params, "none")
         row = yield Execute(update, params)
         if row is not None:
             return row, None
-        return None, (yield Execute(q.SELECT_EFFECT, {"effect_id": req.effect_id}))
+        return None, (yield Execute(ledger_sql.SELECT_EFFECT, {"effect_id": req.effect_id}))
 
     def compare_and_set_many(self, jobs: Sequence[CasJob]) -> Operation[list[CasOutcome]]:
         return (yield from within("transaction", self._each_in_one(jobs)))
@@ -237,16 +237,16 @@ class PostgresStatements(DialectStatements):
         yield Execute(f"SELECT pg_advisory_xact_lock({SETUP_LOCK_KEY})", None, "none")
 
     def announce_cancel(self, thread_id: str, run_id: str) -> Body:
-        yield Execute(q.NOTIFY_CANCEL, d.cancel_notice(thread_id, run_id), "none")
+        yield Execute(ledger_sql.NOTIFY_CANCEL, decisions.cancel_notice(thread_id, run_id), "none")
 
     def insert_effect(self, params: Row) -> Operation[tuple[Row, bool]]:
         return (yield from within("statement", self._insert_effect(params)))
 
     def _insert_effect(self, params: Row) -> Generator[Step, Any, tuple[Row, bool]]:
-        row = yield Execute(q.PG_INSERT_EFFECT, params)
+        row = yield Execute(ledger_sql.PG_INSERT_EFFECT, params)
         if row is not None:
             return row, True
-        existing = yield Execute(q.SELECT_EFFECT, {"effect_id": params["effect_id"]})
+        existing = yield Execute(ledger_sql.SELECT_EFFECT, {"effect_id": params["effect_id"]})
         assert existing is not None
         return existing, False
 
@@ -261,7 +261,7 @@ class PostgresStatements(DialectStatements):
         read_back: bool,
     ) -> Operation[dict[str, tuple[EffectRecord, bool]]]:
         """One statement for the whole batch; rows recorded before are read back after it."""
-        rows = d.pg_plan_rows(thread_id, run_id, unique)
+        rows = decisions.pg_plan_rows(thread_id, run_id, unique)
         params = {
             # One JSON document, not an array per column: psycopg quotes every array
             # element in Python, which cost more than the server's insert.
@@ -279,18 +279,18 @@ class PostgresStatements(DialectStatements):
     ) -> Generator[Step, Any, dict[str, tuple[EffectRecord, bool]]]:
         found: dict[str, tuple[EffectRecord, bool]] = {}
         if not read_back:
-            yield Execute(q.PG_INSERT_EFFECTS, params, "none")
+            yield Execute(ledger_sql.PG_INSERT_EFFECTS, params, "none")
             return found
-        for row in (yield Execute(q.PG_INSERT_EFFECTS, params, "all")):
+        for row in (yield Execute(ledger_sql.PG_INSERT_EFFECTS, params, "all")):
             found[row["tool_call_id"]] = (effect_record(row, self), True)
         missing = [r["effect_id"] for r in rows if r["tool_call_id"] not in found]
         if missing:
-            for row in (yield Execute(q.PG_SELECT_EFFECTS_ANY, {"ids": missing}, "all")):
+            for row in (yield Execute(ledger_sql.PG_SELECT_EFFECTS_ANY, {"ids": missing}, "all")):
                 found[row["tool_call_id"]] = (effect_record(row, self), False)
         return found
 
     def effect_rows(self, effect_ids: list[str]) -> Operation[list[Row]]:
-        rows: list[Row] = yield read(q.PG_SELECT_EFFECTS_ANY, {"ids": effect_ids}, "all")
+        rows: list[Row] = yield read(ledger_sql.PG_SELECT_EFFECTS_ANY, {"ids": effect_ids}, "all")
         return rows
 
     def compare_and_set(self, job: CasJob) -> Operation[CasOutcome]:
@@ -298,13 +298,13 @@ class PostgresStatements(DialectStatements):
 
     def _compare_and_set(self, job: CasJob) -> Generator[Step, Any, CasOutcome]:
         req, (allowed, guard), token = job
-        sql, params = d.cas_statement(
-            q.PG_TRANSITION_EFFECT, req, allowed, guard, token, utcnow(), self
+        sql, params = decisions.cas_statement(
+            ledger_sql.PG_TRANSITION_EFFECT, req, allowed, guard, token, utcnow(), self
         )
         row = yield Execute(sql, params)
         if row is not None:
             return row, None
-        return None, (yield Execute(q.SELECT_EFFECT, {"effect_id": req.effect_id}))
+        return None, (yield Execute(ledger_sql.SELECT_EFFECT, {"effect_id": req.effect_id}))
 
     def compare_and_set_many(self, jobs: Sequence[CasJob]) -> Operation[list[CasOutcome]]:
         """The compare-and-sets in one statement, then one read of those that did not apply.
@@ -315,9 +315,9 @@ class PostgresStatements(DialectStatements):
         if len(jobs) == 1:  # the one-row statement runs faster than a row set
             return [(yield from self.compare_and_set(jobs[0]))]
         transition = Execute(
-            q.PG_TRANSITION_EFFECTS,
+            ledger_sql.PG_TRANSITION_EFFECTS,
             {
-                "rows": json_text(d.pg_transition_rows(jobs)),
+                "rows": json_text(decisions.pg_transition_rows(jobs)),
                 "ids": [req.effect_id for req, _, _ in jobs],
                 "now": self.ts_in(utcnow()),
             },

@@ -18,9 +18,8 @@ from langgraph_cancel.errors import (
     IllegalTransitionError,
     UnknownEffectError,
 )
-from langgraph_cancel.ledger import decisions as d
-from langgraph_cancel.ledger import sql as q
-from langgraph_cancel.ledger import transition_ops
+from langgraph_cancel.ledger import decisions, transition_ops
+from langgraph_cancel.ledger import sql as ledger_sql
 from langgraph_cancel.ledger.decisions import derive_effect_id
 from langgraph_cancel.ledger.dialects import DialectStatements
 from langgraph_cancel.ledger.records import Codec, effect_record
@@ -44,7 +43,7 @@ def plan(
         IllegalTransitionError: The item's status is not one a record starts in.
         DuplicateIdempotencyKeyError: When another effect already owns the key.
     """
-    d.check_initial([item])
+    decisions.check_initial([item])
     planned: Planned = yield Retry(
         lambda: plan_once(backend, thread_id, run_id, item, owner, actor)
     )
@@ -60,7 +59,7 @@ def plan_once(
     actor: str,
 ) -> Operation[Planned]:
     """One attempt at recording one call with its audit row."""
-    params = d.plan_params(
+    params = decisions.plan_params(
         thread_id,
         run_id,
         item,
@@ -72,7 +71,7 @@ def plan_once(
     try:
         row, created = yield from backend.insert_effect(params)
     except Exception as exc:
-        if not d.is_unique_violation(exc):
+        if not decisions.is_unique_violation(exc):
             raise
         return (yield from _despite_key_clash(backend, thread_id, run_id, item, owner, actor, exc))
     return effect_record(row, backend), created
@@ -93,9 +92,9 @@ def _despite_key_clash(
     Raises:
         DuplicateIdempotencyKeyError: The key belongs to another effect.
     """
-    key = d.planned_key(thread_id, item)
+    key = decisions.planned_key(thread_id, item)
     effect_id = derive_effect_id(thread_id, item.tool_call_id)
-    other = yield read(q.SELECT_EFFECT_BY_KEY, {"key": key})
+    other = yield read(ledger_sql.SELECT_EFFECT_BY_KEY, {"key": key})
     if other is not None and other["effect_id"] == effect_id:
         # The same tool call planned concurrently: on PostgreSQL ON CONFLICT
         # (effect_id) does not cover the racing insert's key index.
@@ -103,7 +102,7 @@ def _despite_key_clash(
     if other is not None and other["status"] == EffectStatus.NOT_APPLIED.value:
         yield from _give_up_not_applied(backend, other["effect_id"], taker=effect_id, actor=actor)
     if other is not None:
-        released = Execute(q.RELEASE_UNSENT_KEY, d.released_key(key, effect_id))
+        released = Execute(ledger_sql.RELEASE_UNSENT_KEY, decisions.released_key(key, effect_id))
         if (yield Unit("statement", in_order(released))) is not None:
             # The holder was never dispatched (dropped or rejected): the key is free.
             return (yield from plan_once(backend, thread_id, run_id, item, owner, actor))
@@ -180,7 +179,7 @@ def _plan_all(
 ) -> Operation[list[Planned | DuplicateIdempotencyKeyError] | None]:
     """The batch in one statement, or call by call when a key is taken; None when it
     went in at once and ``read_back`` is false (nothing was read)."""
-    d.check_initial(items)
+    decisions.check_initial(items)
     if not items:
         return []
     try:
@@ -188,12 +187,14 @@ def _plan_all(
             lambda: plan_batch(backend, thread_id, run_id, items, owner, actor, read_back)
         )
     except Exception as exc:
-        if not (isinstance(exc, DuplicateIdempotencyKeyError) or d.is_unique_violation(exc)):
+        if not (
+            isinstance(exc, DuplicateIdempotencyKeyError) or decisions.is_unique_violation(exc)
+        ):
             raise
         return (yield from _plan_each(backend, thread_id, run_id, items, owner, actor))
     if not read_back:
         return None
-    return d.first_created_once(items, [found[item.tool_call_id] for item in items])
+    return decisions.first_created_once(items, [found[item.tool_call_id] for item in items])
 
 
 def _plan_each(
@@ -219,7 +220,7 @@ def _plan_each(
     out: list[Planned | DuplicateIdempotencyKeyError] = [
         errors.get(item.tool_call_id) or found[item.tool_call_id] for item in items
     ]
-    return d.first_created_once(items, out)
+    return decisions.first_created_once(items, out)
 
 
 def plan_batch(
@@ -263,7 +264,7 @@ def get_effect(codec: Codec, effect_id: str) -> Operation[EffectRecord]:
     Raises:
         UnknownEffectError: If there is none.
     """
-    found = yield from one_effect(codec, q.SELECT_EFFECT, {"effect_id": effect_id})
+    found = yield from one_effect(codec, ledger_sql.SELECT_EFFECT, {"effect_id": effect_id})
     if found is None:
         raise UnknownEffectError(f"no effect {effect_id!r} in the ledger")
     return found
@@ -284,8 +285,8 @@ def some_effects(codec: Codec, sql: str, params: dict[str, Any]) -> Operation[li
 def find_moved(codec: Codec, thread_id: str, tool_call_id: str) -> Operation[list[EffectRecord]]:
     """Effects of calls that came under ``tool_call_id`` once it named another call's
     record, each recorded as ``<tool_call_id>~<digest>`` (oldest first)."""
-    params = {"thread_id": thread_id, "prefix": d.moved_prefix(tool_call_id)}
-    found = yield from some_effects(codec, q.SELECT_MOVED_EFFECTS, params)
+    params = {"thread_id": thread_id, "prefix": decisions.moved_prefix(tool_call_id)}
+    found = yield from some_effects(codec, ledger_sql.SELECT_MOVED_EFFECTS, params)
     # SQLite's LIKE ignores ASCII case: keep exact matches only.
     prefix = f"{tool_call_id}~"
     return [record for record in found if record.tool_call_id.startswith(prefix)]

@@ -11,7 +11,7 @@ from typing import Any
 
 from langgraph_cancel.errors import DuplicateIdempotencyKeyError
 from langgraph_cancel.ledger import effect_ops as ops
-from langgraph_cancel.ledger import sql as q
+from langgraph_cancel.ledger import sql as ledger_sql
 from langgraph_cancel.ledger.decisions import derive_effect_id
 from langgraph_cancel.ledger.retry import transient_retry
 from langgraph_cancel.ledger.steps import run as drive
@@ -148,7 +148,8 @@ class EffectLedger(TransitionLedger):
         """The effect of a tool call, if recorded."""
         effect_id = derive_effect_id(thread_id, tool_call_id)
         return drive(
-            self.backend, ops.one_effect(self.backend, q.SELECT_EFFECT, {"effect_id": effect_id})
+            self.backend,
+            ops.one_effect(self.backend, ledger_sql.SELECT_EFFECT, {"effect_id": effect_id}),
         )
 
     @transient_retry()
@@ -161,26 +162,33 @@ class EffectLedger(TransitionLedger):
     def effect_by_key(self, key: str) -> EffectRecord | None:
         """The effect holding an idempotency key, if any."""
         return drive(
-            self.backend, ops.one_effect(self.backend, q.SELECT_EFFECT_BY_KEY, {"key": key})
+            self.backend,
+            ops.one_effect(self.backend, ledger_sql.SELECT_EFFECT_BY_KEY, {"key": key}),
         )
 
     @transient_retry()
     def effects(self, thread_id: str) -> list[EffectRecord]:
         """Every effect of a thread, in plan order."""
         params = {"thread_id": thread_id}
-        return drive(self.backend, ops.some_effects(self.backend, q.SELECT_THREAD_EFFECTS, params))
+        return drive(
+            self.backend, ops.some_effects(self.backend, ledger_sql.SELECT_THREAD_EFFECTS, params)
+        )
 
     @transient_retry()
     def run_effects(self, run_id: str) -> list[EffectRecord]:
         """Every effect of a run, in plan order."""
         params = {"run_id": run_id}
-        return drive(self.backend, ops.some_effects(self.backend, q.SELECT_RUN_EFFECTS, params))
+        return drive(
+            self.backend, ops.some_effects(self.backend, ledger_sql.SELECT_RUN_EFFECTS, params)
+        )
 
     @transient_retry()
     def unsettled(self, thread_id: str) -> list[EffectRecord]:
         """Effects of a thread that still need something done (uses a partial index)."""
         params = {"thread_id": thread_id}
-        return drive(self.backend, ops.some_effects(self.backend, q.SELECT_UNSETTLED, params))
+        return drive(
+            self.backend, ops.some_effects(self.backend, ledger_sql.SELECT_UNSETTLED, params)
+        )
 
     @transient_retry()
     def effects_by_status(
@@ -188,7 +196,9 @@ class EffectLedger(TransitionLedger):
     ) -> list[EffectRecord]:
         """Effects in one status across all threads (e.g. every ``unknown``)."""
         params = {"status": effect_status(status).value, "limit": limit}
-        return drive(self.backend, ops.some_effects(self.backend, q.SELECT_BY_STATUS, params))
+        return drive(
+            self.backend, ops.some_effects(self.backend, ledger_sql.SELECT_BY_STATUS, params)
+        )
 
     aplan = to_thread(plan)
     aplan_many = to_thread(plan_many)

@@ -11,8 +11,8 @@ from datetime import timedelta
 from typing import Any
 
 from langgraph_cancel.errors import ThreadBusyError
-from langgraph_cancel.ledger import decisions as d
-from langgraph_cancel.ledger import sql as q
+from langgraph_cancel.ledger import decisions
+from langgraph_cancel.ledger import sql as ledger_sql
 from langgraph_cancel.ledger.records import Codec, lease_record, lease_takeover_record
 from langgraph_cancel.ledger.steps import Execute, Operation, Step, Unit, in_order, read
 from langgraph_cancel.types import LeaseRecord, LeaseTakeover, LeaseTakeoverCause, utcnow
@@ -27,7 +27,7 @@ def acquire_lease(codec: Codec, thread_id: str, owner: str, ttl: float) -> Opera
     Raises:
         ThreadBusyError: Another owner holds a live lease.
     """
-    params = d.lease_params(thread_id, owner, utcnow(), ttl, codec)
+    params = decisions.lease_params(thread_id, owner, utcnow(), ttl, codec)
     taken, row = yield Unit("statement", _claim(thread_id, params))
     lease = lease_record(row, codec)
     if taken:
@@ -44,15 +44,15 @@ def _claim(
     thread_id: str, params: dict[str, Any]
 ) -> Generator[Step, Any, tuple[bool, dict[str, Any]]]:
     """``(True, lease)`` if claimed, else ``(False, the lease someone else holds)``."""
-    row = yield Execute(q.ACQUIRE_LEASE, params)
+    row = yield Execute(ledger_sql.ACQUIRE_LEASE, params)
     if row is not None:
         return True, row
-    held = yield Execute(q.SELECT_LEASE, {"thread_id": thread_id})
+    held = yield Execute(ledger_sql.SELECT_LEASE, {"thread_id": thread_id})
     if held is None:  # released between our insert and our look
-        taken = yield Execute(q.ACQUIRE_LEASE, params)
+        taken = yield Execute(ledger_sql.ACQUIRE_LEASE, params)
         if taken is not None:
             return True, taken
-        held = yield Execute(q.SELECT_LEASE, {"thread_id": thread_id})
+        held = yield Execute(ledger_sql.SELECT_LEASE, {"thread_id": thread_id})
         assert held is not None
     return False, held
 
@@ -61,7 +61,7 @@ def take_over_lease(
     codec: Codec, held: LeaseRecord, owner: str, ttl: float, cause: LeaseTakeoverCause
 ) -> Operation[LeaseRecord | None]:
     """Take ``held`` for ``owner`` if its holder still has it, with the audit row."""
-    params = d.lease_params(held.thread_id, owner, utcnow(), ttl, codec)
+    params = decisions.lease_params(held.thread_id, owner, utcnow(), ttl, codec)
     row = yield Unit("transaction", _take_over(params, held.owner, cause))
     if row is None:
         return None
@@ -75,11 +75,11 @@ def _take_over(
     params: dict[str, Any], previous: str, cause: LeaseTakeoverCause
 ) -> Generator[Step, Any, dict[str, Any] | None]:
     row: dict[str, Any] | None = yield Execute(
-        q.TAKE_OVER_LEASE, {**params, "previous_owner": previous}
+        ledger_sql.TAKE_OVER_LEASE, {**params, "previous_owner": previous}
     )
     if row is not None:
         yield Execute(
-            q.INSERT_LEASE_TAKEOVER,
+            ledger_sql.INSERT_LEASE_TAKEOVER,
             {**params, "previous_owner": previous, "cause": cause.value},
             "none",
         )
@@ -98,13 +98,13 @@ def break_lease(
 
 def lease_takeovers(codec: Codec, thread_id: str) -> Operation[list[LeaseTakeover]]:
     """The leases' audit trail for a thread."""
-    rows = yield read(q.SELECT_LEASE_TAKEOVERS, {"thread_id": thread_id}, "all")
+    rows = yield read(ledger_sql.SELECT_LEASE_TAKEOVERS, {"thread_id": thread_id}, "all")
     return [lease_takeover_record(r, codec) for r in rows]
 
 
 def leases(codec: Codec) -> Operation[list[LeaseRecord]]:
     """Every lease, live or expired."""
-    rows = yield read(q.SELECT_LEASES, {}, "all")
+    rows = yield read(ledger_sql.SELECT_LEASES, {}, "all")
     return [lease_record(r, codec) for r in rows]
 
 
@@ -120,8 +120,8 @@ def heartbeat(codec: Codec, thread_id: str, owner: str, ttl: float) -> Operation
     row = yield Unit(
         "statement",
         in_order(
-            Execute(q.HEARTBEAT_LEASE, extend, "none"),
-            Execute(q.SELECT_LEASE, {"thread_id": thread_id}),
+            Execute(ledger_sql.HEARTBEAT_LEASE, extend, "none"),
+            Execute(ledger_sql.SELECT_LEASE, {"thread_id": thread_id}),
         ),
     )
     return row is not None and row["owner"] == owner
@@ -129,17 +129,17 @@ def heartbeat(codec: Codec, thread_id: str, owner: str, ttl: float) -> Operation
 
 def release_lease(thread_id: str, owner: str) -> Operation[None]:
     """Give the thread back (no-op if ``owner`` does not hold it)."""
-    release = Execute(q.RELEASE_LEASE, {"thread_id": thread_id, "owner": owner}, "none")
+    release = Execute(ledger_sql.RELEASE_LEASE, {"thread_id": thread_id, "owner": owner}, "none")
     yield Unit("statement", in_order(release))
 
 
 def lease(codec: Codec, thread_id: str) -> Operation[LeaseRecord | None]:
     """The lease on a thread, live or expired."""
-    row = yield read(q.SELECT_LEASE, {"thread_id": thread_id})
+    row = yield read(ledger_sql.SELECT_LEASE, {"thread_id": thread_id})
     return None if row is None else lease_record(row, codec)
 
 
 def expired_leases(codec: Codec) -> Operation[list[LeaseRecord]]:
     """Leases whose holder stopped heartbeating."""
-    rows = yield read(q.SELECT_EXPIRED_LEASES, {"now": codec.ts_in(utcnow())}, "all")
+    rows = yield read(ledger_sql.SELECT_EXPIRED_LEASES, {"now": codec.ts_in(utcnow())}, "all")
     return [lease_record(r, codec) for r in rows]

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, cast
 
-from langgraph_cancel.ledger import sql as q
+from langgraph_cancel.ledger import sql as ledger_sql
 from langgraph_cancel.ledger.backends import Backend, Cursor, Dialect
 from langgraph_cancel.ledger.dialects import PostgresStatements, json_text
 from langgraph_cancel.ledger.flush import commits_before_flush
@@ -70,7 +70,7 @@ class PostgresBackend(PostgresStatements, Backend):
 
     @property
     def migrations(self) -> list[list[str]]:
-        return q.POSTGRES_MIGRATIONS
+        return ledger_sql.POSTGRES_MIGRATIONS
 
     def json_in(self, value: Any) -> Any:
         if value is None:

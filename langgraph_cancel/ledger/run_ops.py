@@ -11,9 +11,8 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from langgraph_cancel.errors import UnknownRunError, UnknownThreadError
-from langgraph_cancel.ledger import decisions as d
-from langgraph_cancel.ledger import lease_ops
-from langgraph_cancel.ledger import sql as q
+from langgraph_cancel.ledger import decisions, lease_ops
+from langgraph_cancel.ledger import sql as ledger_sql
 from langgraph_cancel.ledger.dialects import DialectStatements
 from langgraph_cancel.ledger.records import Codec, effect_record, run_record
 from langgraph_cancel.ledger.steps import (
@@ -58,7 +57,7 @@ def start_run(
     # Insert first: new input on a finished thread (the common case) is one
     # statement. The partial unique index turns it into a no-op when the thread
     # has a live run, which is then read.
-    statements = [(q.INSERT_RUN, params)]
+    statements = [(ledger_sql.INSERT_RUN, params)]
     if lease_ttl is not None:
         if owner is None:
             raise ValueError("start_run: a lease needs an owner")
@@ -68,9 +67,9 @@ def start_run(
             "now": params["now"],
             "expires_at": codec.ts_in(now + timedelta(seconds=lease_ttl)),
         }
-        statements = [(q.ACQUIRE_LEASE, lease), (q.INSERT_RUN_LEASED, params)]
+        statements = [(ledger_sql.ACQUIRE_LEASE, lease), (ledger_sql.INSERT_RUN_LEASED, params)]
     if with_unsettled:
-        statements.append((q.SELECT_UNSETTLED, {"thread_id": thread_id}))
+        statements.append((ledger_sql.SELECT_UNSETTLED, {"thread_id": thread_id}))
     results = yield Pipeline(statements)
     if lease_ttl is not None and not results[0]:
         # Held by another owner, or let go in between: acquire_lease tells which.
@@ -84,7 +83,7 @@ def start_run(
     unsettled = [effect_record(r, codec) for r in results[-1]] if with_unsettled else None
     row = created[0] if created else None
     if row is None:  # the thread's live run (or a run id clash)
-        row = yield read(q.SELECT_ACTIVE_RUN, {"thread_id": thread_id})
+        row = yield read(ledger_sql.SELECT_ACTIVE_RUN, {"thread_id": thread_id})
         if row is None:
             raise UnknownRunError(run_id or "")
     return run_record(row, codec), unsettled
@@ -96,7 +95,7 @@ def get_run(codec: Codec, run_id: str) -> Operation[RunRecord]:
     Raises:
         UnknownRunError: If there is none.
     """
-    row = yield read(q.SELECT_RUN, {"run_id": run_id})
+    row = yield read(ledger_sql.SELECT_RUN, {"run_id": run_id})
     if row is None:
         raise UnknownRunError(run_id)
     return run_record(row, codec)
@@ -120,7 +119,7 @@ def require_latest_run(codec: Codec, thread_id: str) -> Operation[RunRecord]:
     Raises:
         UnknownThreadError: If the ledger has never seen the thread.
     """
-    run = yield from one_run(codec, q.SELECT_LATEST_RUN, {"thread_id": thread_id})
+    run = yield from one_run(codec, ledger_sql.SELECT_LATEST_RUN, {"thread_id": thread_id})
     if run is None:
         raise UnknownThreadError(thread_id)
     return run
@@ -148,7 +147,7 @@ def request_cancel(
             listener(thread_id, result.run_id)
         if cascade:
             children = yield Retry(
-                lambda: some_runs(backend, q.SELECT_CHILD_RUNS, {"run_id": result.run_id})
+                lambda: some_runs(backend, ledger_sql.SELECT_CHILD_RUNS, {"run_id": result.run_id})
             )
             for child in children:
                 if not child.terminal:
@@ -175,13 +174,13 @@ def _request_once(
 def _request_body(
     backend: DialectStatements, thread_id: str, reason: str, requested_by: str, token: str
 ) -> Generator[Step, Any, CancelRequestResult]:
-    active = yield Execute(q.SELECT_ACTIVE_RUN, {"thread_id": thread_id})
+    active = yield Execute(ledger_sql.SELECT_ACTIVE_RUN, {"thread_id": thread_id})
     if active is None:
-        latest = yield Execute(q.SELECT_LATEST_RUN, {"thread_id": thread_id})
+        latest = yield Execute(ledger_sql.SELECT_LATEST_RUN, {"thread_id": thread_id})
         if latest is None:
             raise UnknownThreadError(thread_id)
-        return d.nothing_to_cancel(run_record(latest, backend))
-    params = d.cancel_params(
+        return decisions.nothing_to_cancel(run_record(latest, backend))
+    params = decisions.cancel_params(
         active["run_id"],
         reason=reason,
         requested_by=requested_by,
@@ -189,14 +188,14 @@ def _request_body(
         now=utcnow(),
         codec=backend,
     )
-    updated = yield Execute(q.REQUEST_CANCEL, params)
+    updated = yield Execute(ledger_sql.REQUEST_CANCEL, params)
     if updated is not None:
         yield from backend.announce_cancel(thread_id, active["run_id"])
     else:
         # Another writer moved the run since our SELECT (PostgreSQL, READ
         # COMMITTED): answer with its current state, not the stale snapshot.
-        active = (yield Execute(q.SELECT_RUN, {"run_id": active["run_id"]})) or active
-    return d.cancel_verdict(updated, active, token, backend)
+        active = (yield Execute(ledger_sql.SELECT_RUN, {"run_id": active["run_id"]})) or active
+    return decisions.cancel_verdict(updated, active, token, backend)
 
 
 def mark_observed(codec: Codec, run_id: str) -> Operation[RunRecord]:
@@ -210,9 +209,11 @@ def mark_observed(codec: Codec, run_id: str) -> Operation[RunRecord]:
 
 
 def _observe(run_id: str, now: Any) -> Generator[Step, Any, dict[str, Any]]:
-    row: dict[str, Any] | None = yield Execute(q.MARK_OBSERVED, {"run_id": run_id, "now": now})
+    row: dict[str, Any] | None = yield Execute(
+        ledger_sql.MARK_OBSERVED, {"run_id": run_id, "now": now}
+    )
     if row is None:
-        row = yield Execute(q.SELECT_RUN, {"run_id": run_id})
+        row = yield Execute(ledger_sql.SELECT_RUN, {"run_id": run_id})
         if row is None:
             raise UnknownRunError(run_id)
     return row
@@ -234,12 +235,12 @@ def finish_run(
         IllegalTransitionError: For a target the run's status cannot reach.
         UnknownRunError: If there is no such run.
     """
-    d.check_finish_target(run_id, target)
+    decisions.check_finish_target(run_id, target)
     token = uuid.uuid4().hex  # made once: a retry recognises its own earlier write
-    finish = d.finish_statement(target)
+    finish = decisions.finish_statement(target)
 
     def attempt() -> Operation[bool]:
-        params = d.finish_params(
+        params = decisions.finish_params(
             run_id,
             target,
             report=report,
@@ -253,14 +254,16 @@ def finish_run(
         if release_lease is None:
             finished = yield Unit("statement", in_order(Execute(finish, params)))
         else:  # the release is a no-op unless this finish wrote the run's status
-            results = yield Pipeline([(finish, params), (q.RELEASE_LEASE_AFTER_FINISH, params)])
+            results = yield Pipeline(
+                [(finish, params), (ledger_sql.RELEASE_LEASE_AFTER_FINISH, params)]
+            )
             finished = results[0][0] if results[0] else None
         if finished is not None:
             return True
-        row = yield read(q.SELECT_RUN, {"run_id": run_id})
+        row = yield read(ledger_sql.SELECT_RUN, {"run_id": run_id})
         if row is None:
             raise UnknownRunError(run_id)
-        return d.finish_verdict(row, target, token)
+        return decisions.finish_verdict(row, target, token)
 
     finished: bool = yield Retry(attempt)
     return finished
@@ -268,7 +271,9 @@ def finish_run(
 
 def add_tokens_after_cancel(run_id: str, tokens: int) -> Operation[None]:
     """Count model tokens received after the run's cancel signal."""
-    add = Execute(q.ADD_TOKENS_AFTER_CANCEL, {"run_id": run_id, "tokens": int(tokens)}, "none")
+    add = Execute(
+        ledger_sql.ADD_TOKENS_AFTER_CANCEL, {"run_id": run_id, "tokens": int(tokens)}, "none"
+    )
     yield Unit("transaction", in_order(add))
 
 
@@ -278,7 +283,7 @@ def add_tokens_used(run_id: str, tokens: int) -> Operation[int]:
     Raises:
         UnknownRunError: If there is no such run.
     """
-    add = Execute(q.ADD_TOKENS_USED, {"run_id": run_id, "tokens": int(tokens)})
+    add = Execute(ledger_sql.ADD_TOKENS_USED, {"run_id": run_id, "tokens": int(tokens)})
     row = yield Unit("transaction", in_order(add))
     if row is None:
         raise UnknownRunError(run_id)
@@ -290,8 +295,8 @@ def delete_thread(thread_id: str) -> Operation[None]:
     yield Unit(
         "transaction",
         in_order(
-            Execute(q.DELETE_THREAD_EFFECTS, {"thread_id": thread_id}, "none"),
-            Execute(q.DELETE_THREAD_RUNS, {"thread_id": thread_id}, "none"),
+            Execute(ledger_sql.DELETE_THREAD_EFFECTS, {"thread_id": thread_id}, "none"),
+            Execute(ledger_sql.DELETE_THREAD_RUNS, {"thread_id": thread_id}, "none"),
         ),
     )
 

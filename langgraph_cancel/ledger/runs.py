@@ -10,7 +10,7 @@ from datetime import datetime
 from typing import Any
 
 from langgraph_cancel.ledger import run_ops as ops
-from langgraph_cancel.ledger import sql as q
+from langgraph_cancel.ledger import sql as ledger_sql
 from langgraph_cancel.ledger.leases import LeaseLedger
 from langgraph_cancel.ledger.retry import transient_retry
 from langgraph_cancel.ledger.steps import run as drive
@@ -98,14 +98,16 @@ class RunLedger(LeaseLedger):
     def active_run(self, thread_id: str) -> RunRecord | None:
         """The thread's live (not terminal) run, if any."""
         return drive(
-            self.backend, ops.one_run(self.backend, q.SELECT_ACTIVE_RUN, {"thread_id": thread_id})
+            self.backend,
+            ops.one_run(self.backend, ledger_sql.SELECT_ACTIVE_RUN, {"thread_id": thread_id}),
         )
 
     @transient_retry()
     def latest_run(self, thread_id: str) -> RunRecord | None:
         """The thread's most recent run, live or not."""
         return drive(
-            self.backend, ops.one_run(self.backend, q.SELECT_LATEST_RUN, {"thread_id": thread_id})
+            self.backend,
+            ops.one_run(self.backend, ledger_sql.SELECT_LATEST_RUN, {"thread_id": thread_id}),
         )
 
     @transient_retry()
@@ -122,21 +124,24 @@ class RunLedger(LeaseLedger):
         """Every run of a thread, oldest first."""
         return drive(
             self.backend,
-            ops.some_runs(self.backend, q.SELECT_THREAD_RUNS, {"thread_id": thread_id}),
+            ops.some_runs(self.backend, ledger_sql.SELECT_THREAD_RUNS, {"thread_id": thread_id}),
         )
 
     @transient_retry()
     def child_runs(self, run_id: str) -> list[RunRecord]:
         """Runs registered as children (sub-agents) of ``run_id``."""
         return drive(
-            self.backend, ops.some_runs(self.backend, q.SELECT_CHILD_RUNS, {"run_id": run_id})
+            self.backend,
+            ops.some_runs(self.backend, ledger_sql.SELECT_CHILD_RUNS, {"run_id": run_id}),
         )
 
     @transient_retry()
     def runs_by_status(self, status: RunStatus | str, *, limit: int = 1000) -> list[RunRecord]:
         """Runs in a given status across all threads."""
         params = {"status": run_status(status).value, "limit": limit}
-        return drive(self.backend, ops.some_runs(self.backend, q.SELECT_RUNS_BY_STATUS, params))
+        return drive(
+            self.backend, ops.some_runs(self.backend, ledger_sql.SELECT_RUNS_BY_STATUS, params)
+        )
 
     def request_cancel(
         self,

@@ -16,7 +16,7 @@ import functools
 from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar
 
-from langgraph_cancel.ledger import sql as q
+from langgraph_cancel.ledger import sql as ledger_sql
 from langgraph_cancel.ledger.backends import Backend
 from langgraph_cancel.ledger.dialects import Body, DialectStatements
 from langgraph_cancel.ledger.steps import Execute, Operation, Unit
@@ -46,7 +46,7 @@ def migrate(backend: DialectStatements, migrations: list[list[str]]) -> Operatio
 def _migrate(backend: DialectStatements, migrations: list[list[str]]) -> Body:
     yield from backend.lock_for_setup()
     yield Execute(migrations[0][0], None, "none")
-    row = yield Execute(q.SELECT_VERSION, None)
+    row = yield Execute(ledger_sql.SELECT_VERSION, None)
     current = -1 if row is None else next(iter(row.values()))
     current = -1 if current is None else int(current)
     for version, statements in enumerate(migrations):
@@ -54,7 +54,7 @@ def _migrate(backend: DialectStatements, migrations: list[list[str]]) -> Body:
             continue
         for statement in statements:
             yield Execute(statement, None, "none")
-        yield Execute(q.INSERT_VERSION, {"v": version}, "none")
+        yield Execute(ledger_sql.INSERT_VERSION, {"v": version}, "none")
 
 
 class LedgerStore:

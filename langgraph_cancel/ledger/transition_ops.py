@@ -15,9 +15,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from langgraph_cancel.errors import DispatchRefusedError, LedgerError, UnknownEffectError
-from langgraph_cancel.ledger import decisions as d
-from langgraph_cancel.ledger import run_ops
-from langgraph_cancel.ledger import sql as q
+from langgraph_cancel.ledger import decisions, run_ops
+from langgraph_cancel.ledger import sql as ledger_sql
 from langgraph_cancel.ledger.decisions import CasJob, CasOutcome
 from langgraph_cancel.ledger.dialects import DialectStatements
 from langgraph_cancel.ledger.records import Codec, effect_record, transition_record
@@ -34,7 +33,7 @@ def transition(backend: DialectStatements, req: TransitionRequest) -> Operation[
         DispatchRefusedError: ``dispatched`` was refused: the run is not running.
         UnknownEffectError: No such effect.
     """
-    job: CasJob = (req, d.checked(req), uuid.uuid4().hex)
+    job: CasJob = (req, decisions.checked(req), uuid.uuid4().hex)
     moved: EffectRecord = yield Retry(lambda: transition_once(backend, job))
     return moved
 
@@ -54,7 +53,7 @@ def transition_many(
         IllegalTransitionError: A request the state machine forbids outright.
         ValueError: The same effect twice in one call.
     """
-    checked = [d.checked(r) for r in requests]
+    checked = [decisions.checked(r) for r in requests]
     if len({r.effect_id for r in requests}) != len(requests):
         raise ValueError("transition_many: one request per effect")
     if not requests:
@@ -105,8 +104,10 @@ def lost_transition(
 ) -> Operation[EffectRecord]:
     """The compare-and-set did not apply: our own retry, a refusal, or a conflict."""
     current = effect_record(before, codec)
-    verdict = d.lost_transition(current, before["last_token"], target, allowed, guard, token)
-    if verdict is d.LostCas.OWN_WRITE:
+    verdict = decisions.lost_transition(
+        current, before["last_token"], target, allowed, guard, token
+    )
+    if verdict is decisions.LostCas.OWN_WRITE:
         return current
     run = yield from run_ops.get_run(codec, current.run_id)
     raise DispatchRefusedError(current.effect_id, f"run {run.run_id} is {run.status.value}")
@@ -114,7 +115,7 @@ def lost_transition(
 
 def history(codec: Codec, effect_id: str) -> Operation[list[TransitionRecord]]:
     """The audit trail of an effect, oldest first."""
-    rows = yield read(q.SELECT_TRANSITIONS, {"effect_id": effect_id}, "all")
+    rows = yield read(ledger_sql.SELECT_TRANSITIONS, {"effect_id": effect_id}, "all")
     return [transition_record(r, codec) for r in rows]
 
 
