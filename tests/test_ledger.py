@@ -37,6 +37,7 @@ from langgraph_cancel.types import (
     EffectKind,
     EffectRecord,
     EffectStatus,
+    LeaseTakeoverCause,
     NewEffect,
     RunStatus,
     TransitionRequest,
@@ -663,6 +664,22 @@ def test_expired_lease_can_be_taken_by_another_owner(ledger: Ledger) -> None:
         ledger.acquire_lease(thread, "w1", ttl=30)
     with pytest.raises(ThreadBusyError):
         ledger.acquire_lease(other, "w2", ttl=30)
+
+
+def test_a_broken_lease_is_audited_and_every_lease_listed(ledger: Ledger) -> None:
+    thread, idle = new_id("t"), new_id("t")
+    ledger.acquire_lease(thread, "w1", ttl=300)
+    ledger.acquire_lease(idle, "w9", ttl=0.05)
+    taken = ledger.break_lease(thread, "operator", ttl=30)
+    assert taken is not None and taken.owner == "operator"
+    [takeover] = ledger.lease_takeovers(thread)
+    assert (takeover.previous_owner, takeover.cause) == ("w1", LeaseTakeoverCause.FORCED)
+    assert ledger.break_lease(thread, "operator") is None  # already its own: nothing written
+    assert ledger.break_lease(new_id("t"), "operator") is None  # nobody held it
+    assert len(ledger.lease_takeovers(thread)) == 1
+    time.sleep(0.1)
+    listed = {(lease.thread_id, lease.owner) for lease in ledger.leases()}
+    assert {(thread, "operator"), (idle, "w9")} <= listed  # live and expired alike
 
 
 # ---------------------------------------------------------------------- async twins

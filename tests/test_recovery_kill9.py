@@ -183,6 +183,7 @@ class World:
     backend: str = "sqlite"
     thread_id: str = field(default_factory=lambda: f"t-{uuid.uuid4().hex[:10]}")
     jobs: list[Job] = field(default_factory=list)
+    opened: list[Ledger] = field(default_factory=list)
 
     @property
     def providers_path(self) -> Path:
@@ -192,7 +193,10 @@ class World:
         return Providers(self.providers_path)
 
     def ledger(self) -> Ledger:
-        return Ledger.from_url(self.db_url)
+        """A ledger on the agent's database, closed with the world."""
+        ledger = Ledger.from_url(self.db_url)
+        self.opened.append(ledger)
+        return ledger
 
     def start(self, name: str, action: str, **options: Any) -> Job:
         spec: dict[str, Any] = {
@@ -217,6 +221,8 @@ class World:
             if job.proc.is_alive():
                 job.proc.kill()
                 job.proc.join(5)
+        for ledger in self.opened:
+            ledger.close()
 
 
 @pytest.fixture(

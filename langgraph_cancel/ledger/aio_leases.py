@@ -23,9 +23,25 @@ class AsyncLeaseLedger(AsyncLedgerStore):
         return await arun(self.backend, ops.acquire_lease(self.backend, thread_id, owner, ttl))
 
     @atransient_retry()
+    async def abreak_lease(
+        self, thread_id: str, owner: str, *, ttl: float = 30.0
+    ) -> LeaseRecord | None:
+        """``Ledger.break_lease``: take the thread's lease for ``owner`` whoever holds it.
+
+        Returns:
+            The lease taken, or None when nobody held one (then nothing was written).
+        """
+        return await arun(self.backend, ops.break_lease(self.backend, thread_id, owner, ttl))
+
+    @atransient_retry()
     async def alease_takeovers(self, thread_id: str) -> list[LeaseTakeover]:
         """The leases' audit trail for a thread: who took it from whom, why, when."""
         return await arun(self.backend, ops.lease_takeovers(self.backend, thread_id))
+
+    @atransient_retry()
+    async def aleases(self) -> list[LeaseRecord]:
+        """Every lease, live or expired."""
+        return await arun(self.backend, ops.leases(self.backend))
 
     @atransient_retry()
     async def aheartbeat(self, thread_id: str, owner: str, *, ttl: float = 30.0) -> bool:
