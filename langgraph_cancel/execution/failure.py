@@ -18,7 +18,7 @@ from langgraph_cancel.execution.answers import answer_text, replay_message, resu
 from langgraph_cancel.execution.context import CallContext
 from langgraph_cancel.execution.plan import CallPlan
 from langgraph_cancel.execution.settlement import mark_unknown_steps
-from langgraph_cancel.execution.steps import Protocol, Reconcile, transition_steps
+from langgraph_cancel.execution.steps import Protocol, Reconcile, from_dispatched, transition_steps
 from langgraph_cancel.types import EffectRecord, EffectStatus, TransitionRequest
 
 
@@ -40,11 +40,10 @@ def failed(
         # not apply. Say so before the error leaves, or the record stays "dispatched"
         # and a re-run (a retry policy, a retrying wrapper, a resume) declares it unknown.
         yield from transition_steps(
-            TransitionRequest(
-                effect_id=rec.effect_id,
-                to=EffectStatus.NOT_APPLIED,
-                expected=frozenset({EffectStatus.DISPATCHED}),
-                actor=ctx.owner,
+            from_dispatched(
+                rec,
+                EffectStatus.NOT_APPLIED,
+                ctx.owner,
                 error=repr(exc),
                 detail={"propagated": True},
             ),
@@ -52,11 +51,10 @@ def failed(
         )
         raise exc
     yield from transition_steps(
-        TransitionRequest(
-            effect_id=rec.effect_id,
-            to=EffectStatus.FAILED,
-            expected=frozenset({EffectStatus.DISPATCHED}),
-            actor=ctx.owner,
+        from_dispatched(
+            rec,
+            EffectStatus.FAILED,
+            ctx.owner,
             error=answer_text(answer),
         ),
         lost_ok=True,

@@ -31,6 +31,7 @@ from langgraph_cancel.execution.steps import (
     Protocol,
     Reconcile,
     SettleWhenReturned,
+    from_dispatched,
     ledger_call,
     transition_steps,
 )
@@ -65,11 +66,10 @@ def returned(
         # The tool (or a wrapper inside this one) answered with an error: recorded as
         # a failure, with its words.
         yield from transition_steps(
-            TransitionRequest(
-                effect_id=rec.effect_id,
-                to=EffectStatus.FAILED,
-                expected=frozenset({EffectStatus.DISPATCHED}),
-                actor=ctx.owner,
+            from_dispatched(
+                rec,
+                EffectStatus.FAILED,
+                ctx.owner,
                 error=answer_text(answer),
                 detail={"reported": True},
             ),
@@ -93,19 +93,17 @@ def success_request(
     is recorded ``scheduled``, revocable until its release time, instead of committed.
     """
     if spec is not None and spec.delay is not None and spec.revoke is not None:
-        return TransitionRequest(
-            effect_id=rec.effect_id,
-            to=EffectStatus.SCHEDULED,
-            expected=frozenset({EffectStatus.DISPATCHED}),
-            actor=ctx.owner,
+        return from_dispatched(
+            rec,
+            EffectStatus.SCHEDULED,
+            ctx.owner,
             result=outcome_payload(answer),
             release_at=(rec.dispatched_at or utcnow()) + spec.delay,
         )
-    return TransitionRequest(
-        effect_id=rec.effect_id,
-        to=EffectStatus.COMMITTED,
-        expected=frozenset({EffectStatus.DISPATCHED}),
-        actor=ctx.owner,
+    return from_dispatched(
+        rec,
+        EffectStatus.COMMITTED,
+        ctx.owner,
         result=outcome_payload(answer),
     )
 
@@ -113,11 +111,10 @@ def success_request(
 def interrupted(ctx: CallContext, rec: EffectRecord) -> Protocol[None]:
     """A call paused by its tool's own ``interrupt()``: it runs again on resume."""
     yield from transition_steps(
-        TransitionRequest(
-            effect_id=rec.effect_id,
-            to=EffectStatus.NOT_APPLIED,
-            expected=frozenset({EffectStatus.DISPATCHED}),
-            actor=ctx.owner,
+        from_dispatched(
+            rec,
+            EffectStatus.NOT_APPLIED,
+            ctx.owner,
             detail={"interrupted": True},
         ),
         lost_ok=True,

@@ -22,7 +22,7 @@ from langgraph.prebuilt.tool_node import ToolCallRequest
 from langgraph_cancel.effects import EffectSpec, Outcome
 from langgraph_cancel.errors import IllegalTransitionError
 from langgraph_cancel.ledger import Ledger
-from langgraph_cancel.types import EffectRecord, TransitionRequest
+from langgraph_cancel.types import EffectRecord, EffectStatus, TransitionRequest
 
 if TYPE_CHECKING:
     from langgraph_cancel.execution.group import GroupCommit
@@ -210,6 +210,26 @@ def ledger_write_before_flush(
     return cast(T, answer)
 
 
+def from_dispatched(
+    rec: EffectRecord, to: EffectStatus, actor: str, **fields: Any
+) -> TransitionRequest:
+    """The request that records a dispatched call's outcome: ``rec`` moves to ``to``.
+
+    Args:
+        rec: The call's record, ``dispatched``.
+        to: Its outcome's status.
+        actor: Who records it.
+        **fields: The rest of ``TransitionRequest`` (``error``, ``result``, ``detail``, ...).
+    """
+    return TransitionRequest(
+        effect_id=rec.effect_id,
+        to=to,
+        expected=frozenset({EffectStatus.DISPATCHED}),
+        actor=actor,
+        **fields,
+    )
+
+
 def transition_steps(
     request: TransitionRequest, *, lost_ok: bool = False
 ) -> Protocol[EffectRecord]:
@@ -263,6 +283,7 @@ __all__ = [
     "Step",
     "StoppedWaiting",
     "ask",
+    "from_dispatched",
     "ledger_call",
     "ledger_write_before_flush",
     "transition_steps",
