@@ -67,35 +67,53 @@ def transient_retry(attempts: int = 6) -> Callable[[Callable[..., T]], Callable[
     """Retry a whole transaction on transient faults, with backoff, logged.
 
     The first attempt is a plain call (the retry machinery costs more than a
-    ledger read); tenacity takes over after a transient fault. A fault that
-    outlives the retries is raised as ``TransientDatabaseError`` (the driver's
-    error is its ``__cause__``); an outer retry does not retry it again. Any
-    other error is raised as it is, at once.
+    ledger read, so it is built only after a transient fault); tenacity takes
+    over from there. A fault that outlives the retries is raised as
+    ``TransientDatabaseError`` (the driver's error is its ``__cause__``); an
+    outer retry does not retry it again. Any other error is raised as it is, at
+    once.
     """
 
     def decorate(fn: Callable[..., T]) -> Callable[..., T]:
-        retrying = retry(
-            retry=retry_if_exception(is_transient),
-            stop=stop_after_attempt(attempts - 1),
-            wait=wait_exponential(multiplier=0.02, min=0.01, max=1.0),
-            before_sleep=before_sleep_log(logger, logging.WARNING),
-            retry_error_callback=_give_up_after(1),
-            reraise=True,
-        )(fn)
-
         @functools.wraps(fn)
         def first_then_retrying(*args: Any, **kwargs: Any) -> T:
-            try:
-                return fn(*args, **kwargs)
-            except Exception as exc:
-                if not is_transient(exc):
-                    raise
-                logger.warning("Retrying %s at once as it raised %r.", fn.__qualname__, exc)
-            return retrying(*args, **kwargs)
+            return call_with_retry(functools.partial(fn, *args, **kwargs), attempts, fn)
 
         return first_then_retrying
 
     return decorate
+
+
+def call_with_retry(
+    call: Callable[[], T], attempts: int = 6, named: Callable[..., Any] | None = None
+) -> T:
+    """``call()``, retried as ``transient_retry`` retries (no decorator built per call).
+
+    Args:
+        call: The whole transaction, taking no arguments.
+        attempts: Attempts in all, the first one included.
+        named: What the log line names (``call`` itself by default).
+    """
+    try:
+        return call()
+    except Exception as exc:
+        if not is_transient(exc):
+            raise
+        logger.warning("Retrying %s at once as it raised %r.", _name(named or call), exc)
+    retrying = retry(
+        retry=retry_if_exception(is_transient),
+        stop=stop_after_attempt(attempts - 1),
+        wait=wait_exponential(multiplier=0.02, min=0.01, max=1.0),
+        before_sleep=before_sleep_log(logger, logging.WARNING),
+        retry_error_callback=_give_up_after(1),
+        reraise=True,
+    )(call)
+    return retrying()
+
+
+def _name(fn: Callable[..., Any]) -> str:
+    target = fn.func if isinstance(fn, functools.partial) else fn
+    return str(getattr(target, "__qualname__", target))
 
 
 def _give_up(state: RetryCallState) -> Any:
@@ -119,26 +137,35 @@ def atransient_retry(
     def decorate(fn: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, Coroutine[Any, Any, T]]:
         @functools.wraps(fn)
         async def first_then_retrying(*args: P.args, **kwargs: P.kwargs) -> T:
-            try:
-                return await fn(*args, **kwargs)
-            except Exception as exc:
-                if not is_transient(exc):
-                    raise
-                logger.warning("Retrying %s at once as it raised %r.", fn.__qualname__, exc)
-            retrying = AsyncRetrying(
-                retry=retry_if_exception(is_transient),
-                stop=stop_after_attempt(attempts - 1),
-                wait=wait_exponential(multiplier=0.02, min=0.01, max=1.0),
-                before_sleep=before_sleep_log(logger, logging.WARNING),
-                retry_error_callback=_give_up,
-                reraise=True,
-            )
-            result: T = await retrying(fn, *args, **kwargs)
-            return result
+            return await acall_with_retry(functools.partial(fn, *args, **kwargs), attempts, fn)
 
         return first_then_retrying
 
     return decorate
+
+
+async def acall_with_retry(
+    call: Callable[[], Coroutine[Any, Any, T]],
+    attempts: int = 6,
+    named: Callable[..., Any] | None = None,
+) -> T:
+    """``await call()``, retried as ``atransient_retry`` retries (no decorator per call)."""
+    try:
+        return await call()
+    except Exception as exc:
+        if not is_transient(exc):
+            raise
+        logger.warning("Retrying %s at once as it raised %r.", _name(named or call), exc)
+    retrying = AsyncRetrying(
+        retry=retry_if_exception(is_transient),
+        stop=stop_after_attempt(attempts - 1),
+        wait=wait_exponential(multiplier=0.02, min=0.01, max=1.0),
+        before_sleep=before_sleep_log(logger, logging.WARNING),
+        retry_error_callback=_give_up,
+        reraise=True,
+    )
+    result: T = await retrying(call)
+    return result
 
 
 def raise_transient(exc: BaseException, attempts: int | None = None) -> TransientDatabaseError:
@@ -147,4 +174,11 @@ def raise_transient(exc: BaseException, attempts: int | None = None) -> Transien
     return TransientDatabaseError(f"database unavailable after retries{tries}: {exc}")
 
 
-__all__ = ["atransient_retry", "is_transient", "raise_transient", "transient_retry"]
+__all__ = [
+    "acall_with_retry",
+    "atransient_retry",
+    "call_with_retry",
+    "is_transient",
+    "raise_transient",
+    "transient_retry",
+]

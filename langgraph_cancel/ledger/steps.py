@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
-from langgraph_cancel.ledger.retry import atransient_retry, transient_retry
+from langgraph_cancel.ledger.retry import acall_with_retry, call_with_retry
 
 T = TypeVar("T")
 
@@ -129,7 +129,7 @@ def _perform(backend: Any, step: Step, cursor: Any) -> Any:
     if isinstance(step, Pipeline):
         return backend.all_rows(step.statements)
     if isinstance(step, Retry):
-        return transient_retry()(lambda: run(backend, step.make()))()
+        return call_with_retry(lambda: run(backend, step.make()), named=step.make)
     if cursor is None:
         raise RuntimeError(f"{type(step).__name__} outside of any unit")
     if isinstance(step, ExecuteMany):
@@ -171,7 +171,7 @@ async def _aperform(backend: Any, step: Step, cursor: Any) -> Any:
     if isinstance(step, Pipeline):
         return await backend.all_rows(step.statements)
     if isinstance(step, Retry):
-        return await atransient_retry()(lambda: arun(backend, step.make()))()
+        return await acall_with_retry(lambda: arun(backend, step.make()), named=step.make)
     if cursor is None:
         raise RuntimeError(f"{type(step).__name__} outside of any unit")
     if isinstance(step, ExecuteMany):
