@@ -244,6 +244,40 @@ def test_plan_only_accepts_initial_statuses(ledger: Ledger) -> None:
     )
 
 
+@pytest.mark.parametrize("value", ["ok", "42", '{"a": 1}', "", 7, [1, "two"], {"x": "y"}])
+def test_a_recorded_value_comes_back_as_it_was_given(ledger: Ledger, value: Any) -> None:
+    """Results, approvals and audit details keep their JSON type: a string that looks
+    like JSON (or is none) stays that string."""
+    thread = new_id("t")
+    run = ledger.start_run(thread)
+    rec = make_effect(ledger, EffectStatus.DISPATCHED, thread_id=thread, run_id=run.run_id)
+    done = ledger.transition(
+        rec.effect_id, EffectStatus.COMMITTED, actor="test", result=value, detail={"note": value}
+    )
+    assert done.result == value
+    assert ledger.get_effect(rec.effect_id).result == value
+    assert ledger.history(rec.effect_id)[-1].detail == {"note": value}
+    (batched,) = ledger.plan_many(
+        thread_id=thread,
+        run_id=run.run_id,
+        items=[
+            NewEffect(
+                tool_call_id="c-read",
+                tool="search",
+                kind=EffectKind.READ_ONLY,
+                args={"q": value},
+                status=EffectStatus.COMMITTED,
+                result=value,
+            )
+        ],
+        owner="test",
+        actor="test",
+    )
+    assert isinstance(batched, tuple)
+    assert batched[0].result == value and batched[0].args == {"q": value}
+    assert ledger.get_effect(batched[0].effect_id).result == value
+
+
 def test_unknown_needs_owner_and_next_action(ledger: Ledger) -> None:
     thread = new_id("t")
     run = ledger.start_run(thread)

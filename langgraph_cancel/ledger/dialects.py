@@ -233,6 +233,11 @@ class PostgresStatements(DialectStatements):
     """PostgreSQL: each write one autocommit statement, a writable CTE carrying the
     audit row; a batch one statement over a JSON document of rows."""
 
+    def json_out(self, value: Any) -> Any:
+        """A ``JSONB`` column as psycopg decoded it: a string stored is a string read,
+        never parsed a second time."""
+        return value
+
     def lock_for_setup(self) -> Body:
         yield Execute(f"SELECT pg_advisory_xact_lock({SETUP_LOCK_KEY})", None, "none")
 
