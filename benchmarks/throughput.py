@@ -19,13 +19,23 @@ database size per 10^5 runs is extrapolated from the bytes the run added.
 The section turns ``fsync`` and ``synchronous_commit`` on for its duration (``ALTER
 SYSTEM`` + ``pg_reload_conf()``, put back afterwards): a commit then costs a disk
 flush, as it does in production. Its target: ``effect`` within 15 % of ``plain`` at
-every worker count.
+every worker count, with tools that take no time (the package's whole cost shows).
+
+A shared machine's speed drifts by more than the difference measured, so the cells
+run in rounds, ``plain`` and ``effect`` side by side at each worker count, and each
+figure is the median over the rounds (the spread is kept beside it). A second set
+of rows gives tools a latency (``TOOL_LATENCY_MS``, a fast internal API), where the
+package's cost is a share of a run that also waits for its tools; there ours sends
+a batch's calls at once (``effect_concurrency``), as ``ToolNode`` does, instead of
+its default of one side effect at a time. The server's CPU
+time is read from its processes (``/proc``) when the server runs on this machine.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -42,6 +52,10 @@ WORKER_COUNTS = (1, 2, 4)
 CALLS = 3
 RUNS_PER_WORKER = 40
 QUICK_RUNS_PER_WORKER = 10
+#: Rounds of every cell (one with ``--quick``): a figure is the median of its rounds.
+ROUNDS = 3
+#: The tools' latency in the second set of rows (none with ``--quick``).
+TOOL_LATENCY_MS = 10.0
 WARMUP_RUNS = 2
 LEDGER_TABLES = ("lgc_runs", "lgc_effects", "lgc_transitions", "lgc_leases", "lgc_lease_takeovers")
 TARGET_PCT = 15.0
@@ -50,11 +64,19 @@ _READING_COMMITS = 2
 
 
 # =========================================================================== worker side
-def _graph(variant: str, saver: Any) -> Any:
+def _graph(variant: str, saver: Any, tool_ms: float = 0.0) -> Any:
+    """The agent; with tools that take time, ours sends a batch's calls at once, as
+    ``ToolNode`` does (its default sends side effects one at a time)."""
     from benchmarks.agent import SIDE_EFFECT, build_graph, make_tool, scripted_model
 
-    tool = make_tool(SIDE_EFFECT, 0.0)
-    return build_graph([tool], scripted_model(CALLS), saver, effectful=variant == "effect")
+    tool = make_tool(SIDE_EFFECT, tool_ms)
+    return build_graph(
+        [tool],
+        scripted_model(CALLS),
+        saver,
+        effectful=variant == "effect",
+        effect_concurrency=CALLS if tool_ms else 1,
+    )
 
 
 def _open_saver(variant: str, url: str) -> Any:
@@ -84,12 +106,13 @@ def worker_main(spec: dict[str, Any]) -> None:
         out = graph.invoke({"messages": [HumanMessage("go")]}, config)
         assert len(out["messages"]) == CALLS + 3, out["messages"]
 
+    tool_ms = float(spec.get("tool_ms", 0.0))
     with _open_saver(variant, url) as saver:
-        graph = _graph(variant, saver)
+        graph = _graph(variant, saver, tool_ms)
         for _ in range(WARMUP_RUNS):
             run(graph)
     with _open_saver(variant, url) as saver:
-        graph = _graph(variant, saver)
+        graph = _graph(variant, saver, tool_ms)
         Path(spec["ready"]).write_text("ready")
         go = Path(spec["go"])
         while not go.exists():
@@ -162,12 +185,128 @@ def _ledger_rows(url: str) -> dict[str, int]:
     return rows
 
 
+def _server_cpu_s() -> float | None:
+    """CPU seconds used so far by this machine's PostgreSQL processes (None: none here).
+
+    A backend that has exited counts too: the postmaster, which reaps it, holds its
+    time as its children's (``cutime``, ``cstime``).
+    """
+    ticks = os.sysconf("SC_CLK_TCK")
+    total, found = 0.0, False
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as file:
+                command = file.read().split(b"\0", 1)[0]
+            if not (command.startswith(b"postgres") or command.endswith(b"/postgres")):
+                continue
+            with open(f"/proc/{entry}/stat") as file:
+                fields = file.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # a process that ended meanwhile
+        total += sum(int(value) for value in fields[11:15]) / ticks
+        found = True
+    return total if found else None
+
+
+def step_costs(dsn: str, cycles: int) -> dict[str, Any]:
+    """What one ledger operation of a run costs, beside one plain single-row commit.
+
+    A cycle is the ledger's part of the throughput agent's run, called directly on a
+    ``PostgresCancelSaver``'s ledger: the run's start, a plan of 3 effects, each
+    effect's intent and outcome, the run's end (9 operations, each its own commit
+    waiting for the disk). Client CPU from ``process_time``, the server's from its
+    processes (None when it is not on this machine); per operation, against the
+    same figures for a one-row ``INSERT`` in autocommit on a plain connection.
+    """
+    import psycopg
+
+    from langgraph_cancel.checkpointers.postgres import PostgresCancelSaver
+    from langgraph_cancel.types import EffectKind, EffectStatus, NewEffect
+
+    operations_per_cycle = 9
+
+    def per_operation(work: Any, operations: int) -> dict[str, Any]:
+        server_before, cpu_before = _server_cpu_s(), time.process_time()
+        started = time.perf_counter()
+        work()
+        wall = time.perf_counter() - started
+        cpu, server_after = time.process_time() - cpu_before, _server_cpu_s()
+        server = None
+        if server_before is not None and server_after is not None:
+            server = rnd((server_after - server_before) * 1e6 / operations, 0)
+        return {
+            "wall_us": rnd(wall * 1e6 / operations, 0),
+            "client_cpu_us": rnd(cpu * 1e6 / operations, 0),
+            "server_cpu_us": server,
+        }
+
+    with fresh_pg_db(dsn, "steps") as url, PostgresCancelSaver.from_conn_string(url) as saver:
+        saver.setup()
+        ledger = saver.ledger
+
+        def cycle() -> None:
+            thread_id = uuid.uuid4().hex
+            started = ledger.start_run(thread_id)
+            items = [
+                NewEffect(
+                    tool_call_id=f"call{i}",
+                    tool="work",
+                    kind=EffectKind.IRREVERSIBLE,
+                    args={"i": i},
+                    seq=i,
+                )
+                for i in range(CALLS)
+            ]
+            planned = ledger.plan_many(
+                thread_id=thread_id,
+                run_id=started.run_id,
+                items=items,
+                owner="bench",
+                actor="bench",
+            )
+            for entry in planned:
+                assert isinstance(entry, tuple), entry
+                effect_id = entry[0].effect_id
+                ledger.transition(effect_id, EffectStatus.DISPATCHED, actor="bench")
+                ledger.transition(
+                    effect_id, EffectStatus.COMMITTED, actor="bench", result=f"ok {effect_id}"
+                )
+            ledger.finish_run(started.run_id, "completed")
+
+        for _ in range(5):
+            cycle()
+
+        def cycles_in_a_row() -> None:
+            for _ in range(cycles):
+                cycle()
+
+        ledger_cost = per_operation(cycles_in_a_row, cycles * operations_per_cycle)
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("CREATE TABLE floor (id bigint PRIMARY KEY, note text NOT NULL)")
+
+            def commits() -> None:
+                for n in range(cycles * operations_per_cycle):
+                    conn.execute("INSERT INTO floor (id, note) VALUES (%s, %s)", (n, "x"))
+
+            commit_cost = per_operation(commits, cycles * operations_per_cycle)
+    return {
+        "operations_per_cycle": operations_per_cycle,
+        "cycles": cycles,
+        "ledger_operation": ledger_cost,
+        "single_row_commit": commit_cost,
+    }
+
+
 def _setup_schema(variant: str, url: str) -> None:
     with _open_saver(variant, url) as saver:
         saver.setup()
 
 
-def measure(variant: str, workers: int, runs: int, dsn: str) -> dict[str, Any]:
+def measure(
+    variant: str, workers: int, runs: int, dsn: str, tool_ms: float = 0.0
+) -> dict[str, Any]:
     """One cell: ``workers`` processes of ``variant`` on a fresh database."""
     with fresh_pg_db(dsn, f"tp{variant[0]}{workers}") as url, tempfile.TemporaryDirectory() as tmp:
         _setup_schema(variant, url)
@@ -179,6 +318,7 @@ def measure(variant: str, workers: int, runs: int, dsn: str) -> dict[str, Any]:
                 "variant": variant,
                 "url": url,
                 "runs": runs,
+                "tool_ms": tool_ms,
                 "ready": os.path.join(tmp, f"ready-{n}"),
                 "go": go,
                 "result": os.path.join(tmp, f"result-{n}.json"),
@@ -205,9 +345,11 @@ def measure(variant: str, workers: int, runs: int, dsn: str) -> dict[str, Any]:
         stop = threading.Event()
         sampler = threading.Thread(target=_sample, args=(url, stop, samples), daemon=True)
         sampler.start()
+        server_before = _server_cpu_s()
         Path(go).write_text("go")
         for p in procs:
             p.wait(600)
+        server_after = _server_cpu_s()
         stop.set()
         sampler.join(5)
         done = [json.loads(Path(r).read_text()) for r in results]
@@ -224,9 +366,13 @@ def measure(variant: str, workers: int, runs: int, dsn: str) -> dict[str, Any]:
     def mean(key: str) -> float | None:
         return rnd(sum(s[key] for s in samples) / len(samples), 2) if samples else None
 
+    server_cpu = (
+        None if server_before is None or server_after is None else server_after - server_before
+    )
     return {
         "variant": variant,
         "workers": workers,
+        "tool_ms": tool_ms,
         "runs": total,
         "wall_s": rnd(wall),
         "runs_per_s": rnd(total / wall, 2),
@@ -242,6 +388,9 @@ def measure(variant: str, workers: int, runs: int, dsn: str) -> dict[str, Any]:
         "worker_cpu_s": rnd(cpu),
         "worker_cpu_ms_per_run": rnd(cpu * 1000 / total, 1),
         "worker_cpu_share_of_wall": rnd(cpu / (wall * workers), 3),
+        # Over the whole measured span (the parent's sampler included: one statement
+        # every 50 ms); None when the server is not on this machine.
+        "server_cpu_ms_per_run": None if server_cpu is None else rnd(server_cpu * 1000 / total, 1),
         "mean_lock_waits": mean("lock_waits"),
         "max_lock_waits": max((s["lock_waits"] for s in samples), default=None),
         "mean_active_backends": mean("active"),
@@ -279,69 +428,167 @@ def run(settings: Settings, backends: list[str]) -> dict[str, Any]:
         return {"skipped": "needs PostgreSQL"}
     assert settings.pg_dsn
     runs = QUICK_RUNS_PER_WORKER if settings.quick else RUNS_PER_WORKER
+    rounds = 1 if settings.quick else ROUNDS
+    latencies = (0.0,) if settings.quick else (0.0, TOOL_LATENCY_MS)
     server = _durable(settings.pg_dsn, True)
     cells: list[dict[str, Any]] = []
     try:
-        for workers in WORKER_COUNTS:
-            for variant in ("plain", "effect"):
-                log(f"throughput: {variant} x{workers}")
-                cells.append(measure(variant, workers, runs, settings.pg_dsn))
+        log("throughput: what one ledger operation costs")
+        steps = step_costs(settings.pg_dsn, 10 if settings.quick else 60)
+        for round_no in range(rounds):
+            for tool_ms in latencies:
+                for workers in WORKER_COUNTS:
+                    for variant in ("plain", "effect"):
+                        log(
+                            f"throughput: round {round_no + 1}/{rounds} {variant} x{workers}"
+                            f" tools {tool_ms:g} ms"
+                        )
+                        cell = measure(variant, workers, runs, settings.pg_dsn, tool_ms)
+                        cell["round"] = round_no
+                        cells.append(cell)
     finally:
         _durable(settings.pg_dsn, False)
-    rows = []
-    for workers in WORKER_COUNTS:
-        plain = next(c for c in cells if c["workers"] == workers and c["variant"] == "plain")
-        ours = next(c for c in cells if c["workers"] == workers and c["variant"] == "effect")
-        gap = (1 - ours["runs_per_s"] / plain["runs_per_s"]) * 100
-        rows.append(
-            {
-                "workers": workers,
-                "plain_runs_per_s": plain["runs_per_s"],
-                "effect_runs_per_s": ours["runs_per_s"],
-                "plain_calls_per_s": plain["calls_per_s"],
-                "effect_calls_per_s": ours["calls_per_s"],
-                "slower_pct": rnd(gap, 1),
-                "within_target": gap <= TARGET_PCT,
-            }
-        )
+    summaries = [
+        _summary(cells, variant, workers, tool_ms)
+        for tool_ms in latencies
+        for workers in WORKER_COUNTS
+        for variant in ("plain", "effect")
+    ]
+    rows = [_row(summaries, workers, 0.0) for workers in WORKER_COUNTS]
+    latency_rows = [
+        _row(summaries, workers, tool_ms)
+        for tool_ms in latencies
+        if tool_ms
+        for workers in WORKER_COUNTS
+    ]
     return {
         "server": server,
         "calls_per_run": CALLS,
         "runs_per_worker": runs,
+        "rounds": rounds,
         "cells": cells,
+        "summaries": summaries,
         "rows": rows,
+        "rows_with_tool_latency": latency_rows,
+        "step_costs": steps,
         "target_pct": TARGET_PCT,
     }
 
 
+#: The cell figures a summary gives as the median over the rounds.
+_SUMMARIZED = (
+    "runs_per_s",
+    "calls_per_s",
+    "commits_per_run",
+    "wal_flushes_per_run",
+    "wal_bytes_per_run",
+    "worker_cpu_ms_per_run",
+    "worker_cpu_share_of_wall",
+    "server_cpu_ms_per_run",
+    "mean_lock_waits",
+    "ledger_rows_per_run",
+    "gb_per_100k_runs",
+)
+
+
+def _summary(
+    cells: list[dict[str, Any]], variant: str, workers: int, tool_ms: float
+) -> dict[str, Any]:
+    """One (variant, workers, tool latency): each figure's median over the rounds."""
+    mine = [
+        c
+        for c in cells
+        if c["variant"] == variant and c["workers"] == workers and c["tool_ms"] == tool_ms
+    ]
+    out: dict[str, Any] = {"variant": variant, "workers": workers, "tool_ms": tool_ms}
+    for key in _SUMMARIZED:
+        values = [c[key] for c in mine if c.get(key) is not None]
+        out[key] = rnd(statistics.median(values), 2) if values else None
+    speeds = [c["runs_per_s"] for c in mine]
+    out["runs_per_s_range"] = [min(speeds), max(speeds)]
+    out["max_lock_waits"] = max((c["max_lock_waits"] or 0 for c in mine), default=None)
+    return out
+
+
+def _row(summaries: list[dict[str, Any]], workers: int, tool_ms: float) -> dict[str, Any]:
+    def find(variant: str) -> dict[str, Any]:
+        return next(
+            s
+            for s in summaries
+            if s["variant"] == variant and s["workers"] == workers and s["tool_ms"] == tool_ms
+        )
+
+    plain, ours = find("plain"), find("effect")
+    gap = (1 - ours["runs_per_s"] / plain["runs_per_s"]) * 100
+    return {
+        "workers": workers,
+        "tool_ms": tool_ms,
+        "plain_runs_per_s": plain["runs_per_s"],
+        "effect_runs_per_s": ours["runs_per_s"],
+        "plain_runs_per_s_range": plain["runs_per_s_range"],
+        "effect_runs_per_s_range": ours["runs_per_s_range"],
+        "plain_calls_per_s": plain["calls_per_s"],
+        "effect_calls_per_s": ours["calls_per_s"],
+        "slower_pct": rnd(gap, 1),
+        "within_target": gap <= TARGET_PCT,
+    }
+
+
 def table(result: dict[str, Any]) -> str:
-    """The section's results as a Markdown table."""
+    """The section's results as Markdown tables: tools that take no time (the target),
+    then tools with a latency."""
     if "rows" not in result:
         return f"throughput: {result.get('skipped', 'no result')}"
-    cells = {(c["variant"], c["workers"]): c for c in result["cells"]}
-    lines = [
-        "| workers | plain runs/s | ours runs/s | plain calls/s | ours calls/s | slower | "
+    summaries = result.get("summaries") or result["cells"]
+    found = {(s["variant"], s["workers"], s.get("tool_ms", 0.0)): s for s in summaries}
+    header = [
+        "| tools | workers | plain runs/s | ours runs/s | slower | calls/s (ours / plain) | "
         "ledger rows/run | GB per 10^5 runs (ours / plain) | commits/run (ours / plain) | "
         "WAL flushes/run (ours / plain) | WAL kB/run (ours / plain) | lock waits (mean, max) | "
-        "worker CPU ms/run (ours / plain) | worker CPU / wall (ours / plain) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "worker CPU ms/run (ours / plain) | server CPU ms/run (ours / plain) | "
+        "worker CPU / wall (ours / plain) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for row in result["rows"]:
-        plain, ours = cells[("plain", row["workers"])], cells[("effect", row["workers"])]
+
+    def spread(row: dict[str, Any], variant: str) -> str:
+        low, high = row.get(f"{variant}_runs_per_s_range") or (None, None)
+        return "" if low is None or low == high else f" ({low}-{high})"
+
+    def kb(value: Any) -> Any:
+        return None if value is None else rnd(value / 1024, 1)
+
+    lines = list(header)
+    for row in [*result["rows"], *result.get("rows_with_tool_latency", [])]:
+        key = row.get("tool_ms", 0.0)
+        plain, ours = found[("plain", row["workers"], key)], found[("effect", row["workers"], key)]
+        verdict = ("PASS" if row["within_target"] else "MISS") if not key else "(no target)"
         lines.append(
-            f"| {row['workers']} | {row['plain_runs_per_s']} | {row['effect_runs_per_s']} | "
-            f"{row['plain_calls_per_s']} | {row['effect_calls_per_s']} | "
-            f"{row['slower_pct']} % {'PASS' if row['within_target'] else 'MISS'} | "
+            f"| {key:g} ms | {row['workers']} | {row['plain_runs_per_s']}{spread(row, 'plain')} | "
+            f"{row['effect_runs_per_s']}{spread(row, 'effect')} | "
+            f"{row['slower_pct']} % {verdict} | "
+            f"{row['effect_calls_per_s']} / {row['plain_calls_per_s']} | "
             f"{ours['ledger_rows_per_run']} | {ours['gb_per_100k_runs']} / "
             f"{plain['gb_per_100k_runs']} | "
             f"{ours['commits_per_run']} / {plain['commits_per_run']} | "
             f"{ours.get('wal_flushes_per_run')} / {plain.get('wal_flushes_per_run')} | "
-            f"{rnd(ours['wal_bytes_per_run'] / 1024, 1)} / "
-            f"{rnd(plain['wal_bytes_per_run'] / 1024, 1)} | "
+            f"{kb(ours['wal_bytes_per_run'])} / {kb(plain['wal_bytes_per_run'])} | "
             f"{ours['mean_lock_waits']}, {ours['max_lock_waits']} | "
             f"{ours.get('worker_cpu_ms_per_run')} / {plain.get('worker_cpu_ms_per_run')} | "
+            f"{ours.get('server_cpu_ms_per_run')} / {plain.get('server_cpu_ms_per_run')} | "
             f"{ours['worker_cpu_share_of_wall']} / {plain['worker_cpu_share_of_wall']} |"
         )
+    steps = result.get("step_costs")
+    if steps:
+        ours, floor = steps["ledger_operation"], steps["single_row_commit"]
+        lines += [
+            "",
+            "| per operation (fsync on) | wall us | client CPU us | server CPU us |",
+            "|---|---|---|---|",
+            f"| a ledger operation of a run | {ours['wall_us']} | {ours['client_cpu_us']} | "
+            f"{ours['server_cpu_us']} |",
+            f"| a one-row INSERT, autocommit | {floor['wall_us']} | {floor['client_cpu_us']} | "
+            f"{floor['server_cpu_us']} |",
+        ]
     return "\n".join(lines)
 
 

@@ -77,6 +77,9 @@ def test_benchmarks_quick_run_writes_every_section(tmp_path: Path) -> None:
     if "postgres" in run:
         assert [row["workers"] for row in data["throughput"]["rows"]] == [1, 2, 4]
         assert all(c["runs_per_s"] > 0 for c in data["throughput"]["cells"])
+        steps = data["throughput"]["step_costs"]
+        assert steps["ledger_operation"]["client_cpu_us"] > 0
+        assert steps["single_row_commit"]["wall_us"] > 0
     else:
         assert data["throughput"] == {"skipped": "needs PostgreSQL"}
     assert data["targets"], "no target rows"
