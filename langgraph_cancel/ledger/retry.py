@@ -16,8 +16,8 @@ from typing import Any, ParamSpec, TypeVar
 from tenacity import (
     AsyncRetrying,
     RetryCallState,
+    Retrying,
     before_sleep_log,
-    retry,
     retry_if_exception,
     stop_after_attempt,
     wait_exponential,
@@ -52,15 +52,25 @@ def is_transient(exc: BaseException) -> bool:
     return isinstance(exc, psycopg.OperationalError)
 
 
-def _give_up_after(earlier: int) -> Callable[[RetryCallState], Any]:
-    def give_up(state: RetryCallState) -> Any:
-        """Out of retries: one typed error, the driver's own as its cause."""
-        exc = state.outcome.exception() if state.outcome is not None else None
-        if exc is None:  # pragma: no cover - tenacity only calls this after a failure
-            raise TransientDatabaseError("database unavailable after retries")
-        raise raise_transient(exc, earlier + state.attempt_number) from exc
+def _give_up(state: RetryCallState) -> Any:
+    """Out of retries: one typed error, the driver's own as its cause."""
+    exc = state.outcome.exception() if state.outcome is not None else None
+    if exc is None:  # pragma: no cover - tenacity only calls this after a failure
+        raise TransientDatabaseError("database unavailable after retries")
+    # The first attempt ran before tenacity took over.
+    raise raise_transient(exc, 1 + state.attempt_number) from exc
 
-    return give_up
+
+def _policy(attempts: int) -> dict[str, Any]:
+    """tenacity's settings for the attempts after a transaction's first one failed."""
+    return {
+        "retry": retry_if_exception(is_transient),
+        "stop": stop_after_attempt(attempts - 1),
+        "wait": wait_exponential(multiplier=0.02, min=0.01, max=1.0),
+        "before_sleep": before_sleep_log(logger, logging.WARNING),
+        "retry_error_callback": _give_up,
+        "reraise": True,
+    }
 
 
 def transient_retry(attempts: int = 6) -> Callable[[Callable[..., T]], Callable[..., T]]:
@@ -100,28 +110,14 @@ def call_with_retry(
         if not is_transient(exc):
             raise
         logger.warning("Retrying %s at once as it raised %r.", _name(named or call), exc)
-    retrying = retry(
-        retry=retry_if_exception(is_transient),
-        stop=stop_after_attempt(attempts - 1),
-        wait=wait_exponential(multiplier=0.02, min=0.01, max=1.0),
-        before_sleep=before_sleep_log(logger, logging.WARNING),
-        retry_error_callback=_give_up_after(1),
-        reraise=True,
-    )(call)
-    return retrying()
+    retrying = Retrying(**_policy(attempts))
+    result: T = retrying(call)
+    return result
 
 
 def _name(fn: Callable[..., Any]) -> str:
     target = fn.func if isinstance(fn, functools.partial) else fn
     return str(getattr(target, "__qualname__", target))
-
-
-def _give_up(state: RetryCallState) -> Any:
-    """Out of retries: one typed error, the driver's own as its cause."""
-    exc = state.outcome.exception() if state.outcome is not None else None
-    if exc is None:  # pragma: no cover - tenacity only calls this after a failure
-        raise TransientDatabaseError("database unavailable after retries")
-    raise raise_transient(exc, 1 + state.attempt_number) from exc
 
 
 def atransient_retry(
@@ -156,14 +152,7 @@ async def acall_with_retry(
         if not is_transient(exc):
             raise
         logger.warning("Retrying %s at once as it raised %r.", _name(named or call), exc)
-    retrying = AsyncRetrying(
-        retry=retry_if_exception(is_transient),
-        stop=stop_after_attempt(attempts - 1),
-        wait=wait_exponential(multiplier=0.02, min=0.01, max=1.0),
-        before_sleep=before_sleep_log(logger, logging.WARNING),
-        retry_error_callback=_give_up,
-        reraise=True,
-    )
+    retrying = AsyncRetrying(**_policy(attempts))
     result: T = await retrying(call)
     return result
 
