@@ -23,7 +23,7 @@ import pytest
 
 from langgraph_cancel.errors import DuplicateIdempotencyKeyError, TransientDatabaseError
 from langgraph_cancel.ledger import Ledger, PostgresBackend, SqliteBackend
-from langgraph_cancel.ledger.retry import is_transient
+from langgraph_cancel.ledger.retry import atransient_retry, is_transient, transient_retry
 from langgraph_cancel.types import EffectKind, EffectRecord, EffectStatus, RunStatus
 from ledger_util import make_effect, new_id
 
@@ -86,7 +86,47 @@ def spy_on(ledger: Ledger, monkeypatch: pytest.MonkeyPatch) -> _Spy:
 
 
 def retry_logs(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
-    return [r for r in caplog.records if r.name == LOGGER and "Retrying" in r.getMessage()]
+    records = [r for r in caplog.records if r.name == LOGGER and "Retrying" in r.getMessage()]
+    # A retry is logged under the name of what is retried, never as a repr with its
+    # arguments.
+    assert not [r.getMessage() for r in records if " object at 0x" in r.getMessage()]
+    return records
+
+
+def test_a_retried_call_is_logged_by_its_name_and_returns_once_it_succeeds(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger=LOGGER)
+    faults = [sqlite3.OperationalError("database is locked")] * 2
+
+    @transient_retry()
+    def write_something(value: int) -> int:
+        if faults:
+            raise faults.pop()
+        return value
+
+    assert write_something(7) == 7
+    messages = [r.getMessage() for r in retry_logs(caplog)]
+    assert len(messages) == 2, messages
+    assert all("write_something" in message for message in messages), messages
+
+
+async def test_a_retried_coroutine_is_logged_by_its_name_and_returns_once_it_succeeds(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger=LOGGER)
+    faults = [sqlite3.OperationalError("database is locked")] * 2
+
+    @atransient_retry()
+    async def write_something(value: int) -> int:
+        if faults:
+            raise faults.pop()
+        return value
+
+    assert await write_something(7) == 7
+    messages = [r.getMessage() for r in retry_logs(caplog)]
+    assert len(messages) == 2, messages
+    assert all("write_something" in message for message in messages), messages
 
 
 def transient_error_for(ledger: Ledger) -> BaseException:

@@ -28,6 +28,7 @@ from langgraph_cancel.errors import TransientDatabaseError
 logger = logging.getLogger("langgraph_cancel.ledger")
 
 T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
 P = ParamSpec("P")
 
 
@@ -111,13 +112,42 @@ def call_with_retry(
             raise
         logger.warning("Retrying %s at once as it raised %r.", _name(named or call), exc)
     retrying = Retrying(**_policy(attempts))
-    result: T = retrying(call)
+    result: T = retrying(_logged_as(call, named))
     return result
 
 
 def _name(fn: Callable[..., Any]) -> str:
     target = fn.func if isinstance(fn, functools.partial) else fn
     return str(getattr(target, "__qualname__", target))
+
+
+def _logged_as(call: Callable[[], T], named: Callable[..., Any] | None) -> Callable[[], T]:
+    """``call`` under the name tenacity's log lines give it: the function retried, not
+    a partial's repr with its arguments (built only once a first attempt failed)."""
+
+    def attempt() -> T:
+        return call()
+
+    return _renamed(attempt, named or call)
+
+
+def _alogged_as(
+    call: Callable[[], Coroutine[Any, Any, T]], named: Callable[..., Any] | None
+) -> Callable[[], Coroutine[Any, Any, T]]:
+    """``_logged_as`` for a coroutine function (tenacity awaits only those)."""
+
+    async def attempt() -> T:
+        return await call()
+
+    return _renamed(attempt, named or call)
+
+
+def _renamed(attempt: F, target: Callable[..., Any]) -> F:
+    if isinstance(target, functools.partial):
+        target = target.func
+    attempt.__qualname__ = getattr(target, "__qualname__", attempt.__qualname__)
+    attempt.__module__ = getattr(target, "__module__", attempt.__module__)
+    return attempt
 
 
 def atransient_retry(
@@ -153,7 +183,7 @@ async def acall_with_retry(
             raise
         logger.warning("Retrying %s at once as it raised %r.", _name(named or call), exc)
     retrying = AsyncRetrying(**_policy(attempts))
-    result: T = await retrying(call)
+    result: T = await retrying(_alogged_as(call, named))
     return result
 
 
