@@ -51,7 +51,7 @@ from langgraph_cancel.execution.identity import dangling_tool_calls
 from langgraph_cancel.ledger import Ledger
 from langgraph_cancel.ledgers import coerce_ledger
 from langgraph_cancel.nodes.cancel import finalize_cancel
-from langgraph_cancel.nodes.reconcile import reconcile
+from langgraph_cancel.nodes.reconcile import reconcile, tools_by_name
 from langgraph_cancel.nodes.settings import CancellationSettings
 from langgraph_cancel.outbox import OUTBOX_OWNER_PREFIX
 from langgraph_cancel.runtime import CancelSignal, RunScope, worker_id
@@ -241,7 +241,7 @@ class Sweeper:
             raise ValueError(f"max_threads must be at least 1, not {max_threads}")
         self.ledger: Ledger = coerce_ledger(target)
         self.saver: Any = target if hasattr(target, "get_tuple") else None
-        known = _tools_by_name(tools)
+        known = tools_by_name(tools)
         if settings is None:
             settings = CancellationSettings(tools=known)
         else:
@@ -509,16 +509,6 @@ def _left(rec: EffectRecord) -> SweepAction:
         status=rec.status.value,
         next_action=rec.next_action,
     )
-
-
-def _tools_by_name(
-    tools: Mapping[str, BaseTool] | Sequence[BaseTool] | None,
-) -> dict[str, BaseTool]:
-    if tools is None:
-        return {}
-    if isinstance(tools, Mapping):
-        return dict(tools)
-    return {tool.name: tool for tool in tools}
 
 
 def sweep(

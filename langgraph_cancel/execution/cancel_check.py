@@ -31,20 +31,8 @@ DROPPABLE = (
 def drop_call(ctx: CallContext, plan: CallPlan, existing: EffectRecord | None) -> Protocol[None]:
     """Record that the call never runs: the run was cancelled before its dispatch."""
     if existing is None:
-        dropped, _created = yield from ledger_call(
-            Ledger.plan,
-            thread_id=ctx.scope.thread_id,
-            run_id=ctx.scope.run_id,
-            tool_call_id=plan.ledger_id,
-            tool=plan.tool.name,
-            kind=plan.spec.kind,
-            args=plan.args,
-            idempotency_key=plan.key,
-            seq=plan.index,
-            status=EffectStatus.DROPPED,
-            error=NOT_RUN_CANCELLED,
-            owner=ctx.owner,
-            actor=ctx.owner,
+        dropped, _created = yield from ctx.record(
+            plan, status=EffectStatus.DROPPED, error=NOT_RUN_CANCELLED
         )
         announce_effect(ProgressKind.DROPPED, dropped)
     elif existing.status in DROPPABLE:

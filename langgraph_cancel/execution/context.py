@@ -14,11 +14,14 @@ from typing import TYPE_CHECKING, Any, Literal
 from langchain_core.runnables import RunnableConfig
 from langgraph.prebuilt.tool_node import ToolCallRequest
 
+from langgraph_cancel.execution.steps import Protocol, ledger_call
 from langgraph_cancel.ledger import Ledger
 from langgraph_cancel.runtime import RunScope
+from langgraph_cancel.types import EffectRecord
 
 if TYPE_CHECKING:
     from langgraph_cancel.execution.batch import Batch
+    from langgraph_cancel.execution.plan import CallPlan
 
 #: Who reviews a call that needs approval: ask here, or trust a decision made elsewhere.
 ReviewMode = Literal["ask", "trust"]
@@ -60,6 +63,33 @@ class CallContext:
     def owner(self) -> str:
         """The worker acting for the run."""
         return self.scope.owner
+
+    def record(self, plan: CallPlan, **fields: Any) -> Protocol[tuple[EffectRecord, bool]]:
+        """Record ``plan``'s call in this run (``Ledger.plan``): ``(record, created)``.
+
+        Args:
+            plan: The call.
+            **fields: What the record starts with besides the call itself (``status``,
+                ``error``, ``detail``), or in its place (``idempotency_key``).
+        """
+        row: dict[str, Any] = {
+            "tool_call_id": plan.ledger_id,
+            "tool": plan.tool.name,
+            "kind": plan.spec.kind,
+            "args": plan.args,
+            "idempotency_key": plan.key,
+            "seq": plan.index,
+            **fields,
+        }
+        recorded: tuple[EffectRecord, bool] = yield from ledger_call(
+            Ledger.plan,
+            thread_id=self.scope.thread_id,
+            run_id=self.scope.run_id,
+            owner=self.owner,
+            actor=self.owner,
+            **row,
+        )
+        return recorded
 
 
 __all__ = ["CallContext", "ReviewMode"]

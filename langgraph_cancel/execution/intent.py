@@ -33,19 +33,7 @@ def plan_effect(ctx: CallContext, plan: CallPlan) -> Protocol[EffectRecord | Too
     call as that one: it is not dispatched, and the model is told.
     """
     try:
-        rec, _created = yield from ledger_call(
-            Ledger.plan,
-            thread_id=ctx.scope.thread_id,
-            run_id=ctx.scope.run_id,
-            tool_call_id=plan.ledger_id,
-            tool=plan.tool.name,
-            kind=plan.spec.kind,
-            args=plan.args,
-            idempotency_key=plan.key,
-            seq=plan.index,
-            owner=ctx.owner,
-            actor=ctx.owner,
-        )
+        rec, _created = yield from ctx.record(plan)
     except DuplicateIdempotencyKeyError as exc:
         return (yield from _duplicate_key(ctx, plan, exc))
     return rec
@@ -69,20 +57,11 @@ def _duplicate_key(
             else "Check that effect before asking again."
         )
     )
-    yield from ledger_call(
-        Ledger.plan,
-        thread_id=ctx.scope.thread_id,
-        run_id=ctx.scope.run_id,
-        tool_call_id=plan.ledger_id,
-        tool=plan.tool.name,
-        kind=plan.spec.kind,
-        args=plan.args,
+    yield from ctx.record(
+        plan,
         idempotency_key=f"{plan.key}#duplicate:{ctx.scope.thread_id}:{plan.ledger_id}",
-        seq=plan.index,
         status=EffectStatus.FAILED,
         error=text,
-        owner=ctx.owner,
-        actor=ctx.owner,
         detail={"duplicate_of": getattr(holder, "effect_id", None), "error": str(exc)},
     )
     return ToolMessage(text, name=plan.tool.name, tool_call_id=plan.call_id, status="error")

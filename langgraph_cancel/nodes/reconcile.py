@@ -238,9 +238,10 @@ class ThreadReconciliation:
         return [e.effect for e in self.effects if e.effect.status in RECONCILABLE]
 
 
-def _tools_by_name(
+def tools_by_name(
     tools: Mapping[str, BaseTool] | Sequence[BaseTool] | None,
 ) -> dict[str, BaseTool]:
+    """The tools a reconcile pass may ask, by name (a mapping, a list, or none)."""
     if tools is None:
         return {}
     if isinstance(tools, Mapping):
@@ -338,7 +339,7 @@ async def areconcile(
         UnknownThreadError: If ``thread_id`` is given and the ledger has never seen it.
     """
     ledger = coerce_ledger(target)
-    known = _tools_by_name(tools)
+    known = tools_by_name(tools)
     me = owner or worker_id()
     if thread_id is not None:
         return [await _reconcile_leased_thread(ledger, thread_id, known, me)]
@@ -382,4 +383,5 @@ __all__ = [
     "reconcile_thread",
     "spec_of_unknown",
     "threads_to_reconcile",
+    "tools_by_name",
 ]
