@@ -2,10 +2,11 @@
 
 An intent (``dispatched``) must be durable before its call leaves (I1), so its commit
 waits for the disk; so does a run's end (a returned invoke's run is over). A run's
-start, the planned rows of a batch and the outcome of its last call need not wait: no
-side effect leaves the process on their strength before a later write that waits for
-the disk (the next intent, the step's checkpoint) has made them durable, and a lost
-outcome leaves its record dispatched, for reconciliation.
+start, the planned rows of a batch, the outcome of its last call and the records of
+its reads need not wait: no side effect leaves the process on their strength before a
+later write that waits for the disk (the next intent, the step's checkpoint) has made
+them durable, a lost outcome leaves its record dispatched, for reconciliation, and a
+lost read is read again.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from graphs import (
     new_thread,
     scripted,
 )
-from langgraph_cancel import EffectStatus, EffectToolNode
+from langgraph_cancel import EffectKind, EffectStatus, EffectToolNode
 from langgraph_cancel.checkpointers.postgres import PostgresCancelSaver
 from langgraph_cancel.errors import DuplicateIdempotencyKeyError, LedgerError
 from langgraph_cancel.ledger import Ledger, PostgresBackend
@@ -103,6 +104,20 @@ class _WritesSeen(Ledger):
             thread_id=thread_id, run_id=run_id, items=items, owner=owner, actor=actor
         )
 
+    def record_many(
+        self,
+        *,
+        thread_id: str,
+        run_id: str,
+        items: Sequence[NewEffect],
+        owner: str | None = None,
+        actor: str = "system",
+    ) -> list[DuplicateIdempotencyKeyError | None]:
+        self.seen.append(("record", tuple(item.status for item in items), commits_before_flush()))
+        return super().record_many(
+            thread_id=thread_id, run_id=run_id, items=items, owner=owner, actor=actor
+        )
+
     def transition_many(
         self, requests: Sequence[TransitionRequest]
     ) -> list[EffectRecord | LedgerError]:
@@ -144,6 +159,46 @@ def test_only_the_plan_and_the_last_outcome_commit_before_the_flush(
         ("plan", (), True),
         ("transition", (EffectStatus.COMMITTED, EffectStatus.DISPATCHED), False),
         ("transition", (EffectStatus.COMMITTED, EffectStatus.DISPATCHED), False),
+        ("transition", (EffectStatus.COMMITTED,), True),
+        ("finish", (), False),
+    ]
+
+
+def test_the_records_of_reads_commit_before_the_flush(pg_url: str, log: ExecutionLog) -> None:
+    lookup = counting_tool(log, "lookup", EffectKind.READ_ONLY)
+    refund = counting_tool(log, "refund")
+    model = scripted(
+        calls(("lookup", "a"), ("lookup", "b")),
+        calls(("lookup", "c"), ("refund", "c")),
+    )
+    with psycopg.Connection.connect(
+        pg_url, autocommit=True, prepare_threshold=0, row_factory=dict_row
+    ) as conn:
+        ledger = _WritesSeen(PostgresBackend(pg_url, max_size=2))
+        try:
+            saver = PostgresCancelSaver(conn, ledger=ledger)
+            saver.setup()
+            graph = cancellable(agent_builder(model, EffectToolNode([lookup, refund])), saver)
+            thread = new_thread()
+            graph.invoke({"messages": [HumanMessage("look, then refund")]}, config_for(thread))
+            effects = ledger.effects(thread)
+        finally:
+            ledger.close()
+    assert sorted((e.tool, e.status) for e in effects) == [
+        ("lookup", EffectStatus.COMMITTED),
+        ("lookup", EffectStatus.COMMITTED),
+        ("lookup", EffectStatus.COMMITTED),
+        ("refund", EffectStatus.COMMITTED),
+    ]
+    assert (log.applied("lookup"), log.applied("refund")) == (3, 1)
+    # Reads change nothing outside: their records need not wait for the disk, in a
+    # batch of reads alone as beside a side effect. The run's end still waits (the
+    # refund's intent, through ``transition``, is not in this list).
+    assert ledger.seen == [
+        ("start", (), True),
+        ("record", (EffectStatus.COMMITTED, EffectStatus.COMMITTED), True),
+        ("plan", (), True),
+        ("record", (EffectStatus.COMMITTED,), True),
         ("transition", (EffectStatus.COMMITTED,), True),
         ("finish", (), False),
     ]

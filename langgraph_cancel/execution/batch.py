@@ -200,8 +200,11 @@ class Batch:
             yield from self._record_reads(items)
 
     def _record_reads(self, items: list[NewEffect]) -> Protocol[None]:
+        # A read changed nothing outside: its record, lost in a database crash, costs
+        # a second read on resume. The write need not wait for the disk, and the next
+        # commit that does (an intent, the step's checkpoint) makes it durable first.
         scope = self.scope
-        entries = yield from ledger_call(
+        entries = yield from ledger_write_before_flush(
             Ledger.record_many,
             thread_id=scope.thread_id,
             run_id=scope.run_id,
@@ -223,7 +226,7 @@ class Batch:
             if isinstance(entry, DuplicateIdempotencyKeyError)
         ]
         if clashed:
-            yield from ledger_call(
+            yield from ledger_write_before_flush(
                 Ledger.record_many,
                 thread_id=scope.thread_id,
                 run_id=scope.run_id,

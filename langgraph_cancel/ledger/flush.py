@@ -4,9 +4,10 @@ A PostgreSQL commit waits until its WAL is flushed (``synchronous_commit=on``), 
 run pays one disk flush per ledger write. Only some writes need that wait: an intent
 (``dispatched``) must be on disk before its call leaves the process (I1), and so must
 anything another party acts on at once. Others are records whose loss the protocol
-already survives: the ``planned`` rows written before any call goes out, or the
+already survives: the ``planned`` rows written before any call goes out, the
 outcome of the last call of a batch, which reconciliation settles when it is missing
-(the same window a worker's ``kill -9`` between the call and its outcome opens).
+(the same window a worker's ``kill -9`` between the call and its outcome opens), or
+the records of read-only calls (a lost one is read again on resume).
 
 Inside :func:`commit_before_flush`, a backend that can may let such a write commit
 before its WAL reaches the disk (PostgreSQL's ``synchronous_commit=off`` for that
