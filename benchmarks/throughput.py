@@ -21,6 +21,11 @@ SYSTEM`` + ``pg_reload_conf()``, put back afterwards): a commit then costs a dis
 flush, as it does in production. Its target: ``effect`` within 15 % of ``plain`` at
 every worker count, with tools that take no time (the package's whole cost shows).
 
+Where the server preloads ``pg_stat_statements`` (``./scripts/bench`` does, when its
+PostgreSQL has the module), each cell also reads the server's own time in statements,
+the ledger's apart from LangGraph's checkpoint saver's, and the ledger's costliest
+statements.
+
 A shared machine's speed drifts by more than the difference measured, so the cells
 run in rounds, ``plain`` and ``effect`` side by side at each worker count, and each
 figure is the median over the rounds (the spread is kept beside it). A second set
@@ -35,6 +40,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -183,6 +189,113 @@ def _ledger_rows(url: str) -> dict[str, int]:
                 found = conn.execute(f"SELECT count(*) FROM {table}").fetchone()
                 rows[table] = int(found[0]) if found else 0
     return rows
+
+
+#: The families of statements the server's time is told apart by (``pg_stat_statements``).
+STATEMENT_FAMILIES = ("ledger", "checkpoints", "other")
+
+
+def statement_family(query: str) -> str:
+    """Which family a statement belongs to: the ledger's (its tables are ``lgc_*``),
+    LangGraph's checkpoint saver's, or anything else (this section's own readings)."""
+    text = query.lower()
+    if "lgc_" in text:
+        return "ledger"
+    if "checkpoint" in text:
+        return "checkpoints"
+    return "other"
+
+
+def _statements_ready(url: str) -> bool:
+    """Whether the server counts statements (``pg_stat_statements`` preloaded): the
+    extension is created in the database and its counts for it are cleared."""
+    import psycopg
+
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+            conn.execute(
+                "SELECT pg_stat_statements_reset(0, (SELECT oid FROM pg_database"
+                " WHERE datname = current_database()), 0)"
+            )
+    except psycopg.Error:
+        return False
+    return True
+
+
+def _statement_times(url: str) -> list[dict[str, Any]]:
+    """The server's time per statement in this database since ``_statements_ready``:
+    execution and planning, in ms, with the calls."""
+    import psycopg
+    from psycopg.rows import dict_row
+
+    with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
+        return conn.execute(
+            "SELECT query, calls, total_exec_time + total_plan_time AS ms"
+            " FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database"
+            " WHERE datname = current_database())"
+        ).fetchall()
+
+
+def statement_summary(rows: list[dict[str, Any]], runs: int) -> dict[str, Any]:
+    """Per run: the server's statement time (ms) and statements by family, and the
+    ledger's costliest statements (time per run and per call)."""
+    time_ms = dict.fromkeys(STATEMENT_FAMILIES, 0.0)
+    calls = dict.fromkeys(STATEMENT_FAMILIES, 0)
+    for row in rows:
+        family = statement_family(row["query"])
+        time_ms[family] += float(row["ms"])
+        calls[family] += int(row["calls"])
+    by_name: dict[str, list[float]] = {}
+    for row in rows:
+        if statement_family(row["query"]) == "ledger":
+            spent = by_name.setdefault(ledger_statement_name(row["query"]), [0.0, 0.0])
+            spent[0] += int(row["calls"])
+            spent[1] += float(row["ms"])
+    costliest = sorted(by_name.items(), key=lambda item: -item[1][1])[:6]
+    return {
+        "ms_per_run": {family: rnd(ms / runs, 3) for family, ms in time_ms.items()},
+        "statements_per_run": {family: rnd(n / runs, 2) for family, n in calls.items()},
+        "costliest_ledger": [
+            {
+                "statement": name,
+                "per_run": rnd(count / runs, 2),
+                "us_per_call": rnd(ms * 1000 / max(count, 1), 0),
+            }
+            for name, (count, ms) in costliest
+        ],
+    }
+
+
+def _shape(text: str) -> str:
+    """A statement with its parameters blanked and its spacing made one blank."""
+    return " ".join(re.sub(r"%\(\w+\)s|\$\d+", "?", text).lower().split())
+
+
+def _common_start(first: str, second: str) -> int:
+    """How many leading characters two strings share."""
+    return next(
+        (at for at, (one, other) in enumerate(zip(first, second, strict=False)) if one != other),
+        min(len(first), len(second)),
+    )
+
+
+def ledger_statement_name(query: str) -> str:
+    """The name of the ledger's SQL constant (``ledger/sql.py``) a statement the server
+    counted was made from: the constant whose text starts the same way the longest
+    (templates are filled in before they run, so only their beginning is compared).
+    The statement's own beginning when none matches."""
+    from langgraph_cancel.ledger import sql as ledger_sql
+
+    shape = _shape(query)
+    best, best_length = "", 0
+    for name, text in vars(ledger_sql).items():
+        if not (name.isupper() and isinstance(text, str)):
+            continue
+        length = _common_start(shape, _shape(text))
+        if length > best_length:
+            best, best_length = name, length
+    return best if best_length >= 60 else shape[:60]
 
 
 def _server_cpu_s() -> float | None:
@@ -341,6 +454,7 @@ def measure(
         rows_before = _ledger_rows(url)
         time.sleep(1.0)  # the warm-up backends have exited: their counts are in
         commits_before, wal_before, flushes_before = _commits_and_wal(url)
+        counting = _statements_ready(url)
         samples: list[dict[str, int]] = []
         stop = threading.Event()
         sampler = threading.Thread(target=_sample, args=(url, stop, samples), daemon=True)
@@ -353,6 +467,7 @@ def measure(
         stop.set()
         sampler.join(5)
         done = [json.loads(Path(r).read_text()) for r in results]
+        statements = _statement_times(url) if counting else None
         time.sleep(1.0)  # the workers' backends report their counts as they exit
         commits_after, wal_after, flushes_after = _commits_and_wal(url)
         bytes_after = _db_bytes(url)
@@ -369,6 +484,7 @@ def measure(
     server_cpu = (
         None if server_before is None or server_after is None else server_after - server_before
     )
+    spent = None if statements is None else statement_summary(statements, total)
     return {
         "variant": variant,
         "workers": workers,
@@ -400,6 +516,12 @@ def measure(
         "ledger_rows_per_run_by_table": {t: rnd(n / total, 2) for t, n in added_rows.items()},
         "bytes_per_run": rnd(bytes_per_run, 0),
         "gb_per_100k_runs": rnd(bytes_per_run * 1e5 / 1e9, 3),
+        # The server's own time in statements (None without pg_stat_statements).
+        "statements": spent,
+        "ledger_statement_ms_per_run": None if spent is None else spent["ms_per_run"]["ledger"],
+        "checkpoints_statement_ms_per_run": (
+            None if spent is None else spent["ms_per_run"]["checkpoints"]
+        ),
     }
 
 
@@ -488,6 +610,8 @@ _SUMMARIZED = (
     "mean_lock_waits",
     "ledger_rows_per_run",
     "gb_per_100k_runs",
+    "ledger_statement_ms_per_run",
+    "checkpoints_statement_ms_per_run",
 )
 
 
@@ -546,8 +670,9 @@ def table(result: dict[str, Any]) -> str:
         "ledger rows/run | GB per 10^5 runs (ours / plain) | commits/run (ours / plain) | "
         "WAL flushes/run (ours / plain) | WAL kB/run (ours / plain) | lock waits (mean, max) | "
         "worker CPU ms/run (ours / plain) | server CPU ms/run (ours / plain) | "
+        "server statement ms/run: ledger + checkpoints (ours) / checkpoints (plain) | "
         "worker CPU / wall (ours / plain) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
 
     def spread(row: dict[str, Any], variant: str) -> str:
@@ -556,6 +681,15 @@ def table(result: dict[str, Any]) -> str:
 
     def kb(value: Any) -> Any:
         return None if value is None else rnd(value / 1024, 1)
+
+    def statement_time(ours: dict[str, Any], plain: dict[str, Any]) -> str:
+        ledger, checkpoints = (
+            ours.get("ledger_statement_ms_per_run"),
+            ours.get("checkpoints_statement_ms_per_run"),
+        )
+        if ledger is None or checkpoints is None:
+            return "n/a"
+        return f"{ledger} + {checkpoints} / {plain.get('checkpoints_statement_ms_per_run')}"
 
     lines = list(header)
     for row in [*result["rows"], *result.get("rows_with_tool_latency", [])]:
@@ -575,6 +709,7 @@ def table(result: dict[str, Any]) -> str:
             f"{ours['mean_lock_waits']}, {ours['max_lock_waits']} | "
             f"{ours.get('worker_cpu_ms_per_run')} / {plain.get('worker_cpu_ms_per_run')} | "
             f"{ours.get('server_cpu_ms_per_run')} / {plain.get('server_cpu_ms_per_run')} | "
+            f"{statement_time(ours, plain)} | "
             f"{ours['worker_cpu_share_of_wall']} / {plain['worker_cpu_share_of_wall']} |"
         )
     steps = result.get("step_costs")
@@ -588,6 +723,28 @@ def table(result: dict[str, Any]) -> str:
             f"{ours['server_cpu_us']} |",
             f"| a one-row INSERT, autocommit | {floor['wall_us']} | {floor['client_cpu_us']} | "
             f"{floor['server_cpu_us']} |",
+        ]
+    costliest = next(
+        (
+            cell["statements"]["costliest_ledger"]
+            for cell in result["cells"]
+            if cell["variant"] == "effect"
+            and cell["workers"] == 1
+            and not cell.get("tool_ms")
+            and cell.get("statements")
+        ),
+        None,
+    )
+    if costliest:
+        lines += [
+            "",
+            "| the ledger's costliest statements (1 worker, first round) | per run | "
+            "server us per call |",
+            "|---|---|---|",
+            *(
+                f"| `{entry['statement']}` | {entry['per_run']} | {entry['us_per_call']} |"
+                for entry in costliest
+            ),
         ]
     return "\n".join(lines)
 

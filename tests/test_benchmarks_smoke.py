@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -77,6 +79,13 @@ def test_benchmarks_quick_run_writes_every_section(tmp_path: Path) -> None:
     if "postgres" in run:
         assert [row["workers"] for row in data["throughput"]["rows"]] == [1, 2, 4]
         assert all(c["runs_per_s"] > 0 for c in data["throughput"]["cells"])
+        for cell in data["throughput"]["cells"]:
+            # Figures of the server's statements where it counts them, else none.
+            spent = cell["statements"]
+            assert spent is None or spent["ms_per_run"]["checkpoints"] > 0
+            assert (spent is None) == (cell["ledger_statement_ms_per_run"] is None)
+            if spent is not None and cell["variant"] == "effect":
+                assert spent["ms_per_run"]["ledger"] > 0 and spent["costliest_ledger"]
         steps = data["throughput"]["step_costs"]
         assert steps["ledger_operation"]["client_cpu_us"] > 0
         assert steps["single_row_commit"]["wall_us"] > 0
@@ -163,3 +172,43 @@ def test_paired_ratio_is_the_median_pair_with_its_interval() -> None:
     assert low == pytest.approx(1.1) and high == pytest.approx(1.2)
     assert paired_ratio([], []) is None
     assert paired_ratio(base, other) == est  # the same samples, the same interval
+
+
+def test_the_servers_statement_time_is_told_apart_by_family() -> None:
+    from benchmarks.throughput import statement_family, statement_summary
+    from langgraph_cancel.ledger import sql as ledger_sql
+
+    def as_counted(text: str) -> str:
+        # pg_stat_statements shows $1, $2, ... where the ledger wrote %(name)s.
+        numbers = iter(range(1, 1000))
+        return re.sub(r"%\(\w+\)s", lambda _: f"${next(numbers)}", text)
+
+    transition = ledger_sql.PG_TRANSITION_EFFECT.format(statuses="$1, $2", guard="")
+    rows: list[dict[str, Any]] = [
+        {"query": as_counted(transition), "calls": 20, "ms": 4.0},
+        {"query": as_counted(ledger_sql.PG_TRANSITION_EFFECTS), "calls": 10, "ms": 2.0},
+        {"query": "INSERT INTO lgc_runs (run_id) VALUES ($1)", "calls": 10, "ms": 1.0},
+        {"query": "INSERT INTO checkpoint_writes (thread_id) VALUES ($1)", "calls": 70, "ms": 3.5},
+        {"query": "SELECT count(*) FROM pg_stat_activity", "calls": 4, "ms": 0.2},
+    ]
+    assert [statement_family(row["query"]) for row in rows] == [
+        "ledger",
+        "ledger",
+        "ledger",
+        "checkpoints",
+        "other",
+    ]
+    summary = statement_summary(rows, runs=10)
+    assert summary["ms_per_run"] == {"ledger": 0.7, "checkpoints": 0.35, "other": 0.02}
+    assert summary["statements_per_run"] == {"ledger": 4.0, "checkpoints": 7.0, "other": 0.4}
+    # The ledger's statements by the name of the constant they were made from; one
+    # that matches none by its own beginning.
+    assert summary["costliest_ledger"] == [
+        {"statement": "PG_TRANSITION_EFFECT", "per_run": 2.0, "us_per_call": 200.0},
+        {"statement": "PG_TRANSITION_EFFECTS", "per_run": 1.0, "us_per_call": 200.0},
+        {
+            "statement": "insert into lgc_runs (run_id) values (?)",
+            "per_run": 1.0,
+            "us_per_call": 100.0,
+        },
+    ]
