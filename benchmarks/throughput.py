@@ -56,7 +56,7 @@ from benchmarks.common import Settings, fresh_pg_db, log, rnd
 ROOT = Path(__file__).resolve().parent.parent
 WORKER_COUNTS = (1, 2, 4)
 CALLS = 3
-RUNS_PER_WORKER = 40
+RUNS_PER_WORKER = 120
 QUICK_RUNS_PER_WORKER = 10
 #: Rounds of every cell (one with ``--quick``): a figure is the median of its rounds.
 ROUNDS = 3
