@@ -239,6 +239,29 @@ def timed(fn: Callable[[], Any]) -> float:
     return time.perf_counter() - t0
 
 
+def plan_work(ledger: Any, thread_id: str, run_id: str, count: int, prefix: str) -> Any:
+    """Plan ``count`` irreversible ``work`` calls (``{prefix}{i}``) in a run, as the
+    benchmarks' agents do: ``Ledger.plan_many``'s answer."""
+    from langgraph_cancel.types import EffectKind, NewEffect
+
+    return ledger.plan_many(
+        thread_id=thread_id,
+        run_id=run_id,
+        items=[
+            NewEffect(
+                tool_call_id=f"{prefix}{i}",
+                tool="work",
+                kind=EffectKind.IRREVERSIBLE,
+                args={"i": i},
+                seq=i,
+            )
+            for i in range(count)
+        ],
+        owner="bench",
+        actor="bench",
+    )
+
+
 def write_pair(ledger: Any, done: str, then: str) -> None:
     """What EffectToolNode writes per side effect: one outcome with the next intent."""
     from langgraph_cancel.types import EffectStatus, TransitionRequest

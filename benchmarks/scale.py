@@ -14,7 +14,16 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import Settings, ledger_url, log, ratio, rnd, summary, write_pair
+from benchmarks.common import (
+    Settings,
+    ledger_url,
+    log,
+    plan_work,
+    ratio,
+    rnd,
+    summary,
+    write_pair,
+)
 
 SETTLED = ["committed"] * 7 + ["failed", "dropped", "compensated"]
 UNSETTLED_PER_THREAD = 10
@@ -187,25 +196,10 @@ def _seed_thread(ledger: Any, thread: str) -> None:
 def _seed_writer(ledger: Any, thread: str, n: int) -> list[str]:
     """``n`` planned side effects on a thread, the first dispatched: a write pair walks them."""
     from langgraph_cancel.ledger import derive_effect_id
-    from langgraph_cancel.types import EffectKind, EffectStatus, NewEffect
+    from langgraph_cancel.types import EffectStatus
 
     run = ledger.start_run(thread)
-    ledger.plan_many(
-        thread_id=thread,
-        run_id=run.run_id,
-        items=[
-            NewEffect(
-                tool_call_id=f"w{i}",
-                tool="work",
-                kind=EffectKind.IRREVERSIBLE,
-                args={"i": i},
-                seq=i,
-            )
-            for i in range(n)
-        ],
-        owner="bench",
-        actor="bench",
-    )
+    plan_work(ledger, thread, run.run_id, n, "w")
     ids = [derive_effect_id(thread, f"w{i}") for i in range(n)]
     ledger.transition(ids[0], EffectStatus.DISPATCHED, owner="bench", actor="bench")
     return ids

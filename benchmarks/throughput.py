@@ -51,7 +51,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import Settings, fresh_pg_db, log, rnd
+from benchmarks.common import Settings, fresh_pg_db, log, plan_work, rnd
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKER_COUNTS = (1, 2, 4)
@@ -242,13 +242,12 @@ def statement_summary(rows: list[dict[str, Any]], runs: int) -> dict[str, Any]:
     ledger's costliest statements (time per run and per call)."""
     time_ms = dict.fromkeys(STATEMENT_FAMILIES, 0.0)
     calls = dict.fromkeys(STATEMENT_FAMILIES, 0)
+    by_name: dict[str, list[float]] = {}
     for row in rows:
         family = statement_family(row["query"])
         time_ms[family] += float(row["ms"])
         calls[family] += int(row["calls"])
-    by_name: dict[str, list[float]] = {}
-    for row in rows:
-        if statement_family(row["query"]) == "ledger":
+        if family == "ledger":
             spent = by_name.setdefault(ledger_statement_name(row["query"]), [0.0, 0.0])
             spent[0] += int(row["calls"])
             spent[1] += float(row["ms"])
@@ -336,7 +335,7 @@ def step_costs(dsn: str, cycles: int) -> dict[str, Any]:
     import psycopg
 
     from langgraph_cancel.checkpointers.postgres import PostgresCancelSaver
-    from langgraph_cancel.types import EffectKind, EffectStatus, NewEffect
+    from langgraph_cancel.types import EffectStatus
 
     operations_per_cycle = 9
 
@@ -362,23 +361,7 @@ def step_costs(dsn: str, cycles: int) -> dict[str, Any]:
         def cycle() -> None:
             thread_id = uuid.uuid4().hex
             started = ledger.start_run(thread_id)
-            items = [
-                NewEffect(
-                    tool_call_id=f"call{i}",
-                    tool="work",
-                    kind=EffectKind.IRREVERSIBLE,
-                    args={"i": i},
-                    seq=i,
-                )
-                for i in range(CALLS)
-            ]
-            planned = ledger.plan_many(
-                thread_id=thread_id,
-                run_id=started.run_id,
-                items=items,
-                owner="bench",
-                actor="bench",
-            )
+            planned = plan_work(ledger, thread_id, started.run_id, CALLS, "call")
             for entry in planned:
                 assert isinstance(entry, tuple), entry
                 effect_id = entry[0].effect_id

@@ -116,8 +116,13 @@ def call_with_retry(
     return result
 
 
+def _retried(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The function a call retries: a partial's own function, else the call itself."""
+    return fn.func if isinstance(fn, functools.partial) else fn
+
+
 def _name(fn: Callable[..., Any]) -> str:
-    target = fn.func if isinstance(fn, functools.partial) else fn
+    target = _retried(fn)
     return str(getattr(target, "__qualname__", target))
 
 
@@ -142,9 +147,8 @@ def _alogged_as(
     return _renamed(attempt, named or call)
 
 
-def _renamed(attempt: F, target: Callable[..., Any]) -> F:
-    if isinstance(target, functools.partial):
-        target = target.func
+def _renamed(attempt: F, named: Callable[..., Any]) -> F:
+    target = _retried(named)
     attempt.__qualname__ = getattr(target, "__qualname__", attempt.__qualname__)
     attempt.__module__ = getattr(target, "__module__", attempt.__module__)
     return attempt
