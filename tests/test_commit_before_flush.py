@@ -214,64 +214,202 @@ def test_the_mark_holds_only_inside_its_block() -> None:
     assert not commits_before_flush()
 
 
-_SETTING = "SELECT setting, source FROM pg_settings WHERE name = 'synchronous_commit'"
+# The commit's setting as the statement's own transaction sees it, and the session
+# that ran it: a setting of the transaction shows as ``session``, one the server or the
+# database gives every session as ``configuration file``, ``database`` or ``default``.
+_SETTING = """SELECT setting, source, pg_backend_pid() AS pid
+    FROM pg_settings WHERE name = 'synchronous_commit'"""
+
+_Seen = tuple[str, str, int]
 
 
-def _commit_setting(backend: PostgresBackend, how: str) -> tuple[str, str]:
-    """(synchronous_commit, where the session got it) for a statement run ``how``."""
+def _commit_setting(backend: PostgresBackend, how: str) -> _Seen:
+    """(synchronous_commit, where it came from, backend pid) for a statement run ``how``."""
     if how == "pipeline":
         with backend.pipeline() as execute:
             cur = execute(_SETTING, {})
         row = cur.fetchone()
+    elif how == "all_rows":
+        row = backend.all_rows([(_SETTING, {})])[0][0]
     else:
         opened = backend.statement() if how == "statement" else backend.transaction()
         with opened as cur:
             cur.execute(_SETTING, {})
             row = cur.fetchone()
     assert row is not None
-    return str(row["setting"]), str(row["source"])
+    return str(row["setting"]), str(row["source"]), int(row["pid"])
 
 
-@pytest.mark.parametrize("how", ["statement", "pipeline", "transaction"])
-def test_inside_the_block_a_backend_of_its_own_commits_before_the_flush(
+def _before_inside_after(backend: PostgresBackend, how: str) -> list[_Seen]:
+    seen = []
+    for inside in (False, True, False):
+        with commit_before_flush() if inside else nullcontext():
+            seen.append(_commit_setting(backend, how))
+    return seen
+
+
+@pytest.mark.parametrize("how", ["statement", "all_rows", "pipeline", "transaction"])
+def test_inside_the_block_a_write_commits_before_the_flush_on_the_same_connection(
     pg_url: str, how: str
 ) -> None:
-    backend = PostgresBackend(pg_url, max_size=2)
+    backend = PostgresBackend(pg_url, max_size=1)
     try:
-        # The test server may run with synchronous_commit off for every session: what
-        # tells the two apart is where the session got its setting.
-        assert _commit_setting(backend, how)[1] != "client"
-        with commit_before_flush():
-            assert _commit_setting(backend, how) == ("off", "client")
-        assert _commit_setting(backend, how)[1] != "client"
+        before, inside, after = _before_inside_after(backend, how)
     finally:
         backend.close()
+    assert inside[:2] == ("off", "session")
+    # The setting was the transaction's own: the next statement on the same session
+    # waits for the disk as the server says. No second pool or session was opened.
+    assert before[1] != "session" and after[1] != "session"
+    assert before[2] == inside[2] == after[2]
 
 
-def test_on_the_callers_pool_every_commit_waits_as_the_server_says(pg_url: str) -> None:
-    with ConnectionPool(
-        pg_url, min_size=1, max_size=2, kwargs={"autocommit": True}, open=True
-    ) as pool:
-        backend = PostgresBackend(pool)
-        with commit_before_flush():
-            assert _commit_setting(backend, "statement")[1] != "client"
-
-
-def test_the_async_backend_of_its_own_commits_before_the_flush_inside_the_block(
+def test_a_write_that_fails_inside_the_block_leaves_the_session_as_it_was(
     pg_url: str,
 ) -> None:
-    async def settings() -> list[tuple[str, str]]:
-        backend = await AsyncPostgresBackend.open(pg_url, max_size=2)
-        seen: list[tuple[str, str]] = []
+    backend = PostgresBackend(pg_url, max_size=1)
+    try:
+        with (
+            commit_before_flush(),
+            pytest.raises(psycopg.errors.DivisionByZero),
+            backend.statement() as cur,
+        ):
+            cur.execute("SELECT 1 / 0", {})
+        source = _commit_setting(backend, "statement")[1]
+    finally:
+        backend.close()
+    assert source != "session"
+
+
+@pytest.mark.parametrize("how", ["statement", "pipeline"])
+def test_on_the_callers_pool_too_a_write_inside_the_block_commits_before_the_flush(
+    pg_url: str, how: str
+) -> None:
+    with ConnectionPool(
+        pg_url, min_size=1, max_size=1, kwargs={"autocommit": True}, open=True
+    ) as pool:
+        before, inside, after = _before_inside_after(PostgresBackend(pool), how)
+    assert inside[:2] == ("off", "session")
+    assert before[1] != "session" and after[1] != "session"
+
+
+def test_on_the_callers_connection_too_a_write_inside_the_block_commits_before_the_flush(
+    pg_url: str,
+) -> None:
+    with psycopg.Connection.connect(pg_url, autocommit=True) as conn:
+        before, inside, after = _before_inside_after(PostgresBackend(conn), "statement")
+    assert inside[:2] == ("off", "session")
+    assert before[1] != "session" and after[1] != "session"
+    assert before[2] == inside[2] == after[2]
+
+
+def test_the_async_backend_commits_before_the_flush_inside_the_block(pg_url: str) -> None:
+    async def settings(how: str) -> list[_Seen]:
+        backend = await AsyncPostgresBackend.open(pg_url, max_size=1)
+        seen: list[_Seen] = []
         try:
             for inside in (False, True, False):
                 with commit_before_flush() if inside else nullcontext():
-                    rows = await backend.all_rows([(_SETTING, {})])
-                seen.append((str(rows[0][0]["setting"]), str(rows[0][0]["source"])))
+                    if how == "statement":
+                        async with backend.statement() as cur:
+                            await cur.execute(_SETTING, {})
+                            row = await cur.fetchone()
+                    elif how == "transaction":
+                        async with backend.transaction() as cur:
+                            await cur.execute(_SETTING, {})
+                            row = await cur.fetchone()
+                    else:
+                        rows = await backend.all_rows([(_SETTING, {}), (_SETTING, {})])
+                        row = rows[-1][0]
+                assert row is not None
+                seen.append((str(row["setting"]), str(row["source"]), int(row["pid"])))
         finally:
             await backend.aclose()
         return seen
 
-    before, inside, after = asyncio.run(settings())
-    assert inside == ("off", "client")
-    assert before[1] != "client" and after[1] != "client"
+    for how in ("statement", "transaction", "pipeline"):
+        before, inside, after = asyncio.run(settings(how))
+        assert inside[:2] == ("off", "session"), how
+        assert before[1] != "session" and after[1] != "session", how
+        assert before[2] == inside[2] == after[2], how
+
+
+class _CountingPipelines(psycopg.Connection[dict[str, Any]]):
+    """A connection counting the pipelines opened on it."""
+
+    pipelines = 0
+
+    def pipeline(self) -> Any:
+        self.pipelines += 1
+        return super().pipeline()
+
+
+@pytest.mark.parametrize(
+    "write", ["plan one", "plan two", "record", "transition", "two transitions"]
+)
+def test_the_ledgers_writes_before_the_flush_make_the_setting_themselves(
+    pg_url: str, write: str
+) -> None:
+    """Run in the caller's open transaction, a write leaves set what its commit would use:
+    the hot writes carry the setting in their own statement (no pipeline), and the same
+    writes outside the block leave the server's setting alone."""
+    seen: list[tuple[str, int]] = []
+    with _CountingPipelines.connect(pg_url, autocommit=True, row_factory=dict_row) as conn:
+        ledger = Ledger(PostgresBackend(conn))
+        ledger.setup()
+        thread = new_thread()
+        run_id = ledger.start_run(thread).run_id
+        items = [
+            NewEffect(
+                tool_call_id=f"{write}-{i}", tool="refund", kind=EffectKind.IRREVERSIBLE, args={}
+            )
+            for i in range(6)
+        ]
+        planned = ledger.plan_many(
+            thread_id=thread, run_id=run_id, items=items[:2], owner="w", actor="w"
+        )
+        ids = [entry[0].effect_id for entry in planned if isinstance(entry, tuple)]
+        for effect_id in ids:
+            ledger.transition(effect_id, EffectStatus.DISPATCHED, actor="w")
+
+        def run(inside: bool) -> None:
+            done = [
+                TransitionRequest(effect_id=effect_id, to=EffectStatus.COMMITTED, actor="w")
+                for effect_id in ids
+            ]
+            if write.startswith("plan"):
+                # One call takes the one-row statement, a batch the row-set statement.
+                first = 2 + 2 * inside
+                batch = items[first : first + (2 if write == "plan two" else 1)]
+                ledger.plan_many(thread_id=thread, run_id=run_id, items=batch, owner="w", actor="w")
+            elif write == "record":
+                ledger.record_many(
+                    thread_id=thread,
+                    run_id=run_id,
+                    items=[
+                        NewEffect(
+                            tool_call_id=f"read-{inside}",
+                            tool="lookup",
+                            kind=EffectKind.READ_ONLY,
+                            args={},
+                            status=EffectStatus.COMMITTED,
+                        )
+                    ],
+                    owner="w",
+                    actor="w",
+                )
+            elif write == "transition":
+                ledger.transition_many(done[inside : inside + 1])
+            else:
+                ledger.transition_many(done if inside else [])
+
+        for inside in (False, True):
+            with conn.transaction():
+                conn.pipelines = 0
+                with commit_before_flush() if inside else nullcontext():
+                    run(inside)
+                row = conn.execute(_SETTING).fetchone()
+            assert row is not None
+            seen.append((str(row["source"]), conn.pipelines))
+    assert seen[0][0] != "session"
+    assert seen[1] == ("session", 0)

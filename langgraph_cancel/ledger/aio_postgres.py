@@ -1,7 +1,8 @@
 """The async ledger on PostgreSQL through psycopg 3's async pool or one connection.
 
 The sync ``PostgresBackend``'s statements and connection settings, awaited on the
-caller's loop; ``listen`` follows ``NOTIFY`` on a connection of its own.
+caller's loop (a write that need not wait for the disk as there, in the same round
+trip); ``listen`` follows ``NOTIFY`` on a connection of its own.
 """
 
 from __future__ import annotations
@@ -56,11 +57,6 @@ class AsyncPostgresBackend(PostgresStatements, AsyncBackend):
         self._pool: AsyncConnectionPool[Any] | None = conn if isinstance(conn, _Pool) else None
         self._conn: AsyncConnection[Any] | None = None if isinstance(conn, _Pool) else conn
         self._lock = asyncio.Lock()
-        # As the sync backend's: opened on the first write that may commit before the
-        # WAL flush (``langgraph_cancel.ledger.flush``), on a backend that owns its pool.
-        self._unflushed: AsyncConnectionPool[Any] | None = None
-        self._unflushed_lock = asyncio.Lock()
-        self._max_size = self._pool.max_size if self._pool is not None else 1
 
     @classmethod
     async def open(
@@ -95,7 +91,7 @@ class AsyncPostgresBackend(PostgresStatements, AsyncBackend):
     @asynccontextmanager
     async def _connection(self) -> AsyncIterator[AsyncConnection[Any]]:
         """A connection for one use: from the pool, or the one connection under its lock."""
-        pool = await self._pool_for_write()
+        pool = self._pool
         if pool is not None:
             # Not pool.connection(): its ``async with conn`` ends a transaction these
             # autocommit statements never open; putconn still discards a broken one.
@@ -114,14 +110,20 @@ class AsyncPostgresBackend(PostgresStatements, AsyncBackend):
         from psycopg.rows import dict_row
 
         async with self._connection() as conn, conn.transaction():
-            yield conn.cursor(row_factory=dict_row)
+            cur = conn.cursor(row_factory=dict_row)
+            if commits_before_flush():
+                await cur.execute(ledger_sql.PG_COMMIT_BEFORE_FLUSH)
+            yield cur
 
     @asynccontextmanager
     async def statement(self) -> AsyncIterator[AsyncCursor]:
         from psycopg.rows import dict_row
 
         async with self._connection() as conn:
-            yield conn.cursor(row_factory=dict_row)
+            if commits_before_flush():
+                yield AsyncCommitBeforeFlushCursor(conn)
+            else:
+                yield conn.cursor(row_factory=dict_row)
 
     async def all_rows(
         self, statements: Sequence[tuple[str, dict[str, Any]]]
@@ -145,6 +147,8 @@ class AsyncPostgresBackend(PostgresStatements, AsyncBackend):
         async with self._connection() as conn:
             cursors = []
             async with conn.pipeline():
+                if commits_before_flush():  # one implicit transaction up to the sync
+                    await conn.execute(ledger_sql.PG_COMMIT_BEFORE_FLUSH)
                 for sql, params in statements:
                     cur = conn.cursor(row_factory=dict_row)
                     await cur.execute(sql, params)
@@ -172,35 +176,53 @@ class AsyncPostgresBackend(PostgresStatements, AsyncBackend):
                 logger.debug("cancel listener reconnecting", exc_info=True)
                 await asyncio.sleep(0.5)
 
-    async def _pool_for_write(self) -> AsyncConnectionPool[Any] | None:
-        """The pool for the statement about to run: inside ``commit_before_flush``, the
-        one whose sessions commit before the WAL flush, opened on first use (see
-        ``PostgresBackend``)."""
-        if not (self._owns and commits_before_flush()) or self.closed:
-            return self._pool
-        async with self._unflushed_lock:
-            if self._unflushed is None:
-                from psycopg_pool import AsyncConnectionPool as _Pool
-
-                pool: AsyncConnectionPool[Any] = _Pool(
-                    self.conninfo,
-                    min_size=1,
-                    max_size=self._max_size,
-                    kwargs=ledger_session_kwargs("-c synchronous_commit=off"),
-                    open=False,
-                    name="langgraph-cancel-ledger-async-unflushed",
-                )
-                await pool.open()
-                self._unflushed = pool
-            return self._unflushed
-
     async def aclose(self) -> None:
         self.closed = True
         if self._owns and self._pool is not None:
             await self._pool.close()
-        unflushed, self._unflushed = self._unflushed, None
-        if unflushed is not None:
-            await unflushed.close()
 
 
-__all__ = ["AsyncPostgresBackend"]
+class AsyncCommitBeforeFlushCursor:
+    """``CommitBeforeFlushCursor``, awaited: each statement after
+    ``PG_COMMIT_BEFORE_FLUSH`` in one pipeline, one round trip."""
+
+    def __init__(self, conn: AsyncConnection[Any]) -> None:
+        from psycopg.rows import dict_row
+
+        self._conn = conn
+        self._cursor = conn.cursor(row_factory=dict_row)
+
+    @property
+    def pgresult(self) -> Any:
+        """The last statement's result (for telling a statement without rows apart)."""
+        return self._cursor.pgresult
+
+    async def execute(self, sql: str, params: dict[str, Any] | None = None) -> Any:
+        """Run one statement; its rows are read once it has committed."""
+        if ledger_sql.PG_SET_COMMIT_BEFORE_FLUSH in sql:  # it makes the setting itself
+            await self._cursor.execute(sql, params)
+            return self
+        async with self._conn.pipeline():
+            await self._conn.execute(ledger_sql.PG_COMMIT_BEFORE_FLUSH)
+            await self._cursor.execute(sql, params)
+        return self
+
+    async def executemany(self, sql: str, params: Sequence[dict[str, Any]]) -> Any:
+        """Run one statement over several parameter sets, in one transaction."""
+        async with self._conn.pipeline():
+            await self._conn.execute(ledger_sql.PG_COMMIT_BEFORE_FLUSH)
+            await self._cursor.executemany(sql, params)
+        return self
+
+    async def fetchone(self) -> dict[str, Any] | None:
+        """The statement's next row."""
+        row: dict[str, Any] | None = await self._cursor.fetchone()
+        return row
+
+    async def fetchall(self) -> list[dict[str, Any]]:
+        """The statement's remaining rows."""
+        rows: list[dict[str, Any]] = await self._cursor.fetchall()
+        return rows
+
+
+__all__ = ["AsyncCommitBeforeFlushCursor", "AsyncPostgresBackend"]

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from langgraph_cancel.ledger import decisions
 from langgraph_cancel.ledger import sql as ledger_sql
 from langgraph_cancel.ledger.decisions import CasJob, CasOutcome
+from langgraph_cancel.ledger.flush import commits_before_flush
 from langgraph_cancel.ledger.records import effect_record, inserted_record
 from langgraph_cancel.ledger.steps import (
     Execute,
@@ -248,7 +249,12 @@ class PostgresStatements(DialectStatements):
         return (yield from within("statement", self._insert_effect(params)))
 
     def _insert_effect(self, params: Row) -> Generator[Step, Any, tuple[Row, bool]]:
-        row = yield Execute(ledger_sql.PG_INSERT_EFFECT, params)
+        insert = (
+            ledger_sql.PG_INSERT_EFFECT_BEFORE_FLUSH
+            if commits_before_flush()
+            else ledger_sql.PG_INSERT_EFFECT
+        )
+        row = yield Execute(insert, params)
         if row is not None:
             return row, True
         existing = yield Execute(ledger_sql.SELECT_EFFECT, {"effect_id": params["effect_id"]})
@@ -283,10 +289,15 @@ class PostgresStatements(DialectStatements):
         self, rows: list[Row], params: Row, read_back: bool
     ) -> Generator[Step, Any, dict[str, tuple[EffectRecord, bool]]]:
         found: dict[str, tuple[EffectRecord, bool]] = {}
+        insert = (
+            ledger_sql.PG_INSERT_EFFECTS_BEFORE_FLUSH
+            if commits_before_flush()
+            else ledger_sql.PG_INSERT_EFFECTS
+        )
         if not read_back:
-            yield Execute(ledger_sql.PG_INSERT_EFFECTS, params, "none")
+            yield Execute(insert, params, "none")
             return found
-        for row in (yield Execute(ledger_sql.PG_INSERT_EFFECTS, params, "all")):
+        for row in (yield Execute(insert, params, "all")):
             found[row["tool_call_id"]] = (effect_record(row, self), True)
         missing = [r["effect_id"] for r in rows if r["tool_call_id"] not in found]
         if missing:
@@ -303,9 +314,12 @@ class PostgresStatements(DialectStatements):
 
     def _compare_and_set(self, job: CasJob) -> Generator[Step, Any, CasOutcome]:
         req, (allowed, guard), token = job
-        sql, params = decisions.cas_statement(
-            ledger_sql.PG_TRANSITION_EFFECT, req, allowed, guard, token, utcnow(), self
+        template = (
+            ledger_sql.PG_TRANSITION_EFFECT_BEFORE_FLUSH
+            if commits_before_flush()
+            else ledger_sql.PG_TRANSITION_EFFECT
         )
+        sql, params = decisions.cas_statement(template, req, allowed, guard, token, utcnow(), self)
         row = yield Execute(sql, params)
         if row is not None:
             return row, None
@@ -320,7 +334,11 @@ class PostgresStatements(DialectStatements):
         if len(jobs) == 1:  # the one-row statement runs faster than a row set
             return [(yield from self.compare_and_set(jobs[0]))]
         transition = Execute(
-            ledger_sql.PG_TRANSITION_EFFECTS,
+            (
+                ledger_sql.PG_TRANSITION_EFFECTS_BEFORE_FLUSH
+                if commits_before_flush()
+                else ledger_sql.PG_TRANSITION_EFFECTS
+            ),
             {
                 "rows": json_text(decisions.pg_transition_rows(jobs)),
                 "ids": [req.effect_id for req, _, _ in jobs],

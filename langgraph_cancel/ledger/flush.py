@@ -9,9 +9,10 @@ outcome of the last call of a batch, which reconciliation settles when it is mis
 (the same window a worker's ``kill -9`` between the call and its outcome opens), or
 the records of read-only calls (a lost one is read again on resume).
 
-Inside :func:`commit_before_flush`, a backend that can may let such a write commit
-before its WAL reaches the disk (PostgreSQL's ``synchronous_commit=off`` for that
-transaction). The write is never half applied, and it is visible to every other
+Inside :func:`commit_before_flush`, a backend that can lets such a write commit
+before its WAL reaches the disk: PostgreSQL's ``synchronous_commit=off`` for that
+transaction alone, set in the same round trip (``PG_COMMIT_BEFORE_FLUSH``), on the
+ledger's usual connections. The write is never half applied, and it is visible to every other
 session as soon as it returns; a crash of the *database server* within a fraction of a
 second may lose it, and never only it: WAL is flushed in order, so any later commit
 that waited for the disk (the next intent, the step's checkpoint) made it durable

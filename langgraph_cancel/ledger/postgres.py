@@ -2,7 +2,10 @@
 
 Statements that write an effect carry their audit row in a writable CTE, so each
 write is one autocommit statement; batches are one statement over a JSON
-document of rows (``dialects.PostgresStatements``).
+document of rows (``dialects.PostgresStatements``). A write that need not wait for
+the disk (``langgraph_cancel.ledger.flush``) turns ``synchronous_commit`` off for its
+own transaction, on the same connections as every other: the ledger's hot writes in
+their own statement, any other after ``PG_COMMIT_BEFORE_FLUSH`` in one round trip.
 """
 
 from __future__ import annotations
@@ -40,11 +43,6 @@ class PostgresBackend(PostgresStatements, Backend):
         self._owns = False
         self.closed = False
         self._lock: threading.RLock | None = None
-        self._max_size = max_size
-        # Opened on the first write that may commit before the WAL flush (see
-        # ``langgraph_cancel.ledger.flush``), on a backend that owns its pool.
-        self._unflushed: _Pool[Any] | None = None
-        self._unflushed_lock = threading.Lock()
         if isinstance(conn, str):
             self.url = conn
             self._pool: _Pool[Any] | None = _Pool(
@@ -80,35 +78,41 @@ class PostgresBackend(PostgresStatements, Backend):
         return Jsonb(value, dumps=json_text)
 
     @contextmanager
+    def _connection(self) -> Iterator[Connection[Any]]:
+        """A connection for one use: from the pool, or the one connection under its lock."""
+        if self._pool is not None:
+            # Not pool.connection(): its ``with conn`` would end a transaction, and these
+            # autocommit statements open none (``transaction`` ends its own); putconn
+            # still discards a broken connection.
+            conn = self._pool.getconn()
+            try:
+                yield conn
+            finally:
+                self._pool.putconn(conn)
+            return
+        assert self._conn is not None and self._lock is not None
+        with self._lock:
+            yield self._conn
+
+    @contextmanager
     def transaction(self) -> Iterator[Cursor]:
         from psycopg.rows import dict_row
 
-        pool = self._pool_for_write()
-        if pool is not None:
-            with pool.connection() as conn, conn.transaction():
-                yield conn.cursor(row_factory=dict_row)
-            return
-        assert self._conn is not None and self._lock is not None
-        with self._lock, self._conn.transaction():
-            yield self._conn.cursor(row_factory=dict_row)
+        with self._connection() as conn, conn.transaction():
+            cur = conn.cursor(row_factory=dict_row)
+            if commits_before_flush():
+                cur.execute(ledger_sql.PG_COMMIT_BEFORE_FLUSH)
+            yield cur
 
     @contextmanager
     def statement(self) -> Iterator[Cursor]:
         from psycopg.rows import dict_row
 
-        pool = self._pool_for_write()
-        if pool is not None:
-            # Not pool.connection(): its ``with conn`` ends a transaction these
-            # autocommit statements never open; putconn still discards a broken one.
-            conn = pool.getconn()
-            try:
+        with self._connection() as conn:
+            if commits_before_flush():
+                yield CommitBeforeFlushCursor(conn)
+            else:
                 yield conn.cursor(row_factory=dict_row)
-            finally:
-                pool.putconn(conn)
-            return
-        assert self._conn is not None and self._lock is not None
-        with self._lock:
-            yield self._conn.cursor(row_factory=dict_row)
 
     @contextmanager
     def pipeline(self) -> Iterator[Callable[[str, dict[str, Any]], Cursor]]:
@@ -127,14 +131,11 @@ class PostgresBackend(PostgresStatements, Backend):
 
             return execute
 
-        pool = self._pool_for_write()
-        if pool is not None:
-            with pool.connection() as conn, conn.pipeline():
-                yield run(conn)
-            return
-        assert self._conn is not None and self._lock is not None
-        with self._lock, self._conn.pipeline():
-            yield run(self._conn)
+        with self._connection() as conn, conn.pipeline():
+            # One implicit transaction up to the sync: the setting covers its commit.
+            if commits_before_flush():
+                conn.execute(ledger_sql.PG_COMMIT_BEFORE_FLUSH)
+            yield run(conn)
 
     def all_rows(
         self, statements: Sequence[tuple[str, dict[str, Any]]]
@@ -155,40 +156,58 @@ class PostgresBackend(PostgresStatements, Backend):
             cursors = [execute(sql, params) for sql, params in statements]
         return [rows(cur) for cur in cursors]
 
-    def _pool_for_write(self) -> ConnectionPool[Any] | None:
-        """The pool for the statement about to run: inside ``commit_before_flush``, the
-        one whose sessions commit before the WAL flush (``synchronous_commit=off``),
-        opened on first use. Only a backend that owns its pool has one; on the
-        caller's pool or connection every commit waits as the server says."""
-        if not (self._owns and commits_before_flush()) or self.closed:
-            return self._pool
-        with self._unflushed_lock:
-            if self._unflushed is None:
-                from psycopg_pool import ConnectionPool as _Pool
-
-                self._unflushed = _Pool(
-                    self.url,
-                    min_size=1,
-                    max_size=self._max_size,
-                    kwargs=ledger_session_kwargs("-c synchronous_commit=off"),
-                    open=True,
-                    name="langgraph-cancel-ledger-unflushed",
-                )
-            return self._unflushed
-
     def close(self) -> None:
         self.closed = True
         if self._owns and self._pool is not None:
             self._pool.close()
-        with self._unflushed_lock:
-            unflushed, self._unflushed = self._unflushed, None
-        if unflushed is not None:
-            unflushed.close()
 
 
-def ledger_session_kwargs(more_options: str = "") -> dict[str, Any]:
-    """How the ledger's own pools open their sessions, sync and async (``more_options``:
-    more ``-c name=value`` settings)."""
+class CommitBeforeFlushCursor:
+    """A cursor whose statements commit before their WAL is on disk, each in its own
+    implicit transaction: ``PG_COMMIT_BEFORE_FLUSH`` and the statement in one pipeline,
+    one round trip (an autocommit session's statement, with that commit's setting)."""
+
+    def __init__(self, conn: Connection[Any]) -> None:
+        from psycopg.rows import dict_row
+
+        self._conn = conn
+        self._cursor = conn.cursor(row_factory=dict_row)
+
+    @property
+    def pgresult(self) -> Any:
+        """The last statement's result (for telling a statement without rows apart)."""
+        return self._cursor.pgresult
+
+    def execute(self, sql: str, params: dict[str, Any] | None = None) -> Any:
+        """Run one statement; its rows are read once it has committed."""
+        if ledger_sql.PG_SET_COMMIT_BEFORE_FLUSH in sql:  # it makes the setting itself
+            self._cursor.execute(sql, params)
+            return self
+        with self._conn.pipeline():
+            self._conn.execute(ledger_sql.PG_COMMIT_BEFORE_FLUSH)
+            self._cursor.execute(sql, params)
+        return self
+
+    def executemany(self, sql: str, params: Sequence[dict[str, Any]]) -> Any:
+        """Run one statement over several parameter sets, in one transaction."""
+        with self._conn.pipeline():
+            self._conn.execute(ledger_sql.PG_COMMIT_BEFORE_FLUSH)
+            self._cursor.executemany(sql, params)
+        return self
+
+    def fetchone(self) -> dict[str, Any] | None:
+        """The statement's next row."""
+        row: dict[str, Any] | None = self._cursor.fetchone()
+        return row
+
+    def fetchall(self) -> list[dict[str, Any]]:
+        """The statement's remaining rows."""
+        rows: list[dict[str, Any]] = self._cursor.fetchall()
+        return rows
+
+
+def ledger_session_kwargs() -> dict[str, Any]:
+    """How the ledger's own pools open their sessions, sync and async."""
     from psycopg.rows import dict_row
 
     return {
@@ -200,9 +219,7 @@ def ledger_session_kwargs(more_options: str = "") -> dict[str, Any]:
         # as the table grows until the next ANALYZE: no ledger query wants one, so
         # the planner avoids them.
         "prepare_threshold": 0,
-        "options": " ".join(
-            ("-c plan_cache_mode=force_generic_plan -c enable_seqscan=off", more_options)
-        ).strip(),
+        "options": "-c plan_cache_mode=force_generic_plan -c enable_seqscan=off",
     }
 
 
@@ -225,4 +242,4 @@ def full_conninfo(conn: Any) -> str:
     return dsn
 
 
-__all__ = ["PostgresBackend", "full_conninfo"]
+__all__ = ["CommitBeforeFlushCursor", "PostgresBackend", "full_conninfo"]

@@ -201,6 +201,26 @@ POSTGRES_MIGRATIONS: list[list[str]] = [
     ],
 ]
 
+# A write that need not wait for its WAL to reach the disk (``langgraph_cancel.ledger.
+# flush``) turns ``synchronous_commit`` off for its own transaction (is_local): the
+# setting governs that commit and ends with it, so the session's next statement waits
+# again. A statement makes it itself (``pg_committing_before_flush``) or has this run
+# first, in the same implicit transaction (one pipeline).
+PG_SET_COMMIT_BEFORE_FLUSH = "set_config('synchronous_commit', 'off', true)"
+PG_COMMIT_BEFORE_FLUSH = f"SELECT {PG_SET_COMMIT_BEFORE_FLUSH}"
+
+
+def pg_committing_before_flush(statement: str) -> str:
+    """``statement`` making the setting itself, as its main query reads back its rows.
+
+    Only for a statement whose main query reads every row it wrote and has no ``WHERE``
+    of its own: the setting is made before its transaction commits anything it wrote,
+    with no statement of its own (a pipeline costs the client more than the write
+    costs the server). A statement that wrote nothing has nothing to flush.
+    """
+    return f"{statement}\nWHERE {PG_SET_COMMIT_BEFORE_FLUSH} IS NOT NULL"
+
+
 SELECT_VERSION = "SELECT MAX(v) FROM lgc_migrations"
 INSERT_VERSION = "INSERT INTO lgc_migrations (v) VALUES (%(v)s) ON CONFLICT (v) DO NOTHING"
 
@@ -386,6 +406,7 @@ WITH prev AS (
     SELECT effect_id, from_status, %(to)s, %(now)s, %(actor)s, %(detail)s FROM upd
 )
 SELECT * FROM upd"""
+PG_TRANSITION_EFFECT_BEFORE_FLUSH = pg_committing_before_flush(PG_TRANSITION_EFFECT)
 
 # PostgreSQL: several compare-and-sets and their audit rows in ONE statement, whatever
 # their number (one statement text, so one prepared plan). Each request is a row of
@@ -431,6 +452,7 @@ WITH req AS (
     SELECT effect_id, from_status, status, %(now)s, actor, audit_detail FROM upd ORDER BY n
 )
 SELECT n, {EFFECT_COLUMNS} FROM upd"""
+PG_TRANSITION_EFFECTS_BEFORE_FLUSH = pg_committing_before_flush(PG_TRANSITION_EFFECTS)
 
 PG_INSERT_EFFECT = f"""
 WITH ins AS ({INSERT_EFFECT}
@@ -439,6 +461,7 @@ WITH ins AS ({INSERT_EFFECT}
     SELECT effect_id, NULL, status, %(now)s, %(actor)s, %(detail)s FROM ins
 )
 SELECT * FROM ins"""
+PG_INSERT_EFFECT_BEFORE_FLUSH = pg_committing_before_flush(PG_INSERT_EFFECT)
 
 # A scalar subquery, not EXISTS: the planner would flatten EXISTS into a join that
 # walks every effect of the run; this stays a primary-key probe per row updated.
@@ -466,6 +489,7 @@ WITH new AS (
     FROM ins JOIN new ON new.effect_id = ins.effect_id
 )
 SELECT * FROM ins"""
+PG_INSERT_EFFECTS_BEFORE_FLUSH = pg_committing_before_flush(PG_INSERT_EFFECTS)
 
 RUN_ACTIVE_GUARD = """AND (
     SELECT r.status FROM lgc_runs r WHERE r.run_id = lgc_effects.run_id) = 'running'"""
