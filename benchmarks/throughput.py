@@ -494,7 +494,9 @@ def measure(
         "max_lock_waits": max((s["lock_waits"] for s in samples), default=None),
         "mean_active_backends": mean("active"),
         "mean_io_or_lwlock_waits": mean("io"),
+        # The workers' sessions on the cell's database (the sampler's own excluded).
         "mean_connections": mean("connections"),
+        "max_connections": max((s["connections"] for s in samples), default=None),
         "ledger_rows_per_run": rnd(sum(added_rows.values()) / total, 2) if added_rows else None,
         "ledger_rows_per_run_by_table": {t: rnd(n / total, 2) for t, n in added_rows.items()},
         "bytes_per_run": rnd(bytes_per_run, 0),
@@ -591,6 +593,7 @@ _SUMMARIZED = (
     "worker_cpu_share_of_wall",
     "server_cpu_ms_per_run",
     "mean_lock_waits",
+    "mean_connections",
     "ledger_rows_per_run",
     "gb_per_100k_runs",
     "ledger_statement_ms_per_run",
@@ -614,6 +617,7 @@ def _summary(
     speeds = [c["runs_per_s"] for c in mine]
     out["runs_per_s_range"] = [min(speeds), max(speeds)]
     out["max_lock_waits"] = max((c["max_lock_waits"] or 0 for c in mine), default=None)
+    out["max_connections"] = max((c.get("max_connections") or 0 for c in mine), default=None)
     return out
 
 
@@ -654,8 +658,8 @@ def table(result: dict[str, Any]) -> str:
         "WAL flushes/run (ours / plain) | WAL kB/run (ours / plain) | lock waits (mean, max) | "
         "worker CPU ms/run (ours / plain) | server CPU ms/run (ours / plain) | "
         "server statement ms/run: ledger + checkpoints (ours) / checkpoints (plain) | "
-        "worker CPU / wall (ours / plain) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "worker CPU / wall (ours / plain) | connections: mean, max (ours / plain) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
 
     def spread(row: dict[str, Any], variant: str) -> str:
@@ -664,6 +668,9 @@ def table(result: dict[str, Any]) -> str:
 
     def kb(value: Any) -> Any:
         return None if value is None else rnd(value / 1024, 1)
+
+    def connections(summary: dict[str, Any]) -> str:
+        return f"{summary.get('mean_connections')}, {summary.get('max_connections')}"
 
     def statement_time(ours: dict[str, Any], plain: dict[str, Any]) -> str:
         ledger, checkpoints = (
@@ -693,7 +700,8 @@ def table(result: dict[str, Any]) -> str:
             f"{ours.get('worker_cpu_ms_per_run')} / {plain.get('worker_cpu_ms_per_run')} | "
             f"{ours.get('server_cpu_ms_per_run')} / {plain.get('server_cpu_ms_per_run')} | "
             f"{statement_time(ours, plain)} | "
-            f"{ours['worker_cpu_share_of_wall']} / {plain['worker_cpu_share_of_wall']} |"
+            f"{ours['worker_cpu_share_of_wall']} / {plain['worker_cpu_share_of_wall']} | "
+            f"{connections(ours)} / {connections(plain)} |"
         )
     steps = result.get("step_costs")
     if steps:

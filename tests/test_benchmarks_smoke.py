@@ -86,6 +86,10 @@ def test_benchmarks_quick_run_writes_every_section(tmp_path: Path) -> None:
             assert (spent is None) == (cell["ledger_statement_ms_per_run"] is None)
             if spent is not None and cell["variant"] == "effect":
                 assert spent["ms_per_run"]["ledger"] > 0 and spent["costliest_ledger"]
+            # The workers' sessions, sampled while they ran: ours hold several each.
+            assert cell["max_connections"] >= cell["mean_connections"] >= 0
+            if cell["variant"] == "effect":
+                assert cell["max_connections"] >= cell["workers"]
         steps = data["throughput"]["step_costs"]
         assert steps["ledger_operation"]["client_cpu_us"] > 0
         assert steps["single_row_commit"]["wall_us"] > 0
