@@ -32,7 +32,9 @@ figure is the median over the rounds (the spread is kept beside it). A second se
 of rows gives tools a latency (``TOOL_LATENCY_MS``, a fast internal API), where the
 package's cost is a share of a run that also waits for its tools; there ours sends
 a batch's calls at once (``effect_concurrency``), as ``ToolNode`` does, instead of
-its default of one side effect at a time. The server's CPU
+its default of one side effect at a time. A third set asks for one call a turn
+(``ONE_CALL``), the shape of most agents' turns, where a batch's plan is one write
+per call rather than one per three. The server's CPU
 time is read from its processes (``/proc``) when the server runs on this machine.
 """
 
@@ -56,6 +58,8 @@ from benchmarks.common import Settings, fresh_pg_db, log, plan_work, rnd
 ROOT = Path(__file__).resolve().parent.parent
 WORKER_COUNTS = (1, 2, 4)
 CALLS = 3
+#: Calls a turn in the third set of rows (none with ``--quick``).
+ONE_CALL = 1
 RUNS_PER_WORKER = 120
 QUICK_RUNS_PER_WORKER = 10
 #: Rounds of every cell (one with ``--quick``): a figure is the median of its rounds.
@@ -70,7 +74,7 @@ _READING_COMMITS = 2
 
 
 # =========================================================================== worker side
-def _graph(variant: str, saver: Any, tool_ms: float = 0.0) -> Any:
+def _graph(variant: str, saver: Any, tool_ms: float = 0.0, calls: int = CALLS) -> Any:
     """The agent; with tools that take time, ours sends a batch's calls at once, as
     ``ToolNode`` does (its default sends side effects one at a time)."""
     from benchmarks.agent import SIDE_EFFECT, build_graph, make_tool, scripted_model
@@ -78,10 +82,10 @@ def _graph(variant: str, saver: Any, tool_ms: float = 0.0) -> Any:
     tool = make_tool(SIDE_EFFECT, tool_ms)
     return build_graph(
         [tool],
-        scripted_model(CALLS),
+        scripted_model(calls),
         saver,
         effectful=variant == "effect",
-        effect_concurrency=CALLS if tool_ms else 1,
+        effect_concurrency=calls if tool_ms else 1,
     )
 
 
@@ -106,19 +110,20 @@ def worker_main(spec: dict[str, Any]) -> None:
     from langchain_core.messages import HumanMessage
 
     variant, url = spec["variant"], spec["url"]
+    tool_ms = float(spec.get("tool_ms", 0.0))
+    calls = int(spec.get("calls", CALLS))
 
     def run(graph: Any) -> None:
         config = {"configurable": {"thread_id": uuid.uuid4().hex}}
         out = graph.invoke({"messages": [HumanMessage("go")]}, config)
-        assert len(out["messages"]) == CALLS + 3, out["messages"]
+        assert len(out["messages"]) == calls + 3, out["messages"]
 
-    tool_ms = float(spec.get("tool_ms", 0.0))
     with _open_saver(variant, url) as saver:
-        graph = _graph(variant, saver, tool_ms)
+        graph = _graph(variant, saver, tool_ms, calls)
         for _ in range(WARMUP_RUNS):
             run(graph)
     with _open_saver(variant, url) as saver:
-        graph = _graph(variant, saver, tool_ms)
+        graph = _graph(variant, saver, tool_ms, calls)
         Path(spec["ready"]).write_text("ready")
         go = Path(spec["go"])
         while not go.exists():
@@ -401,7 +406,7 @@ def _setup_schema(variant: str, url: str) -> None:
 
 
 def measure(
-    variant: str, workers: int, runs: int, dsn: str, tool_ms: float = 0.0
+    variant: str, workers: int, runs: int, dsn: str, tool_ms: float = 0.0, calls: int = CALLS
 ) -> dict[str, Any]:
     """One cell: ``workers`` processes of ``variant`` on a fresh database."""
     with fresh_pg_db(dsn, f"tp{variant[0]}{workers}") as url, tempfile.TemporaryDirectory() as tmp:
@@ -415,6 +420,7 @@ def measure(
                 "url": url,
                 "runs": runs,
                 "tool_ms": tool_ms,
+                "calls": calls,
                 "ready": os.path.join(tmp, f"ready-{n}"),
                 "go": go,
                 "result": os.path.join(tmp, f"result-{n}.json"),
@@ -472,10 +478,11 @@ def measure(
         "variant": variant,
         "workers": workers,
         "tool_ms": tool_ms,
+        "calls": calls,
         "runs": total,
         "wall_s": rnd(wall),
         "runs_per_s": rnd(total / wall, 2),
-        "calls_per_s": rnd(total * CALLS / wall, 1),
+        "calls_per_s": rnd(total * calls / wall, 1),
         # Less the parent's own: the sampler's one statement per sample and the two of
         # the first reading (counted when its connection closed).
         "commits_per_run": rnd(
@@ -536,38 +543,40 @@ def run(settings: Settings, backends: list[str]) -> dict[str, Any]:
     assert settings.pg_dsn
     runs = QUICK_RUNS_PER_WORKER if settings.quick else RUNS_PER_WORKER
     rounds = 1 if settings.quick else ROUNDS
-    latencies = (0.0,) if settings.quick else (0.0, TOOL_LATENCY_MS)
+    # (tool latency, calls a turn): the target's shape first.
+    shapes = [(0.0, CALLS)]
+    if not settings.quick:
+        shapes += [(TOOL_LATENCY_MS, CALLS), (0.0, ONE_CALL)]
     server = _durable(settings.pg_dsn, True)
     cells: list[dict[str, Any]] = []
     try:
         log("throughput: what one ledger operation costs")
         steps = step_costs(settings.pg_dsn, 10 if settings.quick else 60)
         for round_no in range(rounds):
-            for tool_ms in latencies:
+            for tool_ms, calls in shapes:
                 for workers in WORKER_COUNTS:
                     for variant in ("plain", "effect"):
                         log(
                             f"throughput: round {round_no + 1}/{rounds} {variant} x{workers}"
-                            f" tools {tool_ms:g} ms"
+                            f" {calls} calls, tools {tool_ms:g} ms"
                         )
-                        cell = measure(variant, workers, runs, settings.pg_dsn, tool_ms)
+                        cell = measure(variant, workers, runs, settings.pg_dsn, tool_ms, calls)
                         cell["round"] = round_no
                         cells.append(cell)
     finally:
         _durable(settings.pg_dsn, False)
     summaries = [
-        _summary(cells, variant, workers, tool_ms)
-        for tool_ms in latencies
+        _summary(cells, variant, workers, tool_ms, calls)
+        for tool_ms, calls in shapes
         for workers in WORKER_COUNTS
         for variant in ("plain", "effect")
     ]
-    rows = [_row(summaries, workers, 0.0) for workers in WORKER_COUNTS]
-    latency_rows = [
-        _row(summaries, workers, tool_ms)
-        for tool_ms in latencies
-        if tool_ms
-        for workers in WORKER_COUNTS
-    ]
+
+    def rows_of(tool_ms: float, calls: int) -> list[dict[str, Any]]:
+        if (tool_ms, calls) not in shapes:
+            return []
+        return [_row(summaries, workers, tool_ms, calls) for workers in WORKER_COUNTS]
+
     return {
         "server": server,
         "calls_per_run": CALLS,
@@ -575,8 +584,9 @@ def run(settings: Settings, backends: list[str]) -> dict[str, Any]:
         "rounds": rounds,
         "cells": cells,
         "summaries": summaries,
-        "rows": rows,
-        "rows_with_tool_latency": latency_rows,
+        "rows": rows_of(0.0, CALLS),
+        "rows_with_tool_latency": rows_of(TOOL_LATENCY_MS, CALLS),
+        "rows_with_one_call": rows_of(0.0, ONE_CALL),
         "step_costs": steps,
         "target_pct": TARGET_PCT,
     }
@@ -601,16 +611,22 @@ _SUMMARIZED = (
 )
 
 
+def _cell_key(item: dict[str, Any]) -> tuple[str, int, float, int]:
+    """A cell's or a summary's (variant, workers, tool latency, calls a turn)."""
+    return item["variant"], item["workers"], item.get("tool_ms", 0.0), item.get("calls", CALLS)
+
+
 def _summary(
-    cells: list[dict[str, Any]], variant: str, workers: int, tool_ms: float
+    cells: list[dict[str, Any]], variant: str, workers: int, tool_ms: float, calls: int
 ) -> dict[str, Any]:
-    """One (variant, workers, tool latency): each figure's median over the rounds."""
-    mine = [
-        c
-        for c in cells
-        if c["variant"] == variant and c["workers"] == workers and c["tool_ms"] == tool_ms
-    ]
-    out: dict[str, Any] = {"variant": variant, "workers": workers, "tool_ms": tool_ms}
+    """One (variant, workers, tool latency, calls): each figure's median over the rounds."""
+    mine = [c for c in cells if _cell_key(c) == (variant, workers, tool_ms, calls)]
+    out: dict[str, Any] = {
+        "variant": variant,
+        "workers": workers,
+        "tool_ms": tool_ms,
+        "calls": calls,
+    }
     for key in _SUMMARIZED:
         values = [c[key] for c in mine if c.get(key) is not None]
         out[key] = rnd(statistics.median(values), 2) if values else None
@@ -621,19 +637,18 @@ def _summary(
     return out
 
 
-def _row(summaries: list[dict[str, Any]], workers: int, tool_ms: float) -> dict[str, Any]:
+def _row(
+    summaries: list[dict[str, Any]], workers: int, tool_ms: float, calls: int
+) -> dict[str, Any]:
     def find(variant: str) -> dict[str, Any]:
-        return next(
-            s
-            for s in summaries
-            if s["variant"] == variant and s["workers"] == workers and s["tool_ms"] == tool_ms
-        )
+        return next(s for s in summaries if _cell_key(s) == (variant, workers, tool_ms, calls))
 
     plain, ours = find("plain"), find("effect")
     gap = (1 - ours["runs_per_s"] / plain["runs_per_s"]) * 100
     return {
         "workers": workers,
         "tool_ms": tool_ms,
+        "calls": calls,
         "plain_runs_per_s": plain["runs_per_s"],
         "effect_runs_per_s": ours["runs_per_s"],
         "plain_runs_per_s_range": plain["runs_per_s_range"],
@@ -647,19 +662,20 @@ def _row(summaries: list[dict[str, Any]], workers: int, tool_ms: float) -> dict[
 
 def table(result: dict[str, Any]) -> str:
     """The section's results as Markdown tables: tools that take no time (the target),
-    then tools with a latency."""
+    then tools with a latency, then one call a turn."""
     if "rows" not in result:
         return f"throughput: {result.get('skipped', 'no result')}"
     summaries = result.get("summaries") or result["cells"]
-    found = {(s["variant"], s["workers"], s.get("tool_ms", 0.0)): s for s in summaries}
+    found = {_cell_key(s): s for s in summaries}
     header = [
-        "| tools | workers | plain runs/s | ours runs/s | slower | calls/s (ours / plain) | "
+        "| calls a turn | tools | workers | plain runs/s | ours runs/s | slower | "
+        "calls/s (ours / plain) | "
         "ledger rows/run | GB per 10^5 runs (ours / plain) | commits/run (ours / plain) | "
         "WAL flushes/run (ours / plain) | WAL kB/run (ours / plain) | lock waits (mean, max) | "
         "worker CPU ms/run (ours / plain) | server CPU ms/run (ours / plain) | "
         "server statement ms/run: ledger + checkpoints (ours) / checkpoints (plain) | "
         "worker CPU / wall (ours / plain) | connections: mean, max (ours / plain) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
 
     def spread(row: dict[str, Any], variant: str) -> str:
@@ -682,12 +698,19 @@ def table(result: dict[str, Any]) -> str:
         return f"{ledger} + {checkpoints} / {plain.get('checkpoints_statement_ms_per_run')}"
 
     lines = list(header)
-    for row in [*result["rows"], *result.get("rows_with_tool_latency", [])]:
-        key = row.get("tool_ms", 0.0)
-        plain, ours = found[("plain", row["workers"], key)], found[("effect", row["workers"], key)]
+    every_row = [
+        *result["rows"],
+        *result.get("rows_with_tool_latency", []),
+        *result.get("rows_with_one_call", []),
+    ]
+    for row in every_row:
+        key, calls = row.get("tool_ms", 0.0), row.get("calls", CALLS)
+        plain = found[("plain", row["workers"], key, calls)]
+        ours = found[("effect", row["workers"], key, calls)]
         verdict = ("PASS" if row["within_target"] else "MISS") if not key else "(no target)"
         lines.append(
-            f"| {key:g} ms | {row['workers']} | {row['plain_runs_per_s']}{spread(row, 'plain')} | "
+            f"| {calls} | {key:g} ms | {row['workers']} | "
+            f"{row['plain_runs_per_s']}{spread(row, 'plain')} | "
             f"{row['effect_runs_per_s']}{spread(row, 'effect')} | "
             f"{row['slower_pct']} % {verdict} | "
             f"{row['effect_calls_per_s']} / {row['plain_calls_per_s']} | "
@@ -722,6 +745,7 @@ def table(result: dict[str, Any]) -> str:
             if cell["variant"] == "effect"
             and cell["workers"] == 1
             and not cell.get("tool_ms")
+            and cell.get("calls", CALLS) == CALLS
             and cell.get("statements")
         ),
         None,

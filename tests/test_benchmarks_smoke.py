@@ -78,6 +78,11 @@ def test_benchmarks_quick_run_writes_every_section(tmp_path: Path) -> None:
         assert section in data, f"missing section {section}"
     if "postgres" in run:
         assert [row["workers"] for row in data["throughput"]["rows"]] == [1, 2, 4]
+        # A quick run measures the target's shape alone: three calls a turn, no latency.
+        assert {(cell["calls"], cell["tool_ms"]) for cell in data["throughput"]["cells"]} == {
+            (3, 0.0)
+        }
+        assert data["throughput"]["rows_with_one_call"] == []
         assert all(c["runs_per_s"] > 0 for c in data["throughput"]["cells"])
         for cell in data["throughput"]["cells"]:
             # Figures of the server's statements where it counts them, else none.
