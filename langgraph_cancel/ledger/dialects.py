@@ -249,12 +249,7 @@ class PostgresStatements(DialectStatements):
         return (yield from within("statement", self._insert_effect(params)))
 
     def _insert_effect(self, params: Row) -> Generator[Step, Any, tuple[Row, bool]]:
-        insert = (
-            ledger_sql.PG_INSERT_EFFECT_BEFORE_FLUSH
-            if commits_before_flush()
-            else ledger_sql.PG_INSERT_EFFECT
-        )
-        row = yield Execute(insert, params)
+        row = yield Execute(_as_written(ledger_sql.PG_INSERT_EFFECT), params)
         if row is not None:
             return row, True
         existing = yield Execute(ledger_sql.SELECT_EFFECT, {"effect_id": params["effect_id"]})
@@ -289,11 +284,7 @@ class PostgresStatements(DialectStatements):
         self, rows: list[Row], params: Row, read_back: bool
     ) -> Generator[Step, Any, dict[str, tuple[EffectRecord, bool]]]:
         found: dict[str, tuple[EffectRecord, bool]] = {}
-        insert = (
-            ledger_sql.PG_INSERT_EFFECTS_BEFORE_FLUSH
-            if commits_before_flush()
-            else ledger_sql.PG_INSERT_EFFECTS
-        )
+        insert = _as_written(ledger_sql.PG_INSERT_EFFECTS)
         if not read_back:
             yield Execute(insert, params, "none")
             return found
@@ -314,12 +305,9 @@ class PostgresStatements(DialectStatements):
 
     def _compare_and_set(self, job: CasJob) -> Generator[Step, Any, CasOutcome]:
         req, (allowed, guard), token = job
-        template = (
-            ledger_sql.PG_TRANSITION_EFFECT_BEFORE_FLUSH
-            if commits_before_flush()
-            else ledger_sql.PG_TRANSITION_EFFECT
+        sql, params = decisions.cas_statement(
+            _as_written(ledger_sql.PG_TRANSITION_EFFECT), req, allowed, guard, token, utcnow(), self
         )
-        sql, params = decisions.cas_statement(template, req, allowed, guard, token, utcnow(), self)
         row = yield Execute(sql, params)
         if row is not None:
             return row, None
@@ -334,11 +322,7 @@ class PostgresStatements(DialectStatements):
         if len(jobs) == 1:  # the one-row statement runs faster than a row set
             return [(yield from self.compare_and_set(jobs[0]))]
         transition = Execute(
-            (
-                ledger_sql.PG_TRANSITION_EFFECTS_BEFORE_FLUSH
-                if commits_before_flush()
-                else ledger_sql.PG_TRANSITION_EFFECTS
-            ),
+            _as_written(ledger_sql.PG_TRANSITION_EFFECTS),
             {
                 "rows": json_text(decisions.pg_transition_rows(jobs)),
                 "ids": [req.effect_id for req, _, _ in jobs],
@@ -357,6 +341,14 @@ class PostgresStatements(DialectStatements):
             (row, None) if row is not None else (None, current.get(req.effect_id))
             for (req, _, _), row in zip(jobs, moved, strict=True)
         ]
+
+
+def _as_written(statement: str) -> str:
+    """A hot write's statement, or inside ``commit_before_flush`` its variant that
+    commits before the WAL flush (``ledger_sql.PG_COMMITTING_BEFORE_FLUSH``)."""
+    if commits_before_flush():
+        return ledger_sql.PG_COMMITTING_BEFORE_FLUSH[statement]
+    return statement
 
 
 __all__ = [

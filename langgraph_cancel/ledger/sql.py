@@ -406,7 +406,6 @@ WITH prev AS (
     SELECT effect_id, from_status, %(to)s, %(now)s, %(actor)s, %(detail)s FROM upd
 )
 SELECT * FROM upd"""
-PG_TRANSITION_EFFECT_BEFORE_FLUSH = pg_committing_before_flush(PG_TRANSITION_EFFECT)
 
 # PostgreSQL: several compare-and-sets and their audit rows in ONE statement, whatever
 # their number (one statement text, so one prepared plan). Each request is a row of
@@ -452,7 +451,6 @@ WITH req AS (
     SELECT effect_id, from_status, status, %(now)s, actor, audit_detail FROM upd ORDER BY n
 )
 SELECT n, {EFFECT_COLUMNS} FROM upd"""
-PG_TRANSITION_EFFECTS_BEFORE_FLUSH = pg_committing_before_flush(PG_TRANSITION_EFFECTS)
 
 PG_INSERT_EFFECT = f"""
 WITH ins AS ({INSERT_EFFECT}
@@ -461,7 +459,6 @@ WITH ins AS ({INSERT_EFFECT}
     SELECT effect_id, NULL, status, %(now)s, %(actor)s, %(detail)s FROM ins
 )
 SELECT * FROM ins"""
-PG_INSERT_EFFECT_BEFORE_FLUSH = pg_committing_before_flush(PG_INSERT_EFFECT)
 
 # A scalar subquery, not EXISTS: the planner would flatten EXISTS into a join that
 # walks every effect of the run; this stays a primary-key probe per row updated.
@@ -489,7 +486,17 @@ WITH new AS (
     FROM ins JOIN new ON new.effect_id = ins.effect_id
 )
 SELECT * FROM ins"""
-PG_INSERT_EFFECTS_BEFORE_FLUSH = pg_committing_before_flush(PG_INSERT_EFFECTS)
+
+# The ledger's hot writes, each beside its variant that commits before the WAL flush.
+PG_COMMITTING_BEFORE_FLUSH: dict[str, str] = {
+    statement: pg_committing_before_flush(statement)
+    for statement in (
+        PG_INSERT_EFFECT,
+        PG_INSERT_EFFECTS,
+        PG_TRANSITION_EFFECT,
+        PG_TRANSITION_EFFECTS,
+    )
+}
 
 RUN_ACTIVE_GUARD = """AND (
     SELECT r.status FROM lgc_runs r WHERE r.run_id = lgc_effects.run_id) = 'running'"""
