@@ -337,6 +337,7 @@ def install_points(points: Points) -> None:
     transition = Ledger.transition
     transition_many = Ledger.transition_many
     finish_run = Ledger.finish_run
+    plan_many_and_begin = Ledger.plan_many_and_begin
     mutate = ProviderStore.mutate
 
     @functools.wraps(transition)
@@ -360,6 +361,17 @@ def install_points(points: Points) -> None:
             points.hit(f"after:{name}:{tool_name}")
         return result
 
+    @functools.wraps(plan_many_and_begin)
+    def traced_plan_many_and_begin(self: Ledger, **kwargs: Any) -> Any:
+        # A batch's plan carrying its first call's intent: "before" that intent is the
+        # moment before the write; "after" it, the moment after, when it was written.
+        tool_name = next(i.tool for i in kwargs["items"] if i.tool_call_id == kwargs["begin"])
+        points.hit(f"before:dispatched:{tool_name}")
+        result = plan_many_and_begin(self, **kwargs)
+        if result[1] is not None:
+            points.hit(f"after:dispatched:{tool_name}")
+        return result
+
     @functools.wraps(finish_run)
     def traced_finish_run(self: Ledger, run_id: str, status: Any, **kwargs: Any) -> Any:
         points.hit(f"before:finish_run:{getattr(status, 'value', status)}")
@@ -375,6 +387,7 @@ def install_points(points: Points) -> None:
     Ledger.transition = traced_transition  # type: ignore[method-assign,assignment]
     Ledger.transition_many = traced_transition_many  # type: ignore[method-assign,assignment]
     Ledger.finish_run = traced_finish_run  # type: ignore[method-assign,assignment]
+    Ledger.plan_many_and_begin = traced_plan_many_and_begin  # type: ignore[method-assign,assignment]
     ProviderStore.mutate = traced_mutate  # type: ignore[method-assign,assignment]
 
 

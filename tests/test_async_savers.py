@@ -51,6 +51,7 @@ TIMEOUT = 60.0
 PROTOCOL_METHODS = (
     "plan",
     "plan_many",
+    "plan_many_and_begin",
     "record_many",
     "find_effect",
     "find_effects",
@@ -247,7 +248,7 @@ async def test_async_seed_scenario(async_saver: Any, providers_path: str) -> Non
     assert latest is not None and latest.status is RunStatus.COMPLETED
     # I8: the run's ledger steps went through the async ledger, on the graph's loop.
     assert spy.sync_calls == []
-    assert set(spy.async_threads) >= {"aplan_many", "atransition"}, spy.async_threads
+    assert set(spy.async_threads) >= {"aplan_many_and_begin", "atransition"}, spy.async_threads
     assert set().union(*spy.async_threads.values()) == {threading.get_ident()}
 
 

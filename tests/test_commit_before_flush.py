@@ -104,6 +104,21 @@ class _WritesSeen(Ledger):
             thread_id=thread_id, run_id=run_id, items=items, owner=owner, actor=actor
         )
 
+    def plan_many_and_begin(
+        self,
+        *,
+        thread_id: str,
+        run_id: str,
+        items: Sequence[NewEffect],
+        begin: str,
+        owner: str | None = None,
+        actor: str = "system",
+    ) -> tuple[list[tuple[EffectRecord, bool] | DuplicateIdempotencyKeyError], EffectRecord | None]:
+        self.seen.append(("plan and begin", (), commits_before_flush()))
+        return super().plan_many_and_begin(
+            thread_id=thread_id, run_id=run_id, items=items, begin=begin, owner=owner, actor=actor
+        )
+
     def record_many(
         self,
         *,
@@ -131,7 +146,7 @@ def log(tmp_path: Path) -> ExecutionLog:
     return ExecutionLog(str(tmp_path / "providers.db"))
 
 
-def test_only_the_plan_and_the_last_outcome_commit_before_the_flush(
+def test_only_the_run_start_and_the_last_outcome_commit_before_the_flush(
     pg_url: str, log: ExecutionLog
 ) -> None:
     refund = counting_tool(log, "refund")
@@ -151,12 +166,13 @@ def test_only_the_plan_and_the_last_outcome_commit_before_the_flush(
             ledger.close()
     assert sorted(e.status for e in effects) == [EffectStatus.COMMITTED] * 3
     assert log.applied("refund") == 3
-    # The run's start, the batch's one plan, then each outcome beside the next intent,
-    # then the last outcome on its own (the first intent goes through ``transition``),
-    # and the run's end, whose commit waits: a returned invoke's run is durably over.
+    # The run's start, the batch's plan with the first intent (its commit waits: the
+    # call leaves right after), then each outcome beside the next intent, then the last
+    # outcome on its own, and the run's end, whose commit waits: a returned invoke's
+    # run is durably over.
     assert ledger.seen == [
         ("start", (), True),
-        ("plan", (), True),
+        ("plan and begin", (), False),
         ("transition", (EffectStatus.COMMITTED, EffectStatus.DISPATCHED), False),
         ("transition", (EffectStatus.COMMITTED, EffectStatus.DISPATCHED), False),
         ("transition", (EffectStatus.COMMITTED,), True),

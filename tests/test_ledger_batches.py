@@ -20,6 +20,7 @@ from langgraph_cancel.errors import (
     UnknownEffectError,
 )
 from langgraph_cancel.ledger import Ledger, derive_effect_id, derive_idempotency_key
+from langgraph_cancel.ledger.steps import run as run_operation
 from langgraph_cancel.types import (
     EffectKind,
     EffectRecord,
@@ -330,6 +331,129 @@ def test_find_effects_answers_in_one_read(ledger: Ledger) -> None:
 
 
 # ------------------------------------------------------------------ transition_many
+# ------------------------------------------------------------- plan_many_and_begin
+def test_a_plan_with_its_first_intent_records_both_as_the_two_writes_would(
+    ledger: Ledger,
+) -> None:
+    thread, run = _thread(ledger)
+    items = [_new("a", seq=0), _new("b", seq=1)]
+    entries, begun = ledger.plan_many_and_begin(
+        thread_id=thread, run_id=run, items=items, begin="a", owner="w", actor="w"
+    )
+    a, b = derive_effect_id(thread, "a"), derive_effect_id(thread, "b")
+    assert isinstance(begun, EffectRecord) and begun.effect_id == a
+    assert begun.status is S.DISPATCHED and begun.dispatched_at is not None
+    assert begun.owner == "w" and begun.idempotency_key == derive_idempotency_key(thread, "a")
+    assert [(e[0].effect_id, e[1]) for e in entries if isinstance(e, tuple)] == [
+        (a, True),
+        (b, True),
+    ]
+    assert entries[0] == (begun, True)
+    assert ledger.get_effect(a) == begun
+    assert ledger.get_effect(b).status is S.PLANNED
+    history = ledger.history(a)
+    assert [(t.from_status, t.to_status, t.actor) for t in history] == [
+        (None, S.PLANNED, "w"),
+        (S.PLANNED, S.DISPATCHED, "w"),
+    ]
+    assert history[1].detail == {"idempotency_key": begun.idempotency_key}
+    assert [(t.from_status, t.to_status) for t in ledger.history(b)] == [(None, S.PLANNED)]
+    # What the two writes leave, field by field (timestamps and tokens aside).
+    other, _ = _thread(ledger)
+    ledger.plan_many(thread_id=other, run_id=_, items=items, owner="w", actor="w")
+    two = ledger.transition(derive_effect_id(other, "a"), S.DISPATCHED, actor="w", owner="w")
+    varying = {"effect_id", "thread_id", "run_id", "idempotency_key", "last_token"}
+    times = {"created_at", "updated_at", "dispatched_at"}
+    assert begun.model_dump(exclude=varying | times) == two.model_dump(exclude=varying | times)
+
+
+def test_a_record_from_before_is_not_begun(ledger: Ledger) -> None:
+    thread, run = _thread(ledger)
+    items = [_new("a"), _new("b", seq=1)]
+    ledger.plan_many(thread_id=thread, run_id=run, items=items[:1])
+    entries, begun = ledger.plan_many_and_begin(
+        thread_id=thread, run_id=run, items=items, begin="a"
+    )
+    # The call's record was there (an earlier attempt): its intent goes its own way.
+    assert begun is None
+    assert [e[1] for e in entries if isinstance(e, tuple)] == [False, True]
+    assert ledger.get_effect(derive_effect_id(thread, "a")).status is S.PLANNED
+    assert len(ledger.history(derive_effect_id(thread, "a"))) == 1
+
+
+def test_a_stopped_run_plans_but_does_not_begin(ledger: Ledger) -> None:
+    thread, run = _thread(ledger)
+    assert ledger.request_cancel(thread, reason="stop", requested_by="user").accepted
+    entries, begun = ledger.plan_many_and_begin(
+        thread_id=thread, run_id=run, items=[_new("a")], begin="a"
+    )
+    assert begun is None
+    ((rec, created),) = [e for e in entries if isinstance(e, tuple)]
+    assert created and rec.status is S.PLANNED
+    assert ledger.get_effect(rec.effect_id).status is S.PLANNED
+
+
+def test_a_taken_key_plans_the_rest_and_begins_nothing(ledger: Ledger) -> None:
+    thread, run = _thread(ledger)
+    ledger.plan_many(
+        thread_id=thread, run_id=run, items=[_new("holder", idempotency_key="refund-7")]
+    )
+    items = [_new("a", seq=0), _new("b", seq=1, idempotency_key="refund-7")]
+    entries, begun = ledger.plan_many_and_begin(
+        thread_id=thread, run_id=run, items=items, begin="a"
+    )
+    assert begun is None
+    assert isinstance(entries[0], tuple) and entries[0][0].status is S.PLANNED
+    assert isinstance(entries[1], DuplicateIdempotencyKeyError)
+
+
+def test_begin_must_name_a_planned_call_of_the_batch(ledger: Ledger) -> None:
+    thread, run = _thread(ledger)
+    with pytest.raises(ValueError, match="no planned item"):
+        ledger.plan_many_and_begin(thread_id=thread, run_id=run, items=[_new("a")], begin="z")
+    done = _new("d", status=S.COMMITTED, result={"content": "ok"})
+    with pytest.raises(ValueError, match="no planned item"):
+        ledger.plan_many_and_begin(thread_id=thread, run_id=run, items=[done], begin="d")
+    assert ledger.find_effects(thread, ["a", "d"]) == {}
+
+
+@pytest.mark.postgres
+def test_a_retried_plan_finds_its_own_intent(pg_url: str) -> None:
+    # The statement committed but its answer was lost: the retry (same token) finds
+    # the call dispatched by its own write, and nothing is written twice.
+    ledger = Ledger.from_url(pg_url)
+    try:
+        thread, run = _thread(ledger)
+        backend = ledger.backend
+        unique = {"a": _new("a"), "b": _new("b", seq=1)}
+        intent = _dispatch(derive_effect_id(thread, "a"))
+
+        def attempt() -> tuple[dict[str, tuple[EffectRecord, bool]], EffectRecord | None]:
+            operation = backend.insert_effects_beginning(
+                thread, run, unique, owner="w", actor="w", intent=intent, token="tok-1"
+            )
+            return run_operation(backend, operation)
+
+        first_found, first_begun = attempt()
+        again_found, again_begun = attempt()
+        assert first_begun is not None and again_begun == first_begun
+        assert again_found["a"] == (first_begun, True)
+        assert again_found["b"] == (first_found["b"][0], False)
+        assert len(ledger.history(intent.effect_id)) == 2
+    finally:
+        ledger.close()
+
+
+async def test_the_async_twin_plans_and_begins(ledger: Ledger) -> None:
+    thread, run = _thread(ledger)
+    entries, begun = await ledger.aplan_many_and_begin(
+        thread_id=thread, run_id=run, items=[_new("a")], begin="a"
+    )
+    assert begun is not None and begun.status is S.DISPATCHED
+    assert entries == [(begun, True)]
+    assert ledger.get_effect(begun.effect_id) == begun
+
+
 def _planned(ledger: Ledger, n: int) -> tuple[str, str, list[str]]:
     thread, run = _thread(ledger)
     items = [_new(f"c{i}", seq=i) for i in range(n)]

@@ -398,10 +398,34 @@ def plan_checkpoint(config: RunnableConfig | None) -> PlanCheckpoint | None:
     )
 
 
+def wait_for_plan(config: RunnableConfig | None, timeout: float) -> None:
+    """Block until the checkpoint a dispatch in the task of ``config`` needs is saved.
+
+    Raises:
+        CheckpointNotSavedError: Not saved within ``timeout`` seconds.
+    """
+    plan = plan_checkpoint(config)
+    if plan is not None and not plan.known_saved():
+        plan.wait(timeout)
+
+
+async def await_plan(config: RunnableConfig | None, within: float) -> None:
+    """``wait_for_plan`` for an event loop.
+
+    Raises:
+        CheckpointNotSavedError: Not saved within ``within`` seconds.
+    """
+    plan = plan_checkpoint(config)
+    if plan is not None and not plan.known_saved():
+        await plan.await_saved(within)
+
+
 __all__ = [
     "PLAN_SAVE_TIMEOUT",
     "NotesSavedCheckpoints",
     "PlanCheckpoint",
     "SavedCheckpoints",
+    "await_plan",
     "plan_checkpoint",
+    "wait_for_plan",
 ]

@@ -2,7 +2,9 @@
 
 ``EffectToolNode`` prepares a batch before its calls run: one read finds what an
 earlier attempt recorded for the batch's reads, one write plans its side
-effects. While the calls run, the read-only outcomes are kept and written
+effects, and when the first of them may go out at once (no read or review
+before it, its step's checkpoint saved, the run not stopped) that write also
+records its intent. While the calls run, the read-only outcomes are kept and written
 together once the reads are back (nothing outside changed, so no intent is owed
 before they run), and each side effect's outcome waits to go in the same round
 trip as the next call's intent. With ``effect_concurrency`` above 1 the intents
@@ -86,6 +88,9 @@ class Batch:
         self.reads: dict[int, NewEffect] = {}
         #: The last side effect's success, to be written with the next intent.
         self.outcome: TransitionRequest | None = None
+        #: Effects whose intent went with the batch's plan (``prepare``), not yet sent:
+        #: each is taken once, by its call's dispatch.
+        self.begun: set[str] = set()
 
     @property
     def node_watches(self) -> bool:
@@ -124,9 +129,16 @@ class Batch:
             plan = plan.under_own_id(thread_id, own)
         return plan, rec
 
-    def prepare(self, reads: list[CallPlan], effects: list[CallPlan]) -> Protocol[None]:
+    def prepare(
+        self, reads: list[CallPlan], effects: list[CallPlan], *, begin: CallPlan | None = None
+    ) -> Protocol[None]:
         """Before the calls run: what the ledger holds for the reads (one read), and
         every side effect planned (one write).
+
+        ``begin``: the side effect to go out first, when nothing stands between this
+        write and its dispatch (its step's checkpoint saved, the run not stopped, no
+        review, no read before it). Its intent goes in the plan's write when that
+        write creates its record; its dispatch then takes it (``take_begun``).
 
         A side effect whose key another effect holds is left out: its own planning
         records and explains the clash.
@@ -147,6 +159,19 @@ class Batch:
                     plan = plan.under_own_id(scope.thread_id, own)
                 self.prepared.setdefault(plan.call_id, Prepared(plan, rec))
         todo = list(effects)
+        if begin is not None and todo:
+            entries, begun = yield from ledger_call(
+                Ledger.plan_many_and_begin,
+                thread_id=scope.thread_id,
+                run_id=scope.run_id,
+                items=[plan.new_effect() for plan in todo],
+                begin=begin.ledger_id,
+                owner=scope.owner,
+                actor=scope.owner,
+            )
+            if begun is not None:
+                self.begun.add(begun.effect_id)
+            todo = yield from self._prepared_effects(todo, entries)
         while todo:
             # Nothing leaves the process before the first intent, whose commit waits for
             # the disk and so makes these rows durable first: this one need not wait.
@@ -158,24 +183,32 @@ class Batch:
                 owner=scope.owner,
                 actor=scope.owner,
             )
-            again: list[CallPlan] = []
-            for plan, entry in zip(todo, entries, strict=True):
-                if not isinstance(entry, tuple):
+            todo = yield from self._prepared_effects(todo, entries)
+
+    def _prepared_effects(
+        self, todo: list[CallPlan], entries: list[Any]
+    ) -> Protocol[list[CallPlan]]:
+        """The planned side effects kept for their calls; those whose id names another
+        call's record and have none of their own yet, to plan in the next round."""
+        scope = self.scope
+        again: list[CallPlan] = []
+        for plan, entry in zip(todo, entries, strict=True):
+            if not isinstance(entry, tuple):
+                continue
+            rec, created = entry
+            if not created and plan.needs_own_id(rec):
+                # The id names another call's record: this call goes under its own,
+                # found (an earlier pass, an approval) or planned in the next round.
+                own, found = yield from own_record_steps(
+                    scope.thread_id, plan.call, moved=True, base_id=plan.base_id
+                )
+                plan = plan.under_own_id(scope.thread_id, own)
+                if found is None:
+                    again.append(plan)
                     continue
-                rec, created = entry
-                if not created and plan.needs_own_id(rec):
-                    # The id names another call's record: this call goes under its own,
-                    # found (an earlier pass, an approval) or planned in the next round.
-                    own, found = yield from own_record_steps(
-                        scope.thread_id, plan.call, moved=True, base_id=plan.base_id
-                    )
-                    plan = plan.under_own_id(scope.thread_id, own)
-                    if found is None:
-                        again.append(plan)
-                        continue
-                    rec = found
-                self.prepared[plan.call_id] = Prepared(plan, rec)
-            todo = again
+                rec = found
+            self.prepared[plan.call_id] = Prepared(plan, rec)
+        return again
 
     # -------------------------------------------------------------- reads
     def note_read(self, plan: CallPlan, **fields: Any) -> Protocol[None]:
@@ -240,6 +273,14 @@ class Batch:
         """Before a dispatch: nothing more goes out once the supervisor took over."""
         if self.supervisor is not None:
             self.supervisor.check()
+
+    def take_begun(self, rec: EffectRecord) -> bool:
+        """Whether ``rec``'s intent went with the batch's plan and is this call's to send
+        (true once: a second call under the same id plans and replays as before)."""
+        if rec.effect_id not in self.begun or rec.status is not EffectStatus.DISPATCHED:
+            return False
+        self.begun.discard(rec.effect_id)
+        return True
 
     def begin(self, plan: CallPlan, rec: EffectRecord) -> Protocol[EffectRecord | Exception]:
         """The durable intent (``dispatched``), or the ledger's refusal.

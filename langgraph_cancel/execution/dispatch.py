@@ -57,6 +57,7 @@ def dispatch(
     rec: EffectRecord,
     *,
     redispatch: bool = False,
+    begun: bool = False,
 ) -> Protocol[Any]:
     """Send the call of ``rec`` out, its intent durable first; its answer.
 
@@ -65,17 +66,22 @@ def dispatch(
         ctx: The call's context.
         plan: The call.
         rec: Its record (``planned``, ``approved``, ``not_applied``; ``dispatched``
-            with ``redispatch``).
+            with ``redispatch`` or ``begun``).
         redispatch: The record is already ``dispatched`` (a retry under the same key
             after an earlier attempt left it in flight): no new intent is written.
+        begun: The record went ``dispatched`` with its batch's plan (``Batch.prepare``
+            saw the step's checkpoint saved and the run not stopped): it goes now.
     """
-    begun = yield from _write_intent(ctx, plan, rec, redispatch=redispatch)
-    if not isinstance(begun, EffectRecord):
-        return begun  # not dispatched: the answer from the record
-    plan = plan.with_args(begun.args)
+    if begun:
+        ctx.batch.check_supervisor()
+        return (yield from _send(request, ctx, plan, rec))
+    begun_rec = yield from _write_intent(ctx, plan, rec, redispatch=redispatch)
+    if not isinstance(begun_rec, EffectRecord):
+        return begun_rec  # not dispatched: the answer from the record
+    plan = plan.with_args(begun_rec.args)
     if plan.call is not request.tool_call:
         request = request.override(tool_call=plan.call)
-    return (yield from _send(request, ctx, plan, begun))
+    return (yield from _send(request, ctx, plan, begun_rec))
 
 
 def _write_intent(

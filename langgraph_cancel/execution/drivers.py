@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 
 from langgraph.prebuilt.tool_node import ToolCallRequest
 
-from langgraph_cancel.checkpointers.durable import plan_checkpoint
+from langgraph_cancel.checkpointers.durable import await_plan, wait_for_plan
 from langgraph_cancel.effects import bound_idempotency_key
 from langgraph_cancel.errors import BatchSuperseded, LedgerError
 from langgraph_cancel.execution.batch import Batch
@@ -116,9 +116,7 @@ class SyncDriver:
         if isinstance(step, Reconcile):
             return run_sync(call_reconcile(step.spec, step.key, step.args))
         if isinstance(step, AwaitPlanSaved):
-            plan = plan_checkpoint(step.config)
-            if plan is not None and not plan.known_saved():
-                plan.wait(step.timeout)
+            wait_for_plan(step.config, step.timeout)
             return None
         if isinstance(step, Pause):
             time.sleep(step.seconds)
@@ -246,9 +244,7 @@ class AsyncDriver:
         if isinstance(step, Reconcile):
             return await call_reconcile(step.spec, step.key, step.args)
         if isinstance(step, AwaitPlanSaved):
-            plan = plan_checkpoint(step.config)
-            if plan is not None and not plan.known_saved():
-                await plan.await_saved(step.timeout)
+            await await_plan(step.config, step.timeout)
             return None
         if isinstance(step, Pause):
             await asyncio.sleep(step.seconds)

@@ -127,6 +127,9 @@ def _effect(
     if not _fresh_dispatch(plan, rec):
         # Only a fresh dispatch carries the previous call's outcome along.
         yield from ctx.batch.flush_outcome()
+    if rec is not None and ctx.batch.take_begun(rec):
+        # Its intent went with the batch's plan, its checkpoint and the stop checked.
+        return (yield from dispatch(request, ctx, plan, rec, begun=True))
     if rec is None:
         plan, planned = yield from planned_record(ctx, plan)
         if isinstance(planned, ToolMessage):

@@ -89,6 +89,30 @@ class AsyncEffectLedger(AsyncTransitionLedger):
             self.backend, ops.plan_many(self.backend, thread_id, run_id, items, owner, actor)
         )
 
+    async def aplan_many_and_begin(
+        self,
+        *,
+        thread_id: str,
+        run_id: str,
+        items: Sequence[NewEffect],
+        begin: str,
+        owner: str | None = None,
+        actor: str = "system",
+    ) -> tuple[list[tuple[EffectRecord, bool] | DuplicateIdempotencyKeyError], EffectRecord | None]:
+        """``Ledger.plan_many_and_begin``: a batch's plan with its first intent.
+
+        Returns:
+            ``aplan_many``'s entries, and the record moved to ``dispatched`` (or None).
+
+        Raises:
+            IllegalTransitionError: An item's status is not an initial one.
+            ValueError: ``begin`` names no planned item of the batch.
+        """
+        return await arun(
+            self.backend,
+            ops.plan_many_and_begin(self.backend, thread_id, run_id, items, owner, actor, begin),
+        )
+
     async def arecord_many(
         self,
         *,

@@ -31,7 +31,13 @@ from langgraph_cancel.ledger.steps import (
     read,
     within,
 )
-from langgraph_cancel.types import EffectRecord, NewEffect, utcnow
+from langgraph_cancel.types import (
+    EffectRecord,
+    EffectStatus,
+    NewEffect,
+    TransitionRequest,
+    utcnow,
+)
 
 #: The advisory lock that serializes concurrent ``setup()`` calls of many workers.
 SETUP_LOCK_KEY = 7231900118
@@ -98,6 +104,43 @@ class DialectStatements:
             else an empty dict.
         """
         raise NotImplementedError  # pragma: no cover - interface
+
+    def insert_effects_beginning(
+        self,
+        thread_id: str,
+        run_id: str,
+        unique: dict[str, NewEffect],
+        *,
+        owner: str | None,
+        actor: str,
+        intent: TransitionRequest,
+        token: str,
+    ) -> Operation[tuple[dict[str, tuple[EffectRecord, bool]], EffectRecord | None]]:
+        """``insert_effects`` with ``read_back``, then ``intent`` (``dispatched``) applied
+        to the row it names when that insert created it and its run is running.
+
+        PostgreSQL does both in one statement; this default, a write after the other.
+
+        Returns:
+            Every item's ``(record, created)`` by tool-call id, and the record moved to
+            ``dispatched`` (or None).
+        """
+        found = yield from self.insert_effects(
+            thread_id, run_id, unique, owner=owner, actor=actor, read_back=True
+        )
+        planned = next(
+            (rec for rec, new in found.values() if new and rec.effect_id == intent.effect_id),
+            None,
+        )
+        if planned is None or planned.status is not EffectStatus.PLANNED:
+            return found, None
+        job = (intent, decisions.checked(intent), token)
+        moved, _current = yield from self.compare_and_set(job)
+        if moved is None:
+            return found, None
+        begun = effect_record(moved, self)
+        found[begun.tool_call_id] = (begun, True)
+        return found, begun
 
     def effect_rows(self, effect_ids: list[str]) -> Operation[list[Row]]:
         """The rows of these effects that exist, in one read."""
@@ -295,6 +338,52 @@ class PostgresStatements(DialectStatements):
             for row in (yield Execute(ledger_sql.PG_SELECT_EFFECTS_ANY, {"ids": missing}, "all")):
                 found[row["tool_call_id"]] = (effect_record(row, self), False)
         return found
+
+    def insert_effects_beginning(
+        self,
+        thread_id: str,
+        run_id: str,
+        unique: dict[str, NewEffect],
+        *,
+        owner: str | None,
+        actor: str,
+        intent: TransitionRequest,
+        token: str,
+    ) -> Operation[tuple[dict[str, tuple[EffectRecord, bool]], EffectRecord | None]]:
+        rows = decisions.pg_plan_rows(thread_id, run_id, unique)
+        params = {
+            "rows": json_text(rows),
+            "thread_id": thread_id,
+            "run_id": run_id,
+            "owner": owner,
+            "actor": actor,
+            "now": self.ts_in(utcnow()),
+            "begin_id": intent.effect_id,
+            "token": token,
+            "intent_detail": self.json_in(intent.detail or {}),
+        }
+        return (yield from within("statement", self._insert_beginning(rows, params)))
+
+    def _insert_beginning(
+        self, rows: list[Row], params: Row
+    ) -> Generator[Step, Any, tuple[dict[str, tuple[EffectRecord, bool]], EffectRecord | None]]:
+        found: dict[str, tuple[EffectRecord, bool]] = {}
+        begun: EffectRecord | None = None
+        for row in (yield Execute(ledger_sql.PG_INSERT_EFFECTS_BEGINNING, params, "all")):
+            rec = effect_record(row, self)
+            found[row["tool_call_id"]] = (rec, True)
+            if rec.effect_id == params["begin_id"] and rec.status is EffectStatus.DISPATCHED:
+                begun = rec
+        missing = [r["effect_id"] for r in rows if r["tool_call_id"] not in found]
+        if missing:
+            for row in (yield Execute(ledger_sql.PG_SELECT_EFFECTS_ANY, {"ids": missing}, "all")):
+                rec = effect_record(row, self)
+                # This statement's own intent, its acknowledgement lost and the write retried.
+                own = (row["effect_id"], row["last_token"]) == (params["begin_id"], params["token"])
+                found[row["tool_call_id"]] = (rec, own)
+                if own and rec.status is EffectStatus.DISPATCHED:
+                    begun = rec
+        return found, begun
 
     def effect_rows(self, effect_ids: list[str]) -> Operation[list[Row]]:
         rows: list[Row] = yield read(ledger_sql.PG_SELECT_EFFECTS_ANY, {"ids": effect_ids}, "all")

@@ -10,6 +10,7 @@ business (``dialects.py``). ``effects.py`` drives these on a sync backend,
 from __future__ import annotations
 
 import contextlib
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -147,6 +148,58 @@ def plan_many(
     entries = yield from _plan_all(backend, thread_id, run_id, items, owner, actor, True)
     assert entries is not None
     return entries
+
+
+def plan_many_and_begin(
+    backend: DialectStatements,
+    thread_id: str,
+    run_id: str,
+    items: Sequence[NewEffect],
+    owner: str | None,
+    actor: str,
+    begin: str,
+) -> Operation[tuple[list[Planned | DuplicateIdempotencyKeyError], EffectRecord | None]]:
+    """``plan_many``, and the intent of the call ``begin`` (a tool-call id of ``items``)
+    in the same write: its record is ``dispatched`` when this write created it and the
+    run is running; otherwise it stays as ``plan_many`` leaves it.
+
+    Returns:
+        ``plan_many``'s entries, and the record moved to ``dispatched`` (or None).
+
+    Raises:
+        IllegalTransitionError: An item's status is not an initial one.
+        ValueError: ``begin`` names no item, or one that does not start ``planned``.
+    """
+    decisions.check_initial(items)
+    item = next((i for i in items if i.tool_call_id == begin), None)
+    if item is None or item.status is not EffectStatus.PLANNED:
+        raise ValueError(f"plan_many_and_begin: no planned item {begin!r} in the batch")
+    intent = TransitionRequest(
+        effect_id=derive_effect_id(thread_id, begin),
+        to=EffectStatus.DISPATCHED,
+        actor=actor,
+        owner=owner,
+        detail={"idempotency_key": decisions.planned_key(thread_id, item)},
+    )
+    unique: dict[str, NewEffect] = {}
+    for each in items:
+        unique.setdefault(each.tool_call_id, each)
+    token = uuid.uuid4().hex
+    try:
+        found, begun_now = yield Retry(
+            lambda: backend.insert_effects_beginning(
+                thread_id, run_id, unique, owner=owner, actor=actor, intent=intent, token=token
+            )
+        )
+    except Exception as exc:
+        if not (
+            isinstance(exc, DuplicateIdempotencyKeyError) or decisions.is_unique_violation(exc)
+        ):
+            raise
+        # A key is taken: the calls go one at a time, and the intent its own way after.
+        return (yield from _plan_each(backend, thread_id, run_id, items, owner, actor)), None
+    entries = decisions.first_created_once(items, [found[each.tool_call_id] for each in items])
+    return entries, begun_now
 
 
 def record_many(
@@ -301,6 +354,7 @@ __all__ = [
     "plan",
     "plan_batch",
     "plan_many",
+    "plan_many_and_begin",
     "plan_once",
     "record_many",
     "some_effects",

@@ -99,6 +99,37 @@ class EffectLedger(TransitionLedger):
             self.backend, ops.plan_many(self.backend, thread_id, run_id, items, owner, actor)
         )
 
+    def plan_many_and_begin(
+        self,
+        *,
+        thread_id: str,
+        run_id: str,
+        items: Sequence[NewEffect],
+        begin: str,
+        owner: str | None = None,
+        actor: str = "system",
+    ) -> tuple[list[tuple[EffectRecord, bool] | DuplicateIdempotencyKeyError], EffectRecord | None]:
+        """``plan_many``, with the intent of the first call to go out in the same write.
+
+        The call ``begin`` (a tool-call id of ``items``, planned) is recorded
+        ``dispatched`` with its plan when this write creates its record and the run
+        is running: one commit, waiting for the disk, makes the batch's plan and that
+        intent durable together. A record found from before, a refused run or a
+        taken key leave it as ``plan_many`` would; its intent is then written the
+        usual way, if at all.
+
+        Returns:
+            ``plan_many``'s entries, and the record moved to ``dispatched`` (or None).
+
+        Raises:
+            IllegalTransitionError: An item's status is not an initial one.
+            ValueError: ``begin`` names no planned item of the batch.
+        """
+        return drive(
+            self.backend,
+            ops.plan_many_and_begin(self.backend, thread_id, run_id, items, owner, actor, begin),
+        )
+
     def record_many(
         self,
         *,
@@ -202,6 +233,7 @@ class EffectLedger(TransitionLedger):
 
     aplan = to_thread(plan)
     aplan_many = to_thread(plan_many)
+    aplan_many_and_begin = to_thread(plan_many_and_begin)
     arecord_many = to_thread(record_many)
     afind_effects = to_thread(find_effects)
     aget_effect = to_thread(get_effect)

@@ -487,6 +487,43 @@ WITH new AS (
 )
 SELECT * FROM ins"""
 
+# PostgreSQL: a batch planned as PG_INSERT_EFFECTS plans it, except that one new row
+# (%(begin_id)s) goes in already dispatched, its intent's audit row after its plan's,
+# when its run is running: the plan and the first call's intent in one commit. A row
+# recorded before is left alone, so only a call this statement records starts here.
+PG_INSERT_EFFECTS_BEGINNING = f"""
+WITH new AS (
+    SELECT * FROM jsonb_to_recordset(%(rows)s::jsonb) AS r(effect_id text, tool_call_id text,
+        tool text, kind text, status text, idempotency_key text, args jsonb, seq int,
+        result jsonb, error text, settles bool, detail jsonb)
+), go AS (
+    SELECT %(begin_id)s::text AS effect_id
+    WHERE (SELECT r.status FROM lgc_runs r WHERE r.run_id = %(run_id)s) = 'running'
+), ins AS (
+    INSERT INTO lgc_effects (effect_id, thread_id, run_id, tool_call_id, tool, kind, status,
+        idempotency_key, args, seq, result, error, owner, next_action, approval, version,
+        last_token, created_at, updated_at, dispatched_at, settled_at)
+    SELECT new.effect_id, %(thread_id)s, %(run_id)s, tool_call_id, tool, kind,
+        CASE WHEN go.effect_id IS NULL THEN status ELSE 'dispatched' END,
+        idempotency_key, args, seq, result, error, %(owner)s, NULL, NULL,
+        CASE WHEN go.effect_id IS NULL THEN 1 ELSE 2 END,
+        CASE WHEN go.effect_id IS NULL THEN NULL ELSE %(token)s END,
+        %(now)s, %(now)s, CASE WHEN go.effect_id IS NULL THEN NULL ELSE %(now)s::timestamptz END,
+        CASE WHEN settles THEN %(now)s::timestamptz END
+    FROM new LEFT JOIN go ON go.effect_id = new.effect_id
+    ON CONFLICT (effect_id) DO NOTHING
+    RETURNING {EFFECT_COLUMNS}
+), audit AS (
+    INSERT INTO lgc_transitions (effect_id, from_status, to_status, at, actor, detail)
+    SELECT ins.effect_id, NULL, new.status, %(now)s, %(actor)s, new.detail
+    FROM ins JOIN new ON new.effect_id = ins.effect_id
+    UNION ALL
+    SELECT ins.effect_id, new.status, ins.status, %(now)s, %(actor)s, %(intent_detail)s
+    FROM ins JOIN new ON new.effect_id = ins.effect_id
+    WHERE ins.status <> new.status
+)
+SELECT * FROM ins"""
+
 # The ledger's hot writes, each beside its variant that commits before the WAL flush.
 PG_COMMITTING_BEFORE_FLUSH: dict[str, str] = {
     statement: pg_committing_before_flush(statement)

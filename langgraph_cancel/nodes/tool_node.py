@@ -32,8 +32,9 @@ from langgraph.prebuilt.tool_node import ToolCallRequest, ToolRuntime
 from langgraph.runtime import Runtime
 from pydantic import BaseModel
 
-from langgraph_cancel.checkpointers.durable import PLAN_SAVE_TIMEOUT
+from langgraph_cancel.checkpointers.durable import PLAN_SAVE_TIMEOUT, await_plan, wait_for_plan
 from langgraph_cancel.effects import EFFECT_KIND_METADATA, EffectSpec, effect, spec_of
+from langgraph_cancel.errors import CheckpointNotSavedError
 from langgraph_cancel.execution.answers import ABANDONED_READ
 from langgraph_cancel.execution.batch import Batch
 from langgraph_cancel.execution.drive import adrive_ledger, drive_ledger
@@ -260,7 +261,7 @@ class EffectToolNode(ToolNode):
         runtimes = self._runtimes(input, config, runtime, calls)
         phases = self._sort(calls, scope, history_of(input, self.history_key))
         if not self.wrapped:
-            drive_ledger(scope.ledger, batch.prepare(*self._planned(phases)))
+            self._prepare(batch, phases, config)
         outputs: list[Any] = [None] * len(calls)
         try:
             if phases.reads:
@@ -285,7 +286,7 @@ class EffectToolNode(ToolNode):
         runtimes = self._runtimes(input, config, runtime, calls)
         phases = self._sort(calls, scope, history_of(input, self.history_key))
         if not self.wrapped:
-            await adrive_ledger(scope.ledger, batch.prepare(*self._planned(phases)))
+            await self._aprepare(batch, phases, config)
         outputs: list[Any] = [None] * len(calls)
         try:
             if phases.reads:
@@ -358,6 +359,61 @@ class EffectToolNode(ToolNode):
                 effects.append((_KIND_ORDER[spec.kind], index))
         effects.sort()
         return _Sorted(reads, [index for _, index in effects], plans)
+
+    def _prepare(self, batch: Batch, phases: _Sorted, config: RunnableConfig) -> None:
+        """The batch planned (``Batch.prepare``), with its first side effect's intent when
+        that call may go now: its step's checkpoint saved and the run not stopped.
+
+        Raises:
+            CheckpointNotSavedError: The step's checkpoint was not saved in time; the
+                batch is planned and nothing was dispatched.
+        """
+        scope = batch.scope
+        begin = self._first_to_go(phases, config, scope)
+        if begin is not None:
+            try:
+                wait_for_plan(config, self.checkpoint_timeout)
+            except CheckpointNotSavedError:
+                drive_ledger(scope.ledger, batch.prepare(*self._planned(phases)))
+                raise
+            if scope.cancel_called():
+                begin = None
+        drive_ledger(scope.ledger, batch.prepare(*self._planned(phases), begin=begin))
+
+    async def _aprepare(self, batch: Batch, phases: _Sorted, config: RunnableConfig) -> None:
+        """``_prepare`` on the event loop.
+
+        Raises:
+            CheckpointNotSavedError: The step's checkpoint was not saved in time; the
+                batch is planned and nothing was dispatched.
+        """
+        scope = batch.scope
+        begin = self._first_to_go(phases, config, scope)
+        if begin is not None:
+            try:
+                await await_plan(config, self.checkpoint_timeout)
+            except CheckpointNotSavedError:
+                await adrive_ledger(scope.ledger, batch.prepare(*self._planned(phases)))
+                raise
+            if await scope.signal.acancel_called():
+                begin = None
+        await adrive_ledger(scope.ledger, batch.prepare(*self._planned(phases), begin=begin))
+
+    def _first_to_go(
+        self, phases: _Sorted, config: RunnableConfig, scope: RunScope
+    ) -> CallPlan | None:
+        """The side effect whose intent may go with the batch's plan: the first to go out
+        when the side effects go one at a time, no read runs before it, it is neither
+        reviewed nor held first, and no limit of the run has to count the batch's calls
+        before any of them leaves."""
+        if phases.reads or not phases.effects or self._concurrent(phases, config):
+            return None
+        if scope.limits is not None:
+            return None
+        plan = phases.plans.get(phases.effects[0])
+        if plan is None or plan.needs_review or plan.spec.held:
+            return None
+        return plan
 
     @staticmethod
     def _planned(phases: _Sorted) -> tuple[list[CallPlan], list[CallPlan]]:
