@@ -310,6 +310,19 @@ class PostgresStatements(DialectStatements):
         read_back: bool,
     ) -> Operation[dict[str, tuple[EffectRecord, bool]]]:
         """One statement for the whole batch; rows recorded before are read back after it."""
+        rows, params = self._batch_params(thread_id, run_id, unique, owner=owner, actor=actor)
+        return (yield from within("statement", self._insert_batch(rows, params, read_back)))
+
+    def _batch_params(
+        self,
+        thread_id: str,
+        run_id: str,
+        unique: dict[str, NewEffect],
+        *,
+        owner: str | None,
+        actor: str,
+    ) -> tuple[list[Row], Row]:
+        """A batch's rows and the parameters of the statements that plan it."""
         rows = decisions.pg_plan_rows(thread_id, run_id, unique)
         params = {
             # One JSON document, not an array per column: psycopg quotes every array
@@ -321,7 +334,7 @@ class PostgresStatements(DialectStatements):
             "actor": actor,
             "now": self.ts_in(utcnow()),
         }
-        return (yield from within("statement", self._insert_batch(rows, params, read_back)))
+        return rows, params
 
     def _insert_batch(
         self, rows: list[Row], params: Row, read_back: bool
@@ -350,18 +363,12 @@ class PostgresStatements(DialectStatements):
         intent: TransitionRequest,
         token: str,
     ) -> Operation[tuple[dict[str, tuple[EffectRecord, bool]], EffectRecord | None]]:
-        rows = decisions.pg_plan_rows(thread_id, run_id, unique)
-        params = {
-            "rows": json_text(rows),
-            "thread_id": thread_id,
-            "run_id": run_id,
-            "owner": owner,
-            "actor": actor,
-            "now": self.ts_in(utcnow()),
-            "begin_id": intent.effect_id,
-            "token": token,
-            "intent_detail": self.json_in(intent.detail or {}),
-        }
+        rows, params = self._batch_params(thread_id, run_id, unique, owner=owner, actor=actor)
+        params.update(
+            begin_id=intent.effect_id,
+            token=token,
+            intent_detail=self.json_in(intent.detail or {}),
+        )
         return (yield from within("statement", self._insert_beginning(rows, params)))
 
     def _insert_beginning(

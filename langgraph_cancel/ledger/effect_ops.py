@@ -192,9 +192,7 @@ def plan_many_and_begin(
             )
         )
     except Exception as exc:
-        if not (
-            isinstance(exc, DuplicateIdempotencyKeyError) or decisions.is_unique_violation(exc)
-        ):
+        if not _key_clash(exc):
             raise
         # A key is taken: the calls go one at a time, and the intent its own way after.
         return (yield from _plan_each(backend, thread_id, run_id, items, owner, actor)), None
@@ -240,14 +238,17 @@ def _plan_all(
             lambda: plan_batch(backend, thread_id, run_id, items, owner, actor, read_back)
         )
     except Exception as exc:
-        if not (
-            isinstance(exc, DuplicateIdempotencyKeyError) or decisions.is_unique_violation(exc)
-        ):
+        if not _key_clash(exc):
             raise
         return (yield from _plan_each(backend, thread_id, run_id, items, owner, actor))
     if not read_back:
         return None
     return decisions.first_created_once(items, [found[item.tool_call_id] for item in items])
+
+
+def _key_clash(exc: Exception) -> bool:
+    """Whether a batch's insert failed because a key it plans is another effect's."""
+    return isinstance(exc, DuplicateIdempotencyKeyError) or decisions.is_unique_violation(exc)
 
 
 def _plan_each(

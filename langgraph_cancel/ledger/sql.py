@@ -460,6 +460,11 @@ WITH ins AS ({INSERT_EFFECT}
 )
 SELECT * FROM ins"""
 
+# The rows of a batch to plan, one JSON document (``decisions.pg_plan_rows``).
+_PG_NEW_EFFECT_ROWS = """SELECT * FROM jsonb_to_recordset(%(rows)s::jsonb) AS r(effect_id text,
+        tool_call_id text, tool text, kind text, status text, idempotency_key text,
+        args jsonb, seq int, result jsonb, error text, settles bool, detail jsonb)"""
+
 # A scalar subquery, not EXISTS: the planner would flatten EXISTS into a join that
 # walks every effect of the run; this stays a primary-key probe per row updated.
 # PostgreSQL: a batch of new records and their audit rows in ONE statement, whatever
@@ -467,9 +472,7 @@ SELECT * FROM ins"""
 # (a re-run) are left alone; the caller reads them back.
 PG_INSERT_EFFECTS = f"""
 WITH new AS (
-    SELECT * FROM jsonb_to_recordset(%(rows)s::jsonb) AS r(effect_id text, tool_call_id text,
-        tool text, kind text, status text, idempotency_key text, args jsonb, seq int,
-        result jsonb, error text, settles bool, detail jsonb)
+    {_PG_NEW_EFFECT_ROWS}
 ), ins AS (
     INSERT INTO lgc_effects (effect_id, thread_id, run_id, tool_call_id, tool, kind, status,
         idempotency_key, args, seq, result, error, owner, next_action, approval, version,
@@ -493,9 +496,7 @@ SELECT * FROM ins"""
 # recorded before is left alone, so only a call this statement records starts here.
 PG_INSERT_EFFECTS_BEGINNING = f"""
 WITH new AS (
-    SELECT * FROM jsonb_to_recordset(%(rows)s::jsonb) AS r(effect_id text, tool_call_id text,
-        tool text, kind text, status text, idempotency_key text, args jsonb, seq int,
-        result jsonb, error text, settles bool, detail jsonb)
+    {_PG_NEW_EFFECT_ROWS}
 ), go AS (
     SELECT %(begin_id)s::text AS effect_id
     WHERE (SELECT r.status FROM lgc_runs r WHERE r.run_id = %(run_id)s) = 'running'
