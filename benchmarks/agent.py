@@ -66,8 +66,10 @@ def build_graph(
     effectful: bool,
     effect_concurrency: int = 1,
     cancellation: bool = True,
+    wrap_tool_call: Any = None,
 ) -> Any:
-    """agent -> (tools -> agent)* ; ``effectful`` swaps in EffectToolNode + add_cancellation."""
+    """agent -> (tools -> agent)* ; ``effectful`` swaps in EffectToolNode + add_cancellation;
+    ``wrap_tool_call`` goes to a plain ``ToolNode``."""
 
     def agent(state: MessagesState) -> dict[str, Any]:
         return {"messages": [model.invoke(state["messages"])]}
@@ -77,7 +79,7 @@ def build_graph(
     node = (
         EffectToolNode(tools, effect_concurrency=effect_concurrency)
         if effectful
-        else ToolNode(tools)
+        else ToolNode(tools, wrap_tool_call=wrap_tool_call)
     )
     builder.add_node("tools", node)
     builder.add_edge(START, "agent")

@@ -7,7 +7,11 @@ each worker running its own threads one after the other:
 - ``plain``: ``ToolNode`` on LangGraph's ``PostgresSaver``;
 - ``effect``: ``EffectToolNode`` + ``add_cancellation`` on ``PostgresCancelSaver``
   (every call's intent written before it is dispatched, its outcome after; a lease
-  per run).
+  per run);
+- ``bound``: ``plain`` plus only the durable writes invariant I1 asks of any
+  implementation (``benchmarks/bound.py``): a commit that waits for the flush before
+  each call, and one that does not at the end. Its distance from ``plain`` is a floor
+  under ours; it runs where the tools take no time.
 
 Each worker imports, connects and warms up, then waits for a start file; runs/s is
 the runs of all workers over the wall time from the start to the last worker's
@@ -27,8 +31,10 @@ the ledger's apart from LangGraph's checkpoint saver's, and the ledger's costlie
 statements.
 
 A shared machine's speed drifts by more than the difference measured, so the cells
-run in rounds, ``plain`` and ``effect`` side by side at each worker count, and each
-figure is the median over the rounds (the spread is kept beside it). A second set
+run in rounds, the variants back to back at each worker count, and each figure is the
+median over the rounds (the spread is kept beside it); a gap between two variants is
+the median of the rounds' own gaps. A cell's runs are shared among its workers, so
+every cell lasts a few seconds. A second set
 of rows gives tools a latency (``TOOL_LATENCY_MS``, a fast internal API), where the
 package's cost is a share of a run that also waits for its tools; there ours sends
 a batch's calls at once (``effect_concurrency``), as ``ToolNode`` does, instead of
@@ -40,6 +46,7 @@ time is read from its processes (``/proc``) when the server runs on this machine
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -53,6 +60,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from benchmarks.bound import TABLE as BOUND_TABLE
+from benchmarks.bound import BoundWriter
 from benchmarks.common import Settings, fresh_pg_db, log, plan_work, rnd
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -60,23 +69,39 @@ WORKER_COUNTS = (1, 2, 4)
 CALLS = 3
 #: Calls a turn in the third set of rows (none with ``--quick``).
 ONE_CALL = 1
-RUNS_PER_WORKER = 120
+#: Runs of a cell, shared among its workers: every cell lasts a few seconds, so a
+#: second of a busy machine weighs as much at one worker as at four.
+RUNS_PER_CELL = 480
 QUICK_RUNS_PER_WORKER = 10
 #: Rounds of every cell (one with ``--quick``): a figure is the median of its rounds.
-ROUNDS = 3
+ROUNDS = 5
 #: The tools' latency in the second set of rows (none with ``--quick``).
 TOOL_LATENCY_MS = 10.0
 WARMUP_RUNS = 2
-LEDGER_TABLES = ("lgc_runs", "lgc_effects", "lgc_transitions", "lgc_leases", "lgc_lease_takeovers")
+LEDGER_TABLES = (
+    "lgc_runs",
+    "lgc_effects",
+    "lgc_transitions",
+    "lgc_leases",
+    "lgc_lease_takeovers",
+    BOUND_TABLE,
+)
 TARGET_PCT = 15.0
 #: Transactions one ``_commits_and_wal`` reading commits.
 _READING_COMMITS = 2
 
 
 # =========================================================================== worker side
-def _graph(variant: str, saver: Any, tool_ms: float = 0.0, calls: int = CALLS) -> Any:
+def _graph(
+    variant: str,
+    saver: Any,
+    tool_ms: float = 0.0,
+    calls: int = CALLS,
+    writer: BoundWriter | None = None,
+) -> Any:
     """The agent; with tools that take time, ours sends a batch's calls at once, as
-    ``ToolNode`` does (its default sends side effects one at a time)."""
+    ``ToolNode`` does (its default sends side effects one at a time). ``writer``: the
+    ``bound`` variant's durable writes around each call."""
     from benchmarks.agent import SIDE_EFFECT, build_graph, make_tool, scripted_model
 
     tool = make_tool(SIDE_EFFECT, tool_ms)
@@ -86,11 +111,12 @@ def _graph(variant: str, saver: Any, tool_ms: float = 0.0, calls: int = CALLS) -
         saver,
         effectful=variant == "effect",
         effect_concurrency=calls if tool_ms else 1,
+        wrap_tool_call=None if writer is None else writer.wrap_tool_call,
     )
 
 
 def _open_saver(variant: str, url: str) -> Any:
-    if variant == "plain":
+    if variant in ("plain", "bound"):
         from langgraph.checkpoint.postgres import PostgresSaver
 
         return PostgresSaver.from_conn_string(url)
@@ -113,17 +139,30 @@ def worker_main(spec: dict[str, Any]) -> None:
     tool_ms = float(spec.get("tool_ms", 0.0))
     calls = int(spec.get("calls", CALLS))
 
-    def run(graph: Any) -> None:
-        config = {"configurable": {"thread_id": uuid.uuid4().hex}}
-        out = graph.invoke({"messages": [HumanMessage("go")]}, config)
+    def run(graph: Any, writer: BoundWriter | None) -> None:
+        thread_id = uuid.uuid4().hex
+        if writer is not None:
+            writer.start(thread_id)
+        out = graph.invoke(
+            {"messages": [HumanMessage("go")]}, {"configurable": {"thread_id": thread_id}}
+        )
+        if writer is not None:
+            writer.end()
         assert len(out["messages"]) == calls + 3, out["messages"]
 
-    with _open_saver(variant, url) as saver:
-        graph = _graph(variant, saver, tool_ms, calls)
+    def bound_writer(stack: contextlib.ExitStack) -> BoundWriter | None:
+        return stack.enter_context(BoundWriter.connect(url)) if variant == "bound" else None
+
+    with contextlib.ExitStack() as stack:
+        saver = stack.enter_context(_open_saver(variant, url))
+        writer = bound_writer(stack)
+        graph = _graph(variant, saver, tool_ms, calls, writer)
         for _ in range(WARMUP_RUNS):
-            run(graph)
-    with _open_saver(variant, url) as saver:
-        graph = _graph(variant, saver, tool_ms, calls)
+            run(graph, writer)
+    with contextlib.ExitStack() as stack:
+        saver = stack.enter_context(_open_saver(variant, url))
+        writer = bound_writer(stack)
+        graph = _graph(variant, saver, tool_ms, calls, writer)
         Path(spec["ready"]).write_text("ready")
         go = Path(spec["go"])
         while not go.exists():
@@ -131,7 +170,7 @@ def worker_main(spec: dict[str, Any]) -> None:
         cpu0 = time.process_time()
         started = time.time()
         for _ in range(spec["runs"]):
-            run(graph)
+            run(graph, writer)
         ended = time.time()
         cpu = time.process_time() - cpu0
     Path(spec["result"]).write_text(
@@ -201,10 +240,11 @@ STATEMENT_FAMILIES = ("ledger", "checkpoints", "other")
 
 
 def statement_family(query: str) -> str:
-    """Which family a statement belongs to: the ledger's (its tables are ``lgc_*``),
+    """Which family a statement belongs to: the ledger's (its tables are ``lgc_*``, the
+    ``bound`` variant's its own),
     LangGraph's checkpoint saver's, or anything else (this section's own readings)."""
     text = query.lower()
-    if "lgc_" in text:
+    if "lgc_" in text or BOUND_TABLE in text:
         return "ledger"
     if "checkpoint" in text:
         return "checkpoints"
@@ -403,6 +443,9 @@ def step_costs(dsn: str, cycles: int) -> dict[str, Any]:
 def _setup_schema(variant: str, url: str) -> None:
     with _open_saver(variant, url) as saver:
         saver.setup()
+    if variant == "bound":
+        with BoundWriter.connect(url) as writer:
+            writer.setup()
 
 
 def measure(
@@ -541,7 +584,10 @@ def run(settings: Settings, backends: list[str]) -> dict[str, Any]:
     if "postgres" not in backends or not settings.pg_dsn:
         return {"skipped": "needs PostgreSQL"}
     assert settings.pg_dsn
-    runs = QUICK_RUNS_PER_WORKER if settings.quick else RUNS_PER_WORKER
+
+    def runs_per_worker(workers: int) -> int:
+        return QUICK_RUNS_PER_WORKER if settings.quick else RUNS_PER_CELL // workers
+
     rounds = 1 if settings.quick else ROUNDS
     # (tool latency, calls a turn): the target's shape first.
     shapes = [(0.0, CALLS)]
@@ -555,12 +601,19 @@ def run(settings: Settings, backends: list[str]) -> dict[str, Any]:
         for round_no in range(rounds):
             for tool_ms, calls in shapes:
                 for workers in WORKER_COUNTS:
-                    for variant in ("plain", "effect"):
+                    for variant in _variants(tool_ms):
                         log(
                             f"throughput: round {round_no + 1}/{rounds} {variant} x{workers}"
                             f" {calls} calls, tools {tool_ms:g} ms"
                         )
-                        cell = measure(variant, workers, runs, settings.pg_dsn, tool_ms, calls)
+                        cell = measure(
+                            variant,
+                            workers,
+                            runs_per_worker(workers),
+                            settings.pg_dsn,
+                            tool_ms,
+                            calls,
+                        )
                         cell["round"] = round_no
                         cells.append(cell)
     finally:
@@ -569,18 +622,18 @@ def run(settings: Settings, backends: list[str]) -> dict[str, Any]:
         _summary(cells, variant, workers, tool_ms, calls)
         for tool_ms, calls in shapes
         for workers in WORKER_COUNTS
-        for variant in ("plain", "effect")
+        for variant in _variants(tool_ms)
     ]
 
     def rows_of(tool_ms: float, calls: int) -> list[dict[str, Any]]:
         if (tool_ms, calls) not in shapes:
             return []
-        return [_row(summaries, workers, tool_ms, calls) for workers in WORKER_COUNTS]
+        return [_row(summaries, cells, workers, tool_ms, calls) for workers in WORKER_COUNTS]
 
     return {
         "server": server,
         "calls_per_run": CALLS,
-        "runs_per_worker": runs,
+        "runs_per_worker": {workers: runs_per_worker(workers) for workers in WORKER_COUNTS},
         "rounds": rounds,
         "cells": cells,
         "summaries": summaries,
@@ -590,6 +643,12 @@ def run(settings: Settings, backends: list[str]) -> dict[str, Any]:
         "step_costs": steps,
         "target_pct": TARGET_PCT,
     }
+
+
+def _variants(tool_ms: float) -> tuple[str, ...]:
+    """The variants measured: ``bound`` sends one call at a time, so only where the
+    tools take no time (ours does too there, and ``ToolNode``'s threads gain nothing)."""
+    return ("plain", "effect") if tool_ms else ("plain", "bound", "effect")
 
 
 #: The cell figures a summary gives as the median over the rounds.
@@ -637,14 +696,58 @@ def _summary(
     return out
 
 
-def _row(
-    summaries: list[dict[str, Any]], workers: int, tool_ms: float, calls: int
-) -> dict[str, Any]:
-    def find(variant: str) -> dict[str, Any]:
-        return next(s for s in summaries if _cell_key(s) == (variant, workers, tool_ms, calls))
+def round_gaps(
+    cells: list[dict[str, Any]], key: tuple[int, float, int], slower: str, faster: str
+) -> list[float]:
+    """How much fewer runs/s ``slower`` made than ``faster`` in each round, in %.
 
-    plain, ours = find("plain"), find("effect")
-    gap = (1 - ours["runs_per_s"] / plain["runs_per_s"]) * 100
+    A round runs the variants of a worker count back to back, so its two cells share
+    the machine's phase; the median of these gaps is steadier than the gap between
+    the two medians when the machine's speed drifts between rounds.
+    """
+    by_round: dict[int, dict[str, float]] = {}
+    for cell in cells:
+        if _cell_key(cell)[1:] == key:
+            by_round.setdefault(cell.get("round", 0), {})[cell["variant"]] = cell["runs_per_s"]
+    return [
+        round((1 - speeds[slower] / speeds[faster]) * 100, 1)
+        for _, speeds in sorted(by_round.items())
+        if speeds.get(faster) and slower in speeds
+    ]
+
+
+def _row(
+    summaries: list[dict[str, Any]],
+    cells: list[dict[str, Any]],
+    workers: int,
+    tool_ms: float,
+    calls: int,
+) -> dict[str, Any]:
+    """One worker count of a shape: each variant's medians, and the gaps between the
+    variants as the median of the rounds' own gaps."""
+
+    def find(variant: str) -> dict[str, Any] | None:
+        return next(
+            (s for s in summaries if _cell_key(s) == (variant, workers, tool_ms, calls)), None
+        )
+
+    plain, ours, least = find("plain"), find("effect"), find("bound")
+    assert plain is not None and ours is not None
+    key = (workers, tool_ms, calls)
+    gaps = round_gaps(cells, key, "effect", "plain")
+    gap = statistics.median(gaps)
+    bound_figures: dict[str, Any] = {}
+    if least is not None:
+        bound_gaps = round_gaps(cells, key, "bound", "plain")
+        above_bound = round_gaps(cells, key, "effect", "bound")
+        bound_figures = {
+            "bound_runs_per_s": least["runs_per_s"],
+            "bound_runs_per_s_range": least["runs_per_s_range"],
+            "bound_slower_pct": rnd(statistics.median(bound_gaps), 1),
+            "bound_slower_pct_by_round": bound_gaps,
+            "slower_than_bound_pct": rnd(statistics.median(above_bound), 1),
+            "slower_than_bound_pct_by_round": above_bound,
+        }
     return {
         "workers": workers,
         "tool_ms": tool_ms,
@@ -656,7 +759,9 @@ def _row(
         "plain_calls_per_s": plain["calls_per_s"],
         "effect_calls_per_s": ours["calls_per_s"],
         "slower_pct": rnd(gap, 1),
+        "slower_pct_by_round": gaps,
         "within_target": gap <= TARGET_PCT,
+        **bound_figures,
     }
 
 
@@ -726,6 +831,7 @@ def table(result: dict[str, Any]) -> str:
             f"{ours['worker_cpu_share_of_wall']} / {plain['worker_cpu_share_of_wall']} | "
             f"{connections(ours)} / {connections(plain)} |"
         )
+    lines += _bound_table(every_row, found)
     steps = result.get("step_costs")
     if steps:
         ours, floor = steps["ledger_operation"], steps["single_row_commit"]
@@ -762,6 +868,34 @@ def table(result: dict[str, Any]) -> str:
             ),
         ]
     return "\n".join(lines)
+
+
+def _bound_table(
+    rows: list[dict[str, Any]], found: dict[tuple[str, int, float, int], dict[str, Any]]
+) -> list[str]:
+    """The ``bound`` variant beside ``plain`` and ours, where it ran."""
+    measured = [row for row in rows if row.get("bound_runs_per_s") is not None]
+    if not measured:
+        return []
+    lines = [
+        "",
+        "| calls a turn | workers | plain runs/s | bound runs/s | bound slower than plain | "
+        "ours runs/s | ours slower than bound | commits/run (bound / ours) | "
+        "worker CPU ms/run (bound / ours) | server CPU ms/run (bound / ours) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in measured:
+        key = (row["workers"], row.get("tool_ms", 0.0), row.get("calls", CALLS))
+        least, ours = found[("bound", *key)], found[("effect", *key)]
+        lines.append(
+            f"| {key[2]} | {key[0]} | {row['plain_runs_per_s']} | {row['bound_runs_per_s']} | "
+            f"{row['bound_slower_pct']} % | {row['effect_runs_per_s']} | "
+            f"{row['slower_than_bound_pct']} % | "
+            f"{least['commits_per_run']} / {ours['commits_per_run']} | "
+            f"{least.get('worker_cpu_ms_per_run')} / {ours.get('worker_cpu_ms_per_run')} | "
+            f"{least.get('server_cpu_ms_per_run')} / {ours.get('server_cpu_ms_per_run')} |"
+        )
+    return lines
 
 
 if __name__ == "__main__":

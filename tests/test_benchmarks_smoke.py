@@ -84,6 +84,14 @@ def test_benchmarks_quick_run_writes_every_section(tmp_path: Path) -> None:
         }
         assert data["throughput"]["rows_with_one_call"] == []
         assert all(c["runs_per_s"] > 0 for c in data["throughput"]["cells"])
+        # The invariants' lower bound runs beside plain and ours, one call at a time:
+        # each call's commit and the run's last one are the commits it adds.
+        assert {c["variant"] for c in data["throughput"]["cells"]} == {"plain", "bound", "effect"}
+        for row in data["throughput"]["rows"]:
+            assert row["bound_runs_per_s"] > 0
+            assert row["bound_slower_pct"] is not None and row["slower_than_bound_pct"] is not None
+        bound_cells = [c for c in data["throughput"]["cells"] if c["variant"] == "bound"]
+        assert all(c["ledger_rows_per_run_by_table"] == {"bound_effects": 3.0} for c in bound_cells)
         for cell in data["throughput"]["cells"]:
             # Figures of the server's statements where it counts them, else none.
             spent = cell["statements"]
@@ -221,3 +229,40 @@ def test_the_servers_statement_time_is_told_apart_by_family() -> None:
             "us_per_call": 100.0,
         },
     ]
+
+
+def test_a_gap_between_variants_is_the_median_of_each_rounds_own_gap() -> None:
+    from benchmarks.throughput import round_gaps
+
+    def cell(variant: str, round_no: int, runs_per_s: float) -> dict[str, Any]:
+        return {
+            "variant": variant,
+            "workers": 1,
+            "tool_ms": 0.0,
+            "calls": 3,
+            "round": round_no,
+            "runs_per_s": runs_per_s,
+        }
+
+    # The machine slows down in the second round: both variants move together there.
+    cells = [
+        cell("plain", 0, 100.0),
+        cell("effect", 0, 80.0),
+        cell("plain", 1, 50.0),
+        cell("effect", 1, 45.0),
+        cell("plain", 2, 100.0),
+        cell("effect", 2, 70.0),
+        # Another worker count, and a round without plain: neither counts.
+        {**cell("effect", 0, 1.0), "workers": 2},
+        cell("effect", 3, 10.0),
+    ]
+    assert round_gaps(cells, (1, 0.0, 3), "effect", "plain") == [20.0, 10.0, 30.0]
+    assert round_gaps(cells, (1, 0.0, 3), "bound", "plain") == []
+
+
+def test_the_bound_variants_statements_count_as_the_ledgers() -> None:
+    from benchmarks import bound
+    from benchmarks.throughput import statement_family
+
+    for statement in (bound.INSERT_INTENT, bound.RECORD_OUTCOME):
+        assert statement_family(statement) == "ledger"
