@@ -701,7 +701,7 @@ def round_gaps(
 ) -> list[float]:
     """How much fewer runs/s ``slower`` made than ``faster`` in each round, in %.
 
-    A round runs the variants of a worker count back to back, so its two cells share
+    A round runs the variants of a worker count back to back, so its cells share
     the machine's phase; the median of these gaps is steadier than the gap between
     the two medians when the machine's speed drifts between rounds.
     """
