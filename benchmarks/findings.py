@@ -18,7 +18,7 @@ def findings(res: dict[str, Any]) -> list[str]:
         )
     prof = res.get("profile", {}).get("backends", {})
     micro = res.get("profile", {}).get("micro", {})
-    for b, entry in prof.items():
+    for backend, entry in prof.items():
         se = entry.get("side_effecting")
         prim = entry.get("ledger_primitives_us", {})
         if se:
@@ -29,7 +29,8 @@ def findings(res: dict[str, Any]) -> list[str]:
                 for d in top[:5]
             )
             notes.append(
-                f"{b}, 10 side-effecting 0 ms calls: EffectToolNode graph {se['effect_ms']} ms vs "
+                f"{backend}, 10 side-effecting 0 ms calls: EffectToolNode graph "
+                f"{se['effect_ms']} ms vs "
                 f"ToolNode {se['base_ms']} ms (+{se['added_ms']} ms: EffectToolNode alone "
                 f"+{se['added_by_node_ms']} ms, "
                 f"add_cancellation +{se['added_by_add_cancellation_ms']} ms). "
@@ -40,7 +41,7 @@ def findings(res: dict[str, Any]) -> list[str]:
             )
         if prim:
             notes.append(
-                f"{b} ledger writes outside a graph, per call: side-effecting, one at a time "
+                f"{backend} ledger writes outside a graph, per call: side-effecting, one at a time "
                 f"(plan + dispatched + committed) {prim.get('side_effecting_call_total_us')} us, "
                 f"batched as EffectToolNode writes them (a tenth of plan_many + one "
                 f"transition_many: outcome with the next intent) "
@@ -70,18 +71,19 @@ def findings(res: dict[str, Any]) -> list[str]:
             f"{micro.get('tool_ainvoke_sync_tool_us_per_call')} us/call vs tool.invoke "
             f"{micro.get('tool_invoke_sync_us_per_call')} us/call."
         )
-    for c in res.get("overhead", {}).get("cells", []):
-        if c["kind"] == "side_effecting" and c["tool_ms"] == 5 and c["n_calls"] == 10:
+    for cell in res.get("overhead", {}).get("cells", []):
+        if cell["kind"] == "side_effecting" and cell["tool_ms"] == 5 and cell["n_calls"] == 10:
             notes.append(
-                f"{c['backend']}, 10 x 5 ms side-effecting: {c['added_pct']:+.1f}% wall. "
+                f"{cell['backend']}, 10 x 5 ms side-effecting: {cell['added_pct']:+.1f}% wall. "
                 "EffectToolNode dispatches side effects one at a time in plan order by default "
                 "(effect_concurrency=1) while ToolNode runs the batch in its thread pool; with "
-                f"effect_concurrency=10 the same batch is {c.get('effect_concurrent_added_pct')}% "
+                "effect_concurrency=10 the same batch is "
+                f"{cell.get('effect_concurrent_added_pct')}% "
                 "over ToolNode."
             )
     lat = res.get("latency", {}).get("backends", {})
-    for b, e in lat.items():
-        late = (e.get("graph") or {}).get("late_dispatches") or []
+    for backend, measured in lat.items():
+        late = (measured.get("graph") or {}).get("late_dispatches") or []
         if late:
             before_obs = sum(1 for d in late if d["dispatched_before_observed"])
             in_window = sum(
@@ -89,7 +91,7 @@ def findings(res: dict[str, Any]) -> list[str]:
             )
             worst = max(d["dispatched_after_requested_at_ms"] for d in late)
             head = (
-                f"{b}: the report counted dispatched_after_cancel > 0 for {len(late)} "
+                f"{backend}: the report counted dispatched_after_cancel > 0 for {len(late)} "
                 f"dispatch(es), at most {worst} ms after requested_at, while request_cancel "
                 f"calls took up to {max(d['request_call_ms'] for d in late)} ms; "
                 f"{before_obs} of them were dispatched before the worker observed the signal, "
@@ -106,14 +108,16 @@ def findings(res: dict[str, Any]) -> list[str]:
             else:
                 head += " Dispatches after the observed signal: a possible I1 violation."
             notes.append(head)
-        if "graph" in e:
-            g = e["graph"]
+        if "graph" in measured:
+            graph = measured["graph"]
             notes.append(
-                f"{b} graph cancel (5 ms tool per step): requested->observed p50/p99 "
-                f"{g['observed_ms'].get('median')}/{g['observed_ms'].get('p99')} ms, ->quiesced "
-                f"{g['quiesced_ms'].get('median')}/{g['quiesced_ms'].get('p99')} ms, ->stream "
-                f"returned {g['ended_ms'].get('median')}/{g['ended_ms'].get('p99')} ms; "
-                f"dispatched_after_cancel max {g.get('dispatched_after_cancel_max')}."
+                f"{backend} graph cancel (5 ms tool per step): requested->observed p50/p99 "
+                f"{graph['observed_ms'].get('median')}/{graph['observed_ms'].get('p99')} ms, "
+                "->quiesced "
+                f"{graph['quiesced_ms'].get('median')}/{graph['quiesced_ms'].get('p99')} ms, "
+                "->stream "
+                f"returned {graph['ended_ms'].get('median')}/{graph['ended_ms'].get('p99')} ms; "
+                f"dispatched_after_cancel max {graph.get('dispatched_after_cancel_max')}."
             )
     hyg = res.get("scale", {}).get("hygiene", {})
     sps = hyg.get("same_process_signal") or {}
@@ -136,17 +140,18 @@ def findings(res: dict[str, Any]) -> list[str]:
             "while the database exists."
         )
     rec = res.get("recovery", {}).get("backends", {})
-    for b, e in rec.items():
-        if "ours" in e:
-            o = e["ours"]
+    for backend, measured in rec.items():
+        if "ours" in measured:
+            ours = measured["ours"]
             notes.append(
-                f"{b} recovery: process start -> reconciled, completed thread "
-                f"{o['to_resumed_ms']['median']} ms median (interpreter "
-                f"{o['interpreter_start_ms']['median']}, imports {o['imports_ms']['median']} "
-                f"[langgraph_cancel {o['import_langgraph_cancel_ms']['median']}], open+build "
-                f"{o['open_and_build_ms']['median']}, invoke(None) {o['invoke_none_ms']['median']} "
-                f"ms); provider charges {o['charges_at_provider']} vs plain LangGraph "
-                f"{e.get('plain', {}).get('charges_at_provider', '(not run)')} "
+                f"{backend} recovery: process start -> reconciled, completed thread "
+                f"{ours['to_resumed_ms']['median']} ms median (interpreter "
+                f"{ours['interpreter_start_ms']['median']}, imports {ours['imports_ms']['median']} "
+                f"[langgraph_cancel {ours['import_langgraph_cancel_ms']['median']}], open+build "
+                f"{ours['open_and_build_ms']['median']}, "
+                f"invoke(None) {ours['invoke_none_ms']['median']} "
+                f"ms); provider charges {ours['charges_at_provider']} vs plain LangGraph "
+                f"{measured.get('plain', {}).get('charges_at_provider', '(not run)')} "
                 "(the plain resume re-runs the tool)."
             )
     return notes

@@ -61,63 +61,67 @@ SECTIONS = (
 
 
 def parse_args(argv: list[str] | None) -> Settings:
-    p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="1-minute smoke run with small sizes")
-    p.add_argument(
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--quick", action="store_true", help="1-minute smoke run with small sizes")
+    parser.add_argument(
         "--backends",
         default=",".join(BACKENDS),
         help="comma-separated subset of memory,sqlite,postgres",
     )
-    p.add_argument(
+    parser.add_argument(
         "--sections",
         default=",".join(SECTIONS),
         help=f"comma-separated subset of {','.join(SECTIONS)}",
     )
-    p.add_argument("--pg-dsn", default=None, help=f"PostgreSQL server DSN (default ${PG_DSN_ENV})")
-    p.add_argument(
+    parser.add_argument(
+        "--pg-dsn", default=None, help=f"PostgreSQL server DSN (default ${PG_DSN_ENV})"
+    )
+    parser.add_argument(
         "--scale-max",
         type=int,
         default=None,
         help="largest settled-row count for the scale section (default 1000000; --quick: 10000)",
     )
-    p.add_argument(
+    parser.add_argument(
         "--latency-trials",
         type=int,
         default=None,
         help="cancel-latency trials per backend (default 30; --quick: 3)",
     )
-    p.add_argument(
+    parser.add_argument(
         "--batches",
         default=None,
         help="per-call overhead batch sizes, comma-separated (default 1,10,100; --quick: 1,10)",
     )
-    p.add_argument(
+    parser.add_argument(
         "--reps",
         type=int,
         default=None,
         help="repetitions per overhead cell (default: 16/30/8 for N=1/10/100)",
     )
-    p.add_argument(
+    parser.add_argument(
         "--out",
         default=str(ROOT / "benchmarks" / "results" / "latest.json"),
         help="where to write the JSON",
     )
-    a = p.parse_args(argv)
-    backends = tuple(b.strip() for b in a.backends.split(",") if b.strip())
-    sections = tuple(s.strip() for s in a.sections.split(",") if s.strip())
+    args = parser.parse_args(argv)
+    backends = tuple(b.strip() for b in args.backends.split(",") if b.strip())
+    sections = tuple(s.strip() for s in args.sections.split(",") if s.strip())
     bad = [b for b in backends if b not in BACKENDS] + [s for s in sections if s not in SECTIONS]
     if bad:
-        p.error(f"unknown backend/section: {', '.join(bad)}")
+        parser.error(f"unknown backend/section: {', '.join(bad)}")
     return Settings(
-        quick=a.quick,
+        quick=args.quick,
         backends=backends,
         sections=sections,
-        pg_dsn=a.pg_dsn or os.environ.get(PG_DSN_ENV) or None,
-        scale_max=a.scale_max or (10_000 if a.quick else 1_000_000),
-        latency_trials=a.latency_trials or (3 if a.quick else 30),
-        batches=tuple(int(x) for x in a.batches.split(",")) if a.batches else None,
-        reps=a.reps,
-        out=a.out,
+        pg_dsn=args.pg_dsn or os.environ.get(PG_DSN_ENV) or None,
+        scale_max=args.scale_max or (10_000 if args.quick else 1_000_000),
+        latency_trials=args.latency_trials or (3 if args.quick else 30),
+        batches=tuple(int(x) for x in args.batches.split(",")) if args.batches else None,
+        reps=args.reps,
+        out=args.out,
     )
 
 
@@ -157,8 +161,8 @@ def machine_speed() -> dict[str, float]:
     (medians): the same code on a slower phase of the machine shows here first."""
     import sqlite3
 
-    def med(fn: Any, n: int) -> float:
-        return round(time_median(fn, n) * 1e6, 2)
+    def med(fn: Any, reps: int) -> float:
+        return round(time_median(fn, reps) * 1e6, 2)
 
     conn = sqlite3.connect(":memory:")
     conn.execute("CREATE TABLE t (k INTEGER PRIMARY KEY, v TEXT)")

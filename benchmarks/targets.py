@@ -26,18 +26,23 @@ SCALE_MAX_GROWTH = 2.0
 
 
 def _cell(
-    res: dict[str, Any], backend: str, kind: str, tool_ms: float, n: int
+    res: dict[str, Any], backend: str, kind: str, tool_ms: float, calls: int
 ) -> dict[str, Any] | None:
-    for c in res.get("overhead", {}).get("cells", []):
-        if (c["backend"], c["kind"], c["tool_ms"], c["n_calls"]) == (backend, kind, tool_ms, n):
-            return dict(c)
+    for found in res.get("overhead", {}).get("cells", []):
+        if (found["backend"], found["kind"], found["tool_ms"], found["n_calls"]) == (
+            backend,
+            kind,
+            tool_ms,
+            calls,
+        ):
+            return dict(found)
     return None
 
 
 def _fit(res: dict[str, Any], backend: str, kind: str, tool_ms: float) -> dict[str, Any] | None:
-    for f in res.get("overhead", {}).get("fits", []):
-        if (f["backend"], f["kind"], f["tool_ms"]) == (backend, kind, tool_ms):
-            return dict(f)
+    for found in res.get("overhead", {}).get("fits", []):
+        if (found["backend"], found["kind"], found["tool_ms"]) == (backend, kind, tool_ms):
+            return dict(found)
     return None
 
 
@@ -70,9 +75,9 @@ def _status(ok: bool | str | None) -> str:
 
 
 def _async_cell(res: dict[str, Any], backend: str, kind: str) -> dict[str, Any] | None:
-    for a in res.get("overhead", {}).get("async_cells", []):
-        if a["backend"] == backend and a["kind"] == kind:
-            return dict(a)
+    for found in res.get("overhead", {}).get("async_cells", []):
+        if found["backend"] == backend and found["kind"] == kind:
+            return dict(found)
     return None
 
 
@@ -83,30 +88,30 @@ def _floor_ms(res: dict[str, Any], backend: str) -> float | None:
 
 def _overhead_backends(res: dict[str, Any]) -> list[str]:
     seen: list[str] = []
-    for c in res["overhead"]["cells"]:
-        if c["backend"] not in seen:
-            seen.append(c["backend"])
+    for cell in res["overhead"]["cells"]:
+        if cell["backend"] not in seen:
+            seen.append(cell["backend"])
     return seen
 
 
 def overhead_targets(res: dict[str, Any], add: Any) -> None:
     """The per-call and per-run cost targets, as ratios and floors of the same run."""
     batches = res["overhead"]["config"]["batches"]
-    for b in _overhead_backends(res):
-        f = _fit(res, b, "read_only", 0)
-        m = f["marginal_us_per_call"] if f else None
-        c10 = _cell(res, b, "read_only", 0, 10) or {}
+    for backend in _overhead_backends(res):
+        fit = _fit(res, backend, "read_only", 0)
+        marginal = fit["marginal_us_per_call"] if fit else None
+        c10 = _cell(res, backend, "read_only", 0, 10) or {}
         add(
-            f"{b}: <=0.1 ms per read-only call (marginal)",
-            f"{m} us/call" if m is not None else "n/a",
-            None if m is None else m <= RO_MAX_US,
+            f"{backend}: <=0.1 ms per read-only call (marginal)",
+            f"{marginal} us/call" if marginal is not None else "n/a",
+            None if marginal is None else marginal <= RO_MAX_US,
             f"amortised at N=10: {c10.get('added_us_per_call')} us/call",
         )
-    for b in _overhead_backends(res):
-        sync_ro = _cell(res, b, "read_only", 5, 10)
-        sync_se = _cell(res, b, "side_effecting", 5, 10)
-        async_ro = _async_cell(res, b, "read_only")
-        async_se = _async_cell(res, b, "side_effecting")
+    for backend in _overhead_backends(res):
+        sync_ro = _cell(res, backend, "read_only", 5, 10)
+        sync_se = _cell(res, backend, "side_effecting", 5, 10)
+        async_ro = _async_cell(res, backend, "read_only")
+        async_se = _async_cell(res, backend, "side_effecting")
         rows = (
             ("read-only", "invoke", sync_ro, "added_pct", RO_BATCH_MAX_PCT),
             ("read-only", "ainvoke", async_ro, "added_pct", RO_BATCH_MAX_PCT),
@@ -131,7 +136,7 @@ def overhead_targets(res: dict[str, Any], add: Any) -> None:
             pct, measured = _paired_pct(cell, name)
             effect_key = "effect_ms" if name == "added_pct" else "effect_concurrent_ms"
             add(
-                f"{b}: <=+{limit:g}% wall, 10 x 5 ms {what} ({mode})",
+                f"{backend}: <=+{limit:g}% wall, 10 x 5 ms {what} ({mode})",
                 measured,
                 pct <= limit,
                 f"median of {cell['base_ms']['n']} interleaved pairs; medians: ToolNode "
@@ -147,36 +152,37 @@ def overhead_targets(res: dict[str, Any], add: Any) -> None:
             high = sync_cell.get(f"paired_{name}_ci95", [sync_pct, sync_pct])[1]
             async_pct = async_cell[f"paired_{name}"]
             add(
-                f"{b}: ainvoke as good as invoke, 10 x 5 ms {what}",
+                f"{backend}: ainvoke as good as invoke, 10 x 5 ms {what}",
                 f"{async_pct:+.1f}% vs {sync_pct:+.1f}%",
                 async_pct <= max(high, sync_pct),
                 "added wall over ToolNode through ainvoke (async savers) vs through invoke; "
                 "PASS when the ainvoke figure is within the invoke figure's 95% interval "
                 "or below it",
             )
-    for b in _overhead_backends(res):
-        f = _fit(res, b, "side_effecting", 0)
-        m = f["marginal_us_per_call"] if f else None
-        floor = _floor_ms(res, b)
-        c1 = _cell(res, b, "side_effecting", 0, batches[0])
-        if b == "memory":
+    for backend in _overhead_backends(res):
+        fit = _fit(res, backend, "side_effecting", 0)
+        marginal = fit["marginal_us_per_call"] if fit else None
+        floor = _floor_ms(res, backend)
+        c1 = _cell(res, backend, "side_effecting", 0, batches[0])
+        if backend == "memory":
             add(
                 f"memory: <={MEMORY_SE_MAX_US / 1000:g} ms per side-effecting call, one at a "
                 "time (marginal)",
-                f"{m} us/call" if m is not None else "n/a",
-                None if m is None else m <= MEMORY_SE_MAX_US,
+                f"{marginal} us/call" if marginal is not None else "n/a",
+                None if marginal is None else marginal <= MEMORY_SE_MAX_US,
                 "slope of the added time over N="
                 + "/".join(map(str, batches))
                 + ", the default schedule; all Python",
             )
-        if not b.startswith("postgres") or floor is None:
+        if not backend.startswith("postgres") or floor is None:
             continue
         limit_us = (PG_FLOOR_FACTOR * floor + PG_FLOOR_SLACK_MS) * 1000
         add(
-            f"{b}: <={PG_FLOOR_FACTOR:g} x floor + {PG_FLOOR_SLACK_MS:g} ms per side-effecting "
+            f"{backend}: <={PG_FLOOR_FACTOR:g} x floor + {PG_FLOOR_SLACK_MS:g} ms per "
+            "side-effecting "
             "call, one at a time (marginal)",
-            f"{m} us/call (limit {limit_us:.0f})" if m is not None else "n/a",
-            None if m is None else m <= limit_us,
+            f"{marginal} us/call (limit {limit_us:.0f})" if marginal is not None else "n/a",
+            None if marginal is None else marginal <= limit_us,
             f"floor: one commit {floor} ms; slope of the added time over N="
             + "/".join(map(str, batches))
             + " (0 ms tools), the default schedule",
@@ -184,7 +190,7 @@ def overhead_targets(res: dict[str, Any], add: Any) -> None:
         if c1 and batches[0] == 1:
             added_ms = float(c1["added_us_per_call"]) / 1000
             add(
-                f"{b}: a run's fixed cost (1 call of 0 ms) <= {PG_RUN_MAX_COMMITS} commits",
+                f"{backend}: a run's fixed cost (1 call of 0 ms) <= {PG_RUN_MAX_COMMITS} commits",
                 f"{added_ms:.2f} ms = {added_ms / floor:.1f} commits",
                 added_ms <= PG_RUN_MAX_COMMITS * floor,
                 f"floor: one commit {floor} ms; ToolNode {c1['base_ms']['median']} ms vs "
@@ -225,42 +231,44 @@ def evaluate_targets(res: dict[str, Any], settings: Settings) -> list[dict[str, 
     if "latency" in res:
         lat = res["latency"]["backends"]
         if "postgres" in lat:
-            c = lat["postgres"]["check"]["seen_ms"]
+            seen = lat["postgres"]["check"]["seen_ms"]
             add(
                 "PG (LISTEN/NOTIFY): cancel seen p99 < 50 ms",
-                f"p99 {c.get('p99')} ms",
-                None if c.get("p99") is None else c["p99"] < PG_LATENCY_P99_MS,
-                f"p50 {c.get('median')} ms over {c.get('n')} trials, requested_at -> check",
+                f"p99 {seen.get('p99')} ms",
+                None if seen.get("p99") is None else seen["p99"] < PG_LATENCY_P99_MS,
+                f"p50 {seen.get('median')} ms over {seen.get('n')} trials, requested_at -> check",
             )
         if "sqlite" in lat:
-            c = lat["sqlite"]["check"]["seen_ms"]
+            seen = lat["sqlite"]["check"]["seen_ms"]
             poll = lat["sqlite"].get("poll_interval_ms") or 50.0
             limit = poll + SQLITE_LATENCY_SLACK_MS
             add(
                 f"SQLite (poll {poll:g} ms): cancel seen p99 < {limit:g} ms",
-                f"p99 {c.get('p99')} ms",
-                None if c.get("p99") is None else c["p99"] < limit,
-                f"p50 {c.get('median')} ms over {c.get('n')} trials",
+                f"p99 {seen.get('p99')} ms",
+                None if seen.get("p99") is None else seen["p99"] < limit,
+                f"p50 {seen.get('median')} ms over {seen.get('n')} trials",
             )
     if "scale" in res:
-        for b, u in res["scale"]["unsettled"].items():
-            first, last = u["steps"][0], u["steps"][-1]
+        for backend, unsettled in res["scale"]["unsettled"].items():
+            first, last = unsettled["steps"][0], unsettled["steps"][-1]
             add(
-                f"{b}: unsettled() flat within 2x ({first['settled_rows']:,} -> "
+                f"{backend}: unsettled() flat within 2x ({first['settled_rows']:,} -> "
                 f"{last['settled_rows']:,} rows)",
-                f"x{u['growth_heavy']} heavy, x{u['growth_light']} light",
+                f"x{unsettled['growth_heavy']} heavy, x{unsettled['growth_light']} light",
                 None
-                if u["growth_heavy"] is None
-                else max(u["growth_heavy"], u["growth_light"] or 0) <= SCALE_MAX_GROWTH,
+                if unsettled["growth_heavy"] is None
+                else max(unsettled["growth_heavy"], unsettled["growth_light"] or 0)
+                <= SCALE_MAX_GROWTH,
                 f"heavy thread {first['heavy_us']['median']} -> {last['heavy_us']['median']} us",
             )
-            if u.get("growth_write") is not None:
+            if unsettled.get("growth_write") is not None:
                 add(
-                    f"{b}: side effect's write pair flat within 2x (slowest vs fastest "
+                    f"{backend}: side effect's write pair flat within 2x (slowest vs fastest "
                     f"of {first['settled_rows']:,} -> {last['settled_rows']:,} rows)",
-                    f"x{u['growth_write']}",
-                    u["growth_write"] <= SCALE_MAX_GROWTH,
-                    " -> ".join(str(s["write_pair_us"]["median"]) for s in u["steps"]) + " us",
+                    f"x{unsettled['growth_write']}",
+                    unsettled["growth_write"] <= SCALE_MAX_GROWTH,
+                    " -> ".join(str(s["write_pair_us"]["median"]) for s in unsettled["steps"])
+                    + " us",
                 )
     from benchmarks.cli_startup import targets as cli_targets
 

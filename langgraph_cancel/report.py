@@ -233,8 +233,8 @@ def summarize(report: CancellationReport) -> str:
         parts.append(f"{_counted(report.revoked)} revoked inside the delay window")
     if report.scheduled:
         parts.append(f"{_counted(report.scheduled)} scheduled (revocable until sent)")
-    n = len(report.not_run)
-    parts.append(f"{n} step{'s' if n != 1 else ''} not run")
+    not_run = len(report.not_run)
+    parts.append(f"{not_run} step{'s' if not_run != 1 else ''} not run")
     if report.limit is not None and report.reason:
         parts.insert(0, f"stopped by its {report.reason}")
     return "; ".join(parts)
@@ -283,16 +283,16 @@ def build_report(
     # in between (the ledger allows it: the run is still running) would look later.
     cutoff = run.observed_at or run.requested_at
     tree = _tree_effects(ledger, run)
-    for e, child in tree:
+    for effect, child in tree:
         if (
             child is None
             and cutoff is not None
-            and e.dispatched_at is not None
-            and e.dispatched_at > cutoff
+            and effect.dispatched_at is not None
+            and effect.dispatched_at > cutoff
         ):
             after_cancel += 1
-        buckets[bucket_of(e)].append(_entry(e, child))
-    own = [e for e, child in tree if child is None]
+        buckets[bucket_of(effect)].append(_entry(effect, child))
+    own = [effect for effect, child in tree if child is None]
     children = ledger.child_runs(run.run_id)
     orphans = sum(
         1 for c in children if c.status not in TERMINAL_RUN_STATUSES and c.observed_at is None

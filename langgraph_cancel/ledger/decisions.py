@@ -254,9 +254,9 @@ def first_created_once(
 ) -> list[tuple[EffectRecord, bool] | DuplicateIdempotencyKeyError]:
     """A tool-call id repeated in one batch is created once: later slots say ``False``."""
     seen: set[str] = set()
-    for n, (item, entry) in enumerate(zip(items, out, strict=True)):
+    for slot, (item, entry) in enumerate(zip(items, out, strict=True)):
         if item.tool_call_id in seen and isinstance(entry, tuple):
-            out[n] = (entry[0], False)
+            out[slot] = (entry[0], False)
         seen.add(item.tool_call_id)
     return out
 

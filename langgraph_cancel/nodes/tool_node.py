@@ -292,12 +292,15 @@ class EffectToolNode(ToolNode):
             if phases.reads:
                 try:
                     answers = await asyncio.gather(
-                        *(self._arun_one(calls[i], input_type, runtimes[i]) for i in phases.reads)
+                        *(
+                            self._arun_one(calls[index], input_type, runtimes[index])
+                            for index in phases.reads
+                        )
                     )
                 finally:
                     await adrive_ledger(scope.ledger, batch.flush_reads())
-                for i, answer in zip(phases.reads, answers, strict=True):
-                    outputs[i] = answer
+                for index, answer in zip(phases.reads, answers, strict=True):
+                    outputs[index] = answer
             if phases.effects:
                 await self._aeffects(phases, calls, runtimes, input_type, outputs, batch, config)
         except Carried as failure:
@@ -417,8 +420,8 @@ class EffectToolNode(ToolNode):
 
     @staticmethod
     def _planned(phases: _Sorted) -> tuple[list[CallPlan], list[CallPlan]]:
-        reads = [phases.plans[i] for i in phases.reads if i in phases.plans]
-        effects = [phases.plans[i] for i in phases.effects if i in phases.plans]
+        reads = [phases.plans[index] for index in phases.reads if index in phases.plans]
+        effects = [phases.plans[index] for index in phases.effects if index in phases.plans]
         return reads, effects
 
     def _reads(
@@ -442,8 +445,8 @@ class EffectToolNode(ToolNode):
         failure: BaseException | None = None  # raised once every other outcome is kept
         try:
             futures = {
-                pool.submit(self._run_one, calls[i], input_type, runtimes[i]): i
-                for i in phases.reads
+                pool.submit(self._run_one, calls[index], input_type, runtimes[index]): index
+                for index in phases.reads
             }
             pending = set(futures)
             observed = False
@@ -453,14 +456,14 @@ class EffectToolNode(ToolNode):
                     observed = True
                     scope.signal.observe()
                     pending -= _abandon_reads(pending, futures, phases, outputs, batch)
-            for future, i in futures.items():
-                if outputs[i] is not None:
+            for future, index in futures.items():
+                if outputs[index] is not None:
                     continue
                 error = future.exception()
                 if error is not None:
                     failure = failure or error
                 else:
-                    outputs[i] = future.result()
+                    outputs[index] = future.result()
         finally:
             pool.shutdown(wait=False)  # an abandoned read's thread ends on its own
             drive_ledger(scope.ledger, batch.flush_reads())
@@ -487,17 +490,17 @@ class EffectToolNode(ToolNode):
         batch.supervisor = supervisor
 
         def work() -> None:
-            for i in order:
+            for index in order:
                 supervisor.check()
-                outputs[i] = self._run_one(calls[i], input_type, runtimes[i])
+                outputs[index] = self._run_one(calls[index], input_type, runtimes[index])
 
         def take_over(_call: InFlight) -> None:
             # Given up on a call (recorded unknown), this thread finishes the batch as
             # after a crash: recorded answers are replayed, the calls behind it dropped.
             batch.supervisor = None
-            for i in order:
-                if outputs[i] is None:
-                    outputs[i] = self._run_one(calls[i], input_type, runtimes[i])
+            for index in order:
+                if outputs[index] is None:
+                    outputs[index] = self._run_one(calls[index], input_type, runtimes[index])
 
         try:
             supervise(work, take_over, supervisor)
@@ -510,7 +513,8 @@ class EffectToolNode(ToolNode):
         if self.effect_concurrency == 1 or config.get("max_concurrency") == 1:
             return False
         return not any(
-            (plan := phases.plans.get(i)) is None or plan.needs_review for i in phases.effects
+            (plan := phases.plans.get(index)) is None or plan.needs_review
+            for index in phases.effects
         )
 
     def _effects_at_once(
@@ -531,16 +535,16 @@ class EffectToolNode(ToolNode):
         )
         with ContextThreadPoolExecutor(max_workers=limit) as pool:
 
-            def run(i: int) -> Any:
+            def run(index: int) -> Any:
                 group.got_slot()
-                return self._run_one(calls[i], input_type, runtimes[i])
+                return self._run_one(calls[index], input_type, runtimes[index])
 
             group.waits_for_slot(len(unique))
-            futures = [(i, pool.submit(run, i)) for i in unique]
-            for i, future in futures:
-                outputs[i] = future.result()
-        for i, twin in copies:
-            outputs[i] = _copy(outputs[twin])
+            futures = [(index, pool.submit(run, index)) for index in unique]
+            for index, future in futures:
+                outputs[index] = future.result()
+        for index, twin in copies:
+            outputs[index] = _copy(outputs[twin])
 
     async def _aeffects(
         self,
@@ -555,8 +559,8 @@ class EffectToolNode(ToolNode):
         ledger = batch.scope.ledger
         if not self._concurrent(phases, config):
             try:
-                for i in phases.effects:
-                    outputs[i] = await self._arun_one(calls[i], input_type, runtimes[i])
+                for index in phases.effects:
+                    outputs[index] = await self._arun_one(calls[index], input_type, runtimes[index])
             finally:
                 await adrive_ledger(ledger, batch.flush_outcome())
             return
@@ -568,19 +572,19 @@ class EffectToolNode(ToolNode):
         )
         slots = asyncio.Semaphore(limit)
 
-        async def bounded(i: int) -> Any:
+        async def bounded(index: int) -> Any:
             with group.queued():
                 await slots.acquire()
             try:
-                return await self._arun_one(calls[i], input_type, runtimes[i])
+                return await self._arun_one(calls[index], input_type, runtimes[index])
             finally:
                 slots.release()
 
-        answers = await asyncio.gather(*(bounded(i) for i in unique))
-        for i, answer in zip(unique, answers, strict=True):
-            outputs[i] = answer
-        for i, twin in copies:
-            outputs[i] = _copy(outputs[twin])
+        answers = await asyncio.gather(*(bounded(index) for index in unique))
+        for index, answer in zip(unique, answers, strict=True):
+            outputs[index] = answer
+        for index, twin in copies:
+            outputs[index] = _copy(outputs[twin])
 
 
 def _effect_seam(
@@ -604,12 +608,12 @@ def _twins(phases: _Sorted, calls: list[ToolCall]) -> tuple[list[int], list[tupl
     its twin in flight."""
     first: dict[tuple[str, str, str], int] = {}
     copies: list[tuple[int, int]] = []
-    for i in phases.effects:
-        call = calls[i]
+    for index in phases.effects:
+        call = calls[index]
         identity = (str(call.get("id")), str(call.get("name")), canonical(call.get("args")))
-        twin = first.setdefault(identity, i)
-        if twin != i:
-            copies.append((i, twin))
+        twin = first.setdefault(identity, index)
+        if twin != index:
+            copies.append((index, twin))
     return list(first.values()), copies
 
 
