@@ -37,16 +37,16 @@ def measure(
         go = os.path.join(tmp, "go")
         procs = []
         results: list[str] = []
-        for n in range(workers):
+        for worker in range(workers):
             spec: dict[str, Any] = {
                 "variant": variant,
                 "url": url,
                 "runs": runs,
                 "tool_ms": tool_ms,
                 "calls": calls,
-                "ready": os.path.join(tmp, f"ready-{n}"),
+                "ready": os.path.join(tmp, f"ready-{worker}"),
                 "go": go,
-                "result": os.path.join(tmp, f"result-{n}.json"),
+                "result": os.path.join(tmp, f"result-{worker}.json"),
             }
             results.append(spec["result"])
             procs.append(
@@ -56,10 +56,14 @@ def measure(
                 )
             )
         deadline = time.monotonic() + 120
-        while not all(os.path.exists(os.path.join(tmp, f"ready-{n}")) for n in range(workers)):
-            if time.monotonic() > deadline or any(p.poll() not in (None, 0) for p in procs):
-                for p in procs:
-                    p.kill()
+        while not all(
+            os.path.exists(os.path.join(tmp, f"ready-{worker}")) for worker in range(workers)
+        ):
+            if time.monotonic() > deadline or any(
+                process.poll() not in (None, 0) for process in procs
+            ):
+                for process in procs:
+                    process.kill()
                 raise RuntimeError(f"throughput workers did not start ({variant}, {workers})")
             time.sleep(0.05)
         bytes_before = db_bytes(url)
@@ -73,8 +77,8 @@ def measure(
         sampler.start()
         server_before = server_cpu_s()
         Path(go).write_text("go")
-        for p in procs:
-            p.wait(600)
+        for process in procs:
+            process.wait(600)
         server_after = server_cpu_s()
         stop.set()
         sampler.join(5)
@@ -128,7 +132,9 @@ def measure(
         "mean_connections": mean("connections"),
         "max_connections": max((s["connections"] for s in samples), default=None),
         "ledger_rows_per_run": rnd(sum(added_rows.values()) / total, 2) if added_rows else None,
-        "ledger_rows_per_run_by_table": {t: rnd(n / total, 2) for t, n in added_rows.items()},
+        "ledger_rows_per_run_by_table": {
+            table: rnd(rows / total, 2) for table, rows in added_rows.items()
+        },
         "bytes_per_run": rnd(bytes_per_run, 0),
         "gb_per_100k_runs": rnd(bytes_per_run * 1e5 / 1e9, 3),
         # The server's own time in statements (None without pg_stat_statements).

@@ -72,8 +72,8 @@ def step_costs(dsn: str, cycles: int) -> dict[str, Any]:
             conn.execute("CREATE TABLE floor (id bigint PRIMARY KEY, note text NOT NULL)")
 
             def commits() -> None:
-                for n in range(cycles * operations_per_cycle):
-                    conn.execute("INSERT INTO floor (id, note) VALUES (%s, %s)", (n, "x"))
+                for row_id in range(cycles * operations_per_cycle):
+                    conn.execute("INSERT INTO floor (id, note) VALUES (%s, %s)", (row_id, "x"))
 
             commit_cost = per_operation(commits, cycles * operations_per_cycle)
     return {
