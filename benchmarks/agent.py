@@ -131,10 +131,10 @@ async def async_savers(backend: str, settings: Settings) -> AsyncIterator[tuple[
 
         from langgraph_cancel.checkpointers.sqlite import AsyncSqliteCancelSaver
 
-        d = tempfile.mkdtemp(prefix="overhead-async-", dir=settings.workdir)
+        directory = tempfile.mkdtemp(prefix="overhead-async-", dir=settings.workdir)
         async with (
-            AsyncSqliteSaver.from_conn_string(os.path.join(d, "base.db")) as base,
-            AsyncSqliteCancelSaver.from_conn_string(os.path.join(d, "cancel.db")) as ours,
+            AsyncSqliteSaver.from_conn_string(os.path.join(directory, "base.db")) as base,
+            AsyncSqliteCancelSaver.from_conn_string(os.path.join(directory, "cancel.db")) as ours,
         ):
             await base.setup()
             await ours.setup()
@@ -190,12 +190,12 @@ def savers(backend: str, settings: Settings) -> Iterator[tuple[Any, Any]]:
     elif backend == "sqlite":
         from langgraph.checkpoint.sqlite import SqliteSaver
 
-        d = tempfile.mkdtemp(prefix="overhead-", dir=settings.workdir)
-        c1 = sqlite3.connect(os.path.join(d, "base.db"), check_same_thread=False)
+        directory = tempfile.mkdtemp(prefix="overhead-", dir=settings.workdir)
+        c1 = sqlite3.connect(os.path.join(directory, "base.db"), check_same_thread=False)
         base: Any = SqliteSaver(c1)
         base.setup()
         try:
-            with _sqlite_cancel_saver(d) as ours:
+            with _sqlite_cancel_saver(directory) as ours:
                 yield base, ours
         finally:
             c1.close()

@@ -35,12 +35,13 @@ def median(xs: Sequence[float]) -> float | None:
     return statistics.median(xs) if xs else None
 
 
-def percentile(xs: Sequence[float], p: float) -> float | None:
-    """Nearest-rank percentile (p in 0..100): p99 of 30 samples is the maximum, honestly."""
+def percentile(xs: Sequence[float], percent: float) -> float | None:
+    """Nearest-rank percentile (``percent`` in 0..100): p99 of 30 samples is the maximum,
+    honestly."""
     if not xs:
         return None
     ordered = sorted(xs)
-    rank = max(1, math.ceil(p / 100 * len(ordered)))
+    rank = max(1, math.ceil(percent / 100 * len(ordered)))
     return ordered[rank - 1]
 
 
@@ -50,16 +51,16 @@ def summary(xs: Sequence[float], *, scale: float = 1.0, digits: int = 3) -> dict
         return {"n": 0}
     ys = [x * scale for x in xs]
 
-    def r(v: float | None) -> float | None:
-        return None if v is None else round(v, digits)
+    def rounded(value: float | None) -> float | None:
+        return None if value is None else round(value, digits)
 
     return {
         "n": len(ys),
-        "median": r(median(ys)),
-        "p90": r(percentile(ys, 90)),
-        "p99": r(percentile(ys, 99)),
-        "min": r(min(ys)),
-        "max": r(max(ys)),
+        "median": rounded(median(ys)),
+        "p90": rounded(percentile(ys, 90)),
+        "p99": rounded(percentile(ys, 99)),
+        "min": rounded(min(ys)),
+        "max": rounded(max(ys)),
     }
 
 
@@ -80,33 +81,33 @@ def paired_ratio(
     if not ratios:
         return None
     rng = random.Random(seed)
-    k = len(ratios)
-    meds = sorted(statistics.median(rng.choices(ratios, k=k)) for _ in range(resamples))
+    count = len(ratios)
+    meds = sorted(statistics.median(rng.choices(ratios, k=count)) for _ in range(resamples))
     low = meds[int(0.025 * (resamples - 1))]
     high = meds[int(0.975 * (resamples - 1))]
     return statistics.median(ratios), low, high
 
 
-def ratio(a: float | None, b: float | None) -> float | None:
+def ratio(numerator: float | None, denominator: float | None) -> float | None:
     """a / b, or None."""
-    if a is None or b is None or b == 0:
+    if numerator is None or denominator is None or denominator == 0:
         return None
-    return a / b
+    return numerator / denominator
 
 
-def time_median(fn: Callable[[], Any], n: int) -> float:
+def time_median(fn: Callable[[], Any], reps: int) -> float:
     """The median wall time of ``n`` calls of ``fn``, in seconds."""
     times = []
-    for _ in range(n):
+    for _ in range(reps):
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
 
 
-def rnd(v: float | None, digits: int = 3) -> float | None:
+def rnd(value: float | None, digits: int = 3) -> float | None:
     """Round, keeping None."""
-    return None if v is None else round(v, digits)
+    return None if value is None else round(value, digits)
 
 
 # --------------------------------------------------------------------------- settings
@@ -222,8 +223,8 @@ def ledger_url(backend: str, settings: Settings, tag: str) -> Iterator[str]:
     if backend == "memory":
         yield "memory://"
     elif backend == "sqlite":
-        d = tempfile.mkdtemp(prefix=f"{tag}-", dir=settings.workdir)
-        yield "sqlite:///" + os.path.join(d, "ledger.db")
+        directory = tempfile.mkdtemp(prefix=f"{tag}-", dir=settings.workdir)
+        yield "sqlite:///" + os.path.join(directory, "ledger.db")
     elif backend == "postgres":
         assert settings.pg_dsn
         with fresh_pg_db(settings.pg_dsn, tag) as url:

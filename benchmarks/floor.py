@@ -40,10 +40,10 @@ def _pg_commits(dsn: str, trials: int, *, synchronous_commit: bool) -> list[floa
     ):
         conn.execute(CREATE)
         samples = []
-        for i in range(trials + 10):
+        for index in range(trials + 10):
             t0 = time.perf_counter()
-            conn.execute(INSERT_PG, (i, "commit floor"))
-            if i >= 10:  # the first ones warm the connection and the plan cache
+            conn.execute(INSERT_PG, (index, "commit floor"))
+            if index >= 10:  # the first ones warm the connection and the plan cache
                 samples.append(time.perf_counter() - t0)
         return samples
 
@@ -56,10 +56,10 @@ def _sqlite_commits(settings: Settings, trials: int) -> list[float]:
         conn.execute("PRAGMA synchronous = NORMAL")
         conn.execute(CREATE)
         samples = []
-        for i in range(trials + 10):
+        for index in range(trials + 10):
             t0 = time.perf_counter()
-            conn.execute(INSERT_SQLITE, (i, "commit floor"))
-            if i >= 10:
+            conn.execute(INSERT_SQLITE, (index, "commit floor"))
+            if index >= 10:
                 samples.append(time.perf_counter() - t0)
         return samples
     finally:

@@ -238,7 +238,7 @@ def _trials_cross_process(mode: str, url: str, trials: int, warmup: int) -> list
     rows: list[dict[str, Any]] = []
     rng = random.Random(7)
     try:
-        for i in range(trials + warmup):
+        for trial in range(trials + warmup):
             worker.send("NEXT")
             ready = worker.expect("READY", timeout=120)
             # A random phase against the worker's check/poll cycle and its steps.
@@ -289,7 +289,7 @@ def _trials_cross_process(mode: str, url: str, trials: int, warmup: int) -> list
                         for e in requester.effects(thread_id)
                         if e.dispatched_at is not None and e.dispatched_at > run.requested_at
                     ]
-            if i >= warmup:
+            if trial >= warmup:
                 rows.append(row)
     finally:
         worker.close()
@@ -375,14 +375,15 @@ def run(settings: Settings, backends: list[str]) -> dict[str, Any]:
                 entry["graph"]["late_dispatches"] = [
                     d for r in rows for d in r.get("late_dispatches", [])
                 ]
-        c = entry["check"]["seen_ms"]
-        log(f"  {backend:8s} check seen p50={c.get('median')}ms p99={c.get('p99')}ms")
+        check = entry["check"]["seen_ms"]
+        log(f"  {backend:8s} check seen p50={check.get('median')}ms p99={check.get('p99')}ms")
         if "graph" in entry:
-            g = entry["graph"]
+            graph = entry["graph"]
             log(
-                f"  {backend:8s} graph observed p50={g['observed_ms'].get('median')}ms "
-                f"p99={g['observed_ms'].get('p99')}ms quiesced p50="
-                f"{g['quiesced_ms'].get('median')}ms ended p50={g['ended_ms'].get('median')}ms"
+                f"  {backend:8s} graph observed p50={graph['observed_ms'].get('median')}ms "
+                f"p99={graph['observed_ms'].get('p99')}ms quiesced p50="
+                f"{graph['quiesced_ms'].get('median')}ms "
+                f"ended p50={graph['ended_ms'].get('median')}ms"
             )
         out["backends"][backend] = entry
     return out

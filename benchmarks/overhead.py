@@ -64,13 +64,13 @@ def _fit(points: list[tuple[int, float]]) -> tuple[float | None, float | None]:
     """Least squares: added(N) = fixed + per_call * N. Returns (fixed, per_call)."""
     if len({n for n, _ in points}) < 2:
         return None, None
-    k = len(points)
+    count = len(points)
     sx = sum(n for n, _ in points)
     sy = sum(y for _, y in points)
     sxx = sum(n * n for n, _ in points)
     sxy = sum(n * y for n, y in points)
-    per_call = (k * sxy - sx * sy) / (k * sxx - sx * sx)
-    fixed = (sy - per_call * sx) / k
+    per_call = (count * sxy - sx * sy) / (count * sxx - sx * sx)
+    fixed = (sy - per_call * sx) / count
     return fixed, per_call
 
 
@@ -95,8 +95,8 @@ def _normal_sync_saver(backend: str, settings: Settings) -> Iterator[Any]:
         return
     from langgraph.checkpoint.sqlite import SqliteSaver
 
-    d = tempfile.mkdtemp(prefix="overhead-normal-", dir=settings.workdir)
-    conn = sqlite3.connect(os.path.join(d, "base.db"), check_same_thread=False)
+    directory = tempfile.mkdtemp(prefix="overhead-normal-", dir=settings.workdir)
+    conn = sqlite3.connect(os.path.join(directory, "base.db"), check_same_thread=False)
     try:
         conn.execute("PRAGMA journal_mode = WAL")
         conn.execute("PRAGMA synchronous = NORMAL")
@@ -110,7 +110,7 @@ def _normal_sync_saver(backend: str, settings: Settings) -> Iterator[Any]:
 def measure_cell(
     base_saver: Any,
     cancel_saver: Any,
-    n: int,
+    calls: int,
     tool_ms: float,
     kind: str,
     reps: int,
@@ -125,24 +125,24 @@ def measure_cell(
     """
     tools = [make_tool(kind, tool_ms)]
     variants: dict[str, Any] = {
-        "base": build_graph(tools, scripted_model(n), base_saver, effectful=False),
-        "effect": build_graph(tools, scripted_model(n), cancel_saver, effectful=True),
+        "base": build_graph(tools, scripted_model(calls), base_saver, effectful=False),
+        "effect": build_graph(tools, scripted_model(calls), cancel_saver, effectful=True),
     }
     if normal_saver is not None:
         variants["base_normal"] = build_graph(
-            tools, scripted_model(n), normal_saver, effectful=False
+            tools, scripted_model(calls), normal_saver, effectful=False
         )
-    if kind == SIDE_EFFECT and n > 1:
+    if kind == SIDE_EFFECT and calls > 1:
         # The default runs side effects one at a time, in plan order; this variant
         # lets a whole batch run at once, like ToolNode does, so its intents and its
         # outcomes are each written in one statement. (At N = 1 the two are the same.)
         variants["effect_concurrent"] = build_graph(
-            tools, scripted_model(n), cancel_saver, effectful=True, effect_concurrency=n
+            tools, scripted_model(calls), cancel_saver, effectful=True, effect_concurrency=calls
         )
-    expect = n + 3  # human, AI with n calls, n tool messages, final AI
+    expect = calls + 3  # human, AI with n calls, n tool messages, final AI
     for _ in range(warmup):
-        for g in variants.values():
-            run_once(g, expect)
+        for graph in variants.values():
+            run_once(graph, expect)
     samples: dict[str, dict[str, list[float]]] = {k: {"wall": [], "cpu": []} for k in variants}
     names = list(variants)
     # Collect once, then freeze what exists: a full collection during a trial then only
@@ -150,8 +150,8 @@ def measure_cell(
     gc.collect()
     gc.freeze()
     try:
-        for r in range(reps):
-            for name in names if r % 2 == 0 else reversed(names):
+        for rep in range(reps):
+            for name in names if rep % 2 == 0 else reversed(names):
                 wall, cpu = run_once(variants[name], expect)
                 samples[name]["wall"].append(wall)
                 samples[name]["cpu"].append(cpu)
@@ -164,25 +164,25 @@ async def _ameasure(
     backend: str, settings: Settings, kind: str, reps: int, warmup: int
 ) -> dict[str, dict[str, list[float]]]:
     """``measure_cell`` through ``ainvoke`` on the async savers (interleaved pairs)."""
-    n, tool_ms = ASYNC_CELL
+    calls, tool_ms = ASYNC_CELL
     tools = [make_tool(kind, tool_ms)]
-    expect = n + 3
+    expect = calls + 3
     async with async_savers(backend, settings) as (base_saver, cancel_saver):
         variants = {
-            "base": build_graph(tools, scripted_model(n), base_saver, effectful=False),
-            "effect": build_graph(tools, scripted_model(n), cancel_saver, effectful=True),
+            "base": build_graph(tools, scripted_model(calls), base_saver, effectful=False),
+            "effect": build_graph(tools, scripted_model(calls), cancel_saver, effectful=True),
         }
         if kind == SIDE_EFFECT:
             variants["effect_concurrent"] = build_graph(
-                tools, scripted_model(n), cancel_saver, effectful=True, effect_concurrency=n
+                tools, scripted_model(calls), cancel_saver, effectful=True, effect_concurrency=calls
             )
         for _ in range(warmup + 1):
-            for g in variants.values():
-                await arun_once(g, expect)
+            for graph in variants.values():
+                await arun_once(graph, expect)
         samples: dict[str, dict[str, list[float]]] = {k: {"wall": [], "cpu": []} for k in variants}
         names = list(variants)
-        for r in range(reps):
-            for name in names if r % 2 == 0 else reversed(names):
+        for rep in range(reps):
+            for name in names if rep % 2 == 0 else reversed(names):
                 wall, cpu = await arun_once(variants[name], expect)
                 samples[name]["wall"].append(wall)
                 samples[name]["cpu"].append(cpu)
@@ -192,38 +192,40 @@ async def _ameasure(
 def run_async(settings: Settings, backends: list[str], cfg: dict[str, Any]) -> list[dict[str, Any]]:
     """The 10 x 5 ms cells again, through ``ainvoke`` (a LangGraph server's way)."""
     cells: list[dict[str, Any]] = []
-    n, tool_ms = ASYNC_CELL
-    reps = cfg["reps"].get(n, max(cfg["reps"].values()))
+    calls, tool_ms = ASYNC_CELL
+    reps = cfg["reps"].get(calls, max(cfg["reps"].values()))
     for backend in backends:
         for kind in (SIDE_EFFECT, READ_ONLY):
-            s = asyncio.run(_ameasure(backend, settings, kind, reps, cfg["warmup"]))
-            base = median(s["base"]["wall"])
-            eff = median(s["effect"]["wall"])
+            samples = asyncio.run(_ameasure(backend, settings, kind, reps, cfg["warmup"]))
+            base = median(samples["base"]["wall"])
+            eff = median(samples["effect"]["wall"])
             assert base is not None and eff is not None
             cell: dict[str, Any] = {
                 "backend": backend,
                 "kind": kind,
                 "tool_ms": tool_ms,
-                "n_calls": n,
+                "n_calls": calls,
                 "mode": "async (ainvoke)",
-                "base_ms": summary(s["base"]["wall"], scale=1e3),
-                "effect_ms": summary(s["effect"]["wall"], scale=1e3),
-                "added_us_per_call": rnd((eff - base) * 1e6 / n, 1),
+                "base_ms": summary(samples["base"]["wall"], scale=1e3),
+                "effect_ms": summary(samples["effect"]["wall"], scale=1e3),
+                "added_us_per_call": rnd((eff - base) * 1e6 / calls, 1),
                 "added_pct": rnd((ratio(eff, base) or 0) * 100 - 100, 1),
             }
-            cell.update(_paired("added_pct", s["base"]["wall"], s["effect"]["wall"]))
-            if "effect_concurrent" in s:
-                cell["effect_concurrent_ms"] = summary(s["effect_concurrent"]["wall"], scale=1e3)
+            cell.update(_paired("added_pct", samples["base"]["wall"], samples["effect"]["wall"]))
+            if "effect_concurrent" in samples:
+                cell["effect_concurrent_ms"] = summary(
+                    samples["effect_concurrent"]["wall"], scale=1e3
+                )
                 cell.update(
                     _paired(
                         "effect_concurrent_added_pct",
-                        s["base"]["wall"],
-                        s["effect_concurrent"]["wall"],
+                        samples["base"]["wall"],
+                        samples["effect_concurrent"]["wall"],
                     )
                 )
             cells.append(cell)
             log(
-                f"  async {backend:8s} {kind:14s} tool={tool_ms:g}ms N={n} "
+                f"  async {backend:8s} {kind:14s} tool={tool_ms:g}ms N={calls} "
                 f"base={base * 1e3:8.2f}ms effect={eff * 1e3:8.2f}ms "
                 f"paired added={cell.get('paired_added_pct')}%"
             )
@@ -252,63 +254,67 @@ def run(settings: Settings, backends: list[str]) -> dict[str, Any]:
                     # added(N) with the batch at once (effect_concurrency=N); N = 1 is
                     # the default variant itself.
                     conc_points: list[tuple[int, float]] = []
-                    for n in cfg["batches"]:
-                        s = measure_cell(
+                    for calls in cfg["batches"]:
+                        samples = measure_cell(
                             base_saver,
                             cancel_saver,
-                            n,
+                            calls,
                             tool_ms,
                             kind,
-                            cfg["reps"][n],
+                            cfg["reps"][calls],
                             cfg["warmup"],
-                            normal_saver if (n, tool_ms) == ASYNC_CELL else None,
+                            normal_saver if (calls, tool_ms) == ASYNC_CELL else None,
                         )
-                        base = median(s["base"]["wall"])
-                        eff = median(s["effect"]["wall"])
-                        base_cpu = median(s["base"]["cpu"])
-                        eff_cpu = median(s["effect"]["cpu"])
+                        base = median(samples["base"]["wall"])
+                        eff = median(samples["effect"]["wall"])
+                        base_cpu = median(samples["base"]["cpu"])
+                        eff_cpu = median(samples["effect"]["cpu"])
                         assert base is not None and eff is not None
                         assert base_cpu is not None and eff_cpu is not None
                         added = eff - base
                         added_cpu = eff_cpu - base_cpu
-                        points.append((n, added))
-                        cpu_points.append((n, added_cpu))
-                        if kind == SIDE_EFFECT and n == 1:
-                            conc_points.append((n, added))
+                        points.append((calls, added))
+                        cpu_points.append((calls, added_cpu))
+                        if kind == SIDE_EFFECT and calls == 1:
+                            conc_points.append((calls, added))
                         cell: dict[str, Any] = {
                             "backend": backend,
                             "kind": kind,
                             "tool_ms": tool_ms,
-                            "n_calls": n,
-                            "base_ms": summary(s["base"]["wall"], scale=1e3),
-                            "effect_ms": summary(s["effect"]["wall"], scale=1e3),
+                            "n_calls": calls,
+                            "base_ms": summary(samples["base"]["wall"], scale=1e3),
+                            "effect_ms": summary(samples["effect"]["wall"], scale=1e3),
                             "added_ms": rnd(added * 1e3),
-                            "added_us_per_call": rnd(added * 1e6 / n, 1),
+                            "added_us_per_call": rnd(added * 1e6 / calls, 1),
                             "ratio": rnd(ratio(eff, base)),
                             "added_pct": rnd((ratio(eff, base) or 0) * 100 - 100, 1),
                             "base_cpu_ms": rnd(base_cpu * 1e3),
                             "effect_cpu_ms": rnd(eff_cpu * 1e3),
-                            "added_cpu_us_per_call": rnd(added_cpu * 1e6 / n, 1),
+                            "added_cpu_us_per_call": rnd(added_cpu * 1e6 / calls, 1),
                         }
-                        cell.update(_paired("added_pct", s["base"]["wall"], s["effect"]["wall"]))
-                        if "base_normal" in s:
+                        cell.update(
+                            _paired("added_pct", samples["base"]["wall"], samples["effect"]["wall"])
+                        )
+                        if "base_normal" in samples:
                             # SqliteCancelSaver commits with synchronous=NORMAL (as its
                             # ledger does); LangGraph's SqliteSaver keeps SQLite's FULL.
                             # Against a plain saver set alike: the library's own cost.
-                            cell["base_normal_ms"] = summary(s["base_normal"]["wall"], scale=1e3)
+                            cell["base_normal_ms"] = summary(
+                                samples["base_normal"]["wall"], scale=1e3
+                            )
                             for variant, key in (
                                 ("effect", "added_pct_vs_normal_base"),
                                 ("effect_concurrent", "effect_concurrent_added_pct_vs_normal_base"),
                             ):
-                                if variant in s:
-                                    normal = s["base_normal"]["wall"]
-                                    cell.update(_paired(key, normal, s[variant]["wall"]))
-                        if "effect_concurrent" in s:
-                            conc = median(s["effect_concurrent"]["wall"])
+                                if variant in samples:
+                                    normal = samples["base_normal"]["wall"]
+                                    cell.update(_paired(key, normal, samples[variant]["wall"]))
+                        if "effect_concurrent" in samples:
+                            conc = median(samples["effect_concurrent"]["wall"])
                             assert conc is not None
-                            conc_points.append((n, conc - base))
+                            conc_points.append((calls, conc - base))
                             cell["effect_concurrent_ms"] = summary(
-                                s["effect_concurrent"]["wall"], scale=1e3
+                                samples["effect_concurrent"]["wall"], scale=1e3
                             )
                             cell["effect_concurrent_ratio"] = rnd(ratio(conc, base))
                             cell["effect_concurrent_added_pct"] = rnd(
@@ -317,16 +323,16 @@ def run(settings: Settings, backends: list[str]) -> dict[str, Any]:
                             cell.update(
                                 _paired(
                                     "effect_concurrent_added_pct",
-                                    s["base"]["wall"],
-                                    s["effect_concurrent"]["wall"],
+                                    samples["base"]["wall"],
+                                    samples["effect_concurrent"]["wall"],
                                 )
                             )
                         cells.append(cell)
                         log(
-                            f"  {backend:8s} {kind:14s} tool={tool_ms}ms N={n:<3d} "
+                            f"  {backend:8s} {kind:14s} tool={tool_ms}ms N={calls:<3d} "
                             f"base={base * 1e3:8.2f}ms effect={eff * 1e3:8.2f}ms "
-                            f"added/call={added * 1e6 / n:9.1f}us ratio={eff / base:5.2f} "
-                            f"cpu added/call={added_cpu * 1e6 / n:9.1f}us"
+                            f"added/call={added * 1e6 / calls:9.1f}us ratio={eff / base:5.2f} "
+                            f"cpu added/call={added_cpu * 1e6 / calls:9.1f}us"
                         )
                     fixed, per_call = _fit(points)
                     cpu_fixed, cpu_per_call = _fit(cpu_points)
@@ -347,7 +353,7 @@ def run(settings: Settings, backends: list[str]) -> dict[str, Any]:
                                 None if cpu_per_call is None else cpu_per_call * 1e6, 1
                             ),
                             "fit": "least squares of added(N) = fixed + marginal * N over "
-                            f"N in {[n for n, _ in points]}",
+                            f"N in {[calls for calls, _ in points]}",
                         }
                     )
                     if conc_per_call is not None:

@@ -57,20 +57,20 @@ def _wrap(fn: Any, label: str, rec: Recorder) -> Any:
     if inspect.iscoroutinefunction(fn):
 
         @functools.wraps(fn)
-        async def awrapper(*a: Any, **k: Any) -> Any:
+        async def awrapper(*args: Any, **kwargs: Any) -> Any:
             t0 = time.perf_counter()
             try:
-                return await fn(*a, **k)
+                return await fn(*args, **kwargs)
             finally:
                 rec.add(label, time.perf_counter() - t0)
 
         return awrapper
 
     @functools.wraps(fn)
-    def wrapper(*a: Any, **k: Any) -> Any:
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
         t0 = time.perf_counter()
         try:
-            return fn(*a, **k)
+            return fn(*args, **kwargs)
         finally:
             rec.add(label, time.perf_counter() - t0)
 
@@ -84,10 +84,10 @@ class _CountingCursor:
         self._cur = cur
         self._rec = rec
 
-    def execute(self, *a: Any, **k: Any) -> Any:
+    def execute(self, *args: Any, **kwargs: Any) -> Any:
         t0 = time.perf_counter()
         try:
-            return self._cur.execute(*a, **k)
+            return self._cur.execute(*args, **kwargs)
         finally:
             self._rec.add("ledger SQL statements", time.perf_counter() - t0)
 
@@ -100,10 +100,10 @@ def _wrap_cm(fn: Any, label: str, rec: Recorder) -> Any:
 
     @functools.wraps(fn)
     @contextlib.contextmanager
-    def wrapper(*a: Any, **k: Any) -> Iterator[Any]:
+    def wrapper(*args: Any, **kwargs: Any) -> Iterator[Any]:
         t0 = time.perf_counter()
         try:
-            with fn(*a, **k) as value:
+            with fn(*args, **kwargs) as value:
                 yield _CountingCursor(value, rec)
         finally:
             rec.add(label, time.perf_counter() - t0)
@@ -188,12 +188,12 @@ def _micro(reps: int) -> dict[str, Any]:
         asyncio.run(noop())
 
     async def ainvoke_10() -> None:
-        for i in range(10):
-            await tool_.ainvoke({"i": i})
+        for index in range(10):
+            await tool_.ainvoke({"i": index})
 
     def t_sync_10() -> None:
-        for i in range(10):
-            tool_.invoke({"i": i})
+        for index in range(10):
+            tool_.invoke({"i": index})
 
     loop_cost = time_median(t_asyncio_run, reps)
     ainv = time_median(lambda: asyncio.run(ainvoke_10()), reps)
@@ -216,8 +216,8 @@ def _ledger_primitives(ledger: Any, reps: int) -> dict[str, Any]:
     thread = f"prim-{uuid.uuid4().hex[:8]}"
     run = ledger.start_run(thread)
     times: dict[str, list[float]] = collections.defaultdict(list)
-    for i in range(reps):
-        call = f"p{i}"
+    for index in range(reps):
+        call = f"p{index}"
         t0 = time.perf_counter()
         rec, _ = ledger.plan(
             thread_id=thread,
@@ -225,8 +225,8 @@ def _ledger_primitives(ledger: Any, reps: int) -> dict[str, Any]:
             tool_call_id=call,
             tool="work",
             kind="irreversible",
-            args={"i": i},
-            seq=i,
+            args={"i": index},
+            seq=index,
             owner="bench",
             actor="bench",
         )
@@ -241,16 +241,16 @@ def _ledger_primitives(ledger: Any, reps: int) -> dict[str, Any]:
             result={"content": "ok", "status": "success"},
         )
         t3 = time.perf_counter()
-        ledger.find_effect(thread, f"r{i}")
+        ledger.find_effect(thread, f"r{index}")
         t4 = time.perf_counter()
         ledger.plan(
             thread_id=thread,
             run_id=run.run_id,
-            tool_call_id=f"r{i}",
+            tool_call_id=f"r{index}",
             tool="work",
             kind="read_only",
-            args={"i": i},
-            seq=i,
+            args={"i": index},
+            seq=index,
             status="committed",
             result={"content": "ok", "status": "success"},
             owner="bench",
@@ -309,8 +309,8 @@ def _batched_primitives(ledger: Any, reps: int, times: dict[str, list[float]]) -
 
     thread = f"prim-batch-{uuid.uuid4().hex[:8]}"
     run = ledger.start_run(thread)
-    for b in range(max(1, reps // 10)):
-        calls = [f"b{b}-{i}" for i in range(10)]
+    for batch in range(max(1, reps // 10)):
+        calls = [f"b{batch}-{i}" for i in range(10)]
         t0 = time.perf_counter()
         entries = ledger.plan_many(
             thread_id=thread,
@@ -351,7 +351,7 @@ def _batched_primitives(ledger: Any, reps: int, times: dict[str, list[float]]) -
         times["record_many (10 read outcomes), per row"].append((time.perf_counter() - t2) / 10)
 
 
-def _tool_path_ab(saver: Any, base_saver: Any, n: int, reps: int) -> dict[str, Any]:
+def _tool_path_ab(saver: Any, base_saver: Any, calls: int, reps: int) -> dict[str, Any]:
     """Diagnostic A/B, not a result: EffectToolNode as is (a sync graph's batch runs in one
     supervised worker thread, each side effect inline there) vs the same node handing each
     call to a thread pool and back (what it did before: so that a cancelled run can stop
@@ -366,37 +366,37 @@ def _tool_path_ab(saver: Any, base_saver: Any, n: int, reps: int) -> dict[str, A
         return False
 
     tools = [make_tool(SIDE_EFFECT, 0)]
-    g_base = build_graph(tools, scripted_model(n), base_saver, effectful=False)
-    g_eff = build_graph(tools, scripted_model(n), saver, effectful=True)
+    g_base = build_graph(tools, scripted_model(calls), base_saver, effectful=False)
+    g_eff = build_graph(tools, scripted_model(calls), saver, effectful=True)
     walls: dict[str, list[float]] = {"base": [], "as_is": [], "handover_per_call": []}
     cpus: dict[str, list[float]] = {k: [] for k in walls}
     try:
-        run_once(g_eff, n + 3)
+        run_once(g_eff, calls + 3)
         for _ in range(reps):
             for mode in walls:
                 patched = never if mode == "handover_per_call" else original
                 setattr(tn.EffectToolNode, "_batch_in_worker", patched)  # noqa: B010
-                w, c = run_once(g_base if mode == "base" else g_eff, n + 3)
-                walls[mode].append(w)
-                cpus[mode].append(c)
+                wall, cpu = run_once(g_base if mode == "base" else g_eff, calls + 3)
+                walls[mode].append(wall)
+                cpus[mode].append(cpu)
     except Exception as exc:  # the library changed shape: report, do not fail the run
         return {"skipped": f"{type(exc).__name__}: {exc}"}
     finally:
         setattr(tn.EffectToolNode, "_batch_in_worker", original)  # noqa: B010
-    out: dict[str, Any] = {"n_calls": n, "reps": reps}
+    out: dict[str, Any] = {"n_calls": calls, "reps": reps}
     for mode in walls:
         out[f"{mode}_ms"] = rnd((median(walls[mode]) or 0) * 1e3)
         out[f"{mode}_cpu_ms"] = rnd((median(cpus[mode]) or 0) * 1e3)
     out["handover_us_per_call"] = rnd(
-        ((median(walls["handover_per_call"]) or 0) - (median(walls["as_is"]) or 0)) / n * 1e6, 1
+        ((median(walls["handover_per_call"]) or 0) - (median(walls["as_is"]) or 0)) / calls * 1e6, 1
     )
     out["handover_cpu_us_per_call"] = rnd(
-        ((median(cpus["handover_per_call"]) or 0) - (median(cpus["as_is"]) or 0)) / n * 1e6, 1
+        ((median(cpus["handover_per_call"]) or 0) - (median(cpus["as_is"]) or 0)) / calls * 1e6, 1
     )
     return out
 
 
-def _top_cprofile(graph: Any, n: int, expect: int, runs: int) -> list[dict[str, Any]]:
+def _top_cprofile(graph: Any, calls: int, expect: int, runs: int) -> list[dict[str, Any]]:
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(runs):
@@ -422,7 +422,7 @@ def _top_cprofile(graph: Any, n: int, expect: int, runs: int) -> list[dict[str, 
 def run(settings: Settings, backends_: list[str]) -> dict[str, Any]:
     """Attribution per backend for the side-effecting and read-only N=10, 0 ms cells."""
     reps = settings.reps or (2 if settings.quick else 8)
-    n = 10
+    calls = 10
     out: dict[str, Any] = {
         "method": (
             "EffectToolNode graph, N=10 calls of a 0 ms tool, invoked repeatedly with the "
@@ -440,19 +440,19 @@ def run(settings: Settings, backends_: list[str]) -> dict[str, Any]:
             entry["ledger_primitives_us"] = _ledger_primitives(cancel_saver.ledger, reps * 4)
             for kind in (SIDE_EFFECT, READ_ONLY):
                 tools = [make_tool(kind, 0)]
-                g_base = build_graph(tools, scripted_model(n), base_saver, effectful=False)
-                g_eff = build_graph(tools, scripted_model(n), cancel_saver, effectful=True)
+                g_base = build_graph(tools, scripted_model(calls), base_saver, effectful=False)
+                g_eff = build_graph(tools, scripted_model(calls), cancel_saver, effectful=True)
                 g_node = build_graph(
-                    tools, scripted_model(n), cancel_saver, effectful=True, cancellation=False
+                    tools, scripted_model(calls), cancel_saver, effectful=True, cancellation=False
                 )
-                expect = n + 3
-                for g in (g_base, g_eff, g_node):
-                    run_once(g, expect)
+                expect = calls + 3
+                for graph in (g_base, g_eff, g_node):
+                    run_once(graph, expect)
                 walls: dict[str, list[float]] = {"base": [], "effect": [], "node_only": []}
                 for _ in range(reps):
-                    for name, g in (("base", g_base), ("effect", g_eff), ("node_only", g_node)):
+                    for name, graph in (("base", g_base), ("effect", g_eff), ("node_only", g_node)):
                         gc.collect()
-                        walls[name].append(run_once(g, expect)[0])
+                        walls[name].append(run_once(graph, expect)[0])
                 rec = Recorder()
                 with instrument(rec):
                     run_once(g_eff, expect)
@@ -475,7 +475,7 @@ def run(settings: Settings, backends_: list[str]) -> dict[str, Any]:
                 eff_ms = (median(walls["effect"]) or 0) * 1e3
                 node_ms = (median(walls["node_only"]) or 0) * 1e3
                 entry[kind] = {
-                    "n_calls": n,
+                    "n_calls": calls,
                     "base_ms": rnd(base_ms),
                     "effect_ms": rnd(eff_ms),
                     "effect_node_only_ms": rnd(node_ms),
@@ -488,7 +488,7 @@ def run(settings: Settings, backends_: list[str]) -> dict[str, Any]:
                             + rec.calls["ledger DB autocommit statements"]
                         )
                         / reps
-                        / n,
+                        / calls,
                         2,
                     ),
                     "db_transactions_per_invoke": rnd(
@@ -499,7 +499,7 @@ def run(settings: Settings, backends_: list[str]) -> dict[str, Any]:
                     ),
                     "sql_statements_per_invoke": rnd(rec.calls["ledger SQL statements"] / reps, 1),
                     "breakdown": breakdown,
-                    "cprofile_top_tottime": _top_cprofile(g_eff, n, expect, max(2, reps // 3)),
+                    "cprofile_top_tottime": _top_cprofile(g_eff, calls, expect, max(2, reps // 3)),
                 }
                 log(
                     f"  {backend:8s} {kind:14s} base={base_ms:7.2f}ms effect={eff_ms:7.2f}ms "

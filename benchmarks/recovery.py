@@ -258,10 +258,10 @@ def run(settings: Settings, backends: list[str]) -> dict[str, Any]:
         if "plain" not in entry:
             out["backends"][backend] = entry
             continue
-        o, p = entry["ours"], entry["plain"]
+        ours, plain = entry["ours"], entry["plain"]
         entry["added_ms"] = rnd(
-            (o["to_resumed_ms"]["median"] or 0)
-            - (p["to_resumed_excl_lgc_import_ms"]["median"] or 0),
+            (ours["to_resumed_ms"]["median"] or 0)
+            - (plain["to_resumed_excl_lgc_import_ms"]["median"] or 0),
             1,
         )
         entry["added_note"] = (

@@ -77,20 +77,20 @@ _COLUMNS = (
 
 def _rows(start: int, stop: int, heavy: str, ts: str) -> Any:
     result = json.dumps({"content": "ok", "status": "success"})
-    for i in range(start, stop):
-        thread = heavy if i % HEAVY_EVERY == 0 else f"bulk-{i // ROWS_PER_BULK_THREAD}"
-        status = SETTLED[i % len(SETTLED)]
+    for index in range(start, stop):
+        thread = heavy if index % HEAVY_EVERY == 0 else f"bulk-{index // ROWS_PER_BULK_THREAD}"
+        status = SETTLED[index % len(SETTLED)]
         yield (
-            f"{thread}:b{i}",
+            f"{thread}:b{index}",
             thread,
             f"run-{thread}",
-            f"b{i}",
+            f"b{index}",
             "work",
-            "irreversible" if i % 3 else "read_only",
+            "irreversible" if index % 3 else "read_only",
             status,
-            f"bulk-key-{i}",
-            json.dumps({"i": i}),
-            i,
+            f"bulk-key-{index}",
+            json.dumps({"i": index}),
+            index,
             result,
             None,
             "bench",
@@ -179,28 +179,28 @@ def _explain(ledger: Any, thread: str) -> str:
 
 def _seed_thread(ledger: Any, thread: str) -> None:
     run = ledger.start_run(thread)
-    for i in range(UNSETTLED_PER_THREAD):
+    for index in range(UNSETTLED_PER_THREAD):
         ledger.plan(
             thread_id=thread,
             run_id=run.run_id,
-            tool_call_id=f"u{i}",
+            tool_call_id=f"u{index}",
             tool="work",
             kind="irreversible",
-            args={"i": i},
-            seq=i,
+            args={"i": index},
+            seq=index,
             owner="bench",
             actor="bench",
         )
 
 
-def _seed_writer(ledger: Any, thread: str, n: int) -> list[str]:
+def _seed_writer(ledger: Any, thread: str, count: int) -> list[str]:
     """``n`` planned side effects on a thread, the first dispatched: a write pair walks them."""
     from langgraph_cancel.ledger import derive_effect_id
     from langgraph_cancel.types import EffectStatus
 
     run = ledger.start_run(thread)
-    plan_work(ledger, thread, run.run_id, n, "w")
-    ids = [derive_effect_id(thread, f"w{i}") for i in range(n)]
+    plan_work(ledger, thread, run.run_id, count, "w")
+    ids = [derive_effect_id(thread, f"w{i}") for i in range(count)]
     ledger.transition(ids[0], EffectStatus.DISPATCHED, owner="bench", actor="bench")
     return ids
 
@@ -245,30 +245,33 @@ def unsettled_scale(settings: Settings, backend: str) -> dict[str, Any]:
         times: list[dict[str, list[float]]] = [
             {"light": [], "heavy": [], "write": []} for _ in sizes
         ]
-        for k, ledger in enumerate(ledgers):
-            for i in range(5):
+        for position, ledger in enumerate(ledgers):
+            for index in range(5):
                 ledger.unsettled(light)
                 ledger.unsettled(heavy)
-                write_pair(ledger, writers[k][i], writers[k][i + 1])
-        for i in range(5, 5 + calls):
-            for k, ledger in enumerate(ledgers):
+                write_pair(ledger, writers[position][index], writers[position][index + 1])
+        for index in range(5, 5 + calls):
+            for position, ledger in enumerate(ledgers):
                 for name, thread in (("light", light), ("heavy", heavy)):
                     t1 = time.perf_counter()
                     got = ledger.unsettled(thread)
-                    times[k][name].append(time.perf_counter() - t1)
+                    times[position][name].append(time.perf_counter() - t1)
                     assert len(got) == UNSETTLED_PER_THREAD, len(got)
                 t1 = time.perf_counter()
-                write_pair(ledger, writers[k][i], writers[k][i + 1])
-                times[k]["write"].append(time.perf_counter() - t1)
-        for k, ledger in enumerate(ledgers):
-            steps[k]["light_us"] = summary(times[k]["light"], scale=1e6, digits=1)
-            steps[k]["heavy_us"] = summary(times[k]["heavy"], scale=1e6, digits=1)
-            steps[k]["write_pair_us"] = summary(times[k]["write"], scale=1e6, digits=1)
-            steps[k]["plan"] = _explain(ledger, heavy)
+                write_pair(ledger, writers[position][index], writers[position][index + 1])
+                times[position]["write"].append(time.perf_counter() - t1)
+        for position, ledger in enumerate(ledgers):
+            steps[position]["light_us"] = summary(times[position]["light"], scale=1e6, digits=1)
+            steps[position]["heavy_us"] = summary(times[position]["heavy"], scale=1e6, digits=1)
+            steps[position]["write_pair_us"] = summary(
+                times[position]["write"], scale=1e6, digits=1
+            )
+            steps[position]["plan"] = _explain(ledger, heavy)
             log(
-                f"  {backend:8s} rows={sizes[k]:>9,d} unsettled light="
-                f"{steps[k]['light_us']['median']}us heavy={steps[k]['heavy_us']['median']}us"
-                f" write pair={steps[k]['write_pair_us']['median']}us"
+                f"  {backend:8s} rows={sizes[position]:>9,d} unsettled light="
+                f"{steps[position]['light_us']['median']}us "
+                f"heavy={steps[position]['heavy_us']['median']}us"
+                f" write pair={steps[position]['write_pair_us']['median']}us"
             )
     first, last = steps[0], steps[-1]
     writes = [s["write_pair_us"]["median"] for s in steps]
@@ -298,28 +301,28 @@ def throughput(
             ledger.setup()
         else:
             ledger = Ledger.from_url(url)
-        runs = [ledger.start_run(f"tp-{i}") for i in range(threads)]
+        runs = [ledger.start_run(f"tp-{operations}") for operations in range(threads)]
         barrier = threading.Barrier(threads + 1)
         stop = threading.Event()
         counts = [0] * threads
         lat: list[list[float]] = [[] for _ in range(threads)]
         errors: list[str] = []
 
-        def work(k: int) -> None:
-            run = runs[k]
+        def work(position: int) -> None:
+            run = runs[position]
             barrier.wait()
-            i = 0
+            operations = 0
             try:
                 while not stop.is_set():
                     t0 = time.perf_counter()
                     rec, _ = ledger.plan(
                         thread_id=run.thread_id,
                         run_id=run.run_id,
-                        tool_call_id=f"w{i}",
+                        tool_call_id=f"w{operations}",
                         tool="work",
                         kind="irreversible",
-                        args={"i": i},
-                        seq=i,
+                        args={"i": operations},
+                        seq=operations,
                         owner="bench",
                         actor="bench",
                     )
@@ -334,23 +337,23 @@ def throughput(
                         result={"content": "ok", "status": "success"},
                     )
                     t3 = time.perf_counter()
-                    counts[k] += 3
-                    if i % 4 == 0:
-                        lat[k].extend((t1 - t0, t2 - t1, t3 - t2))
-                    i += 1
+                    counts[position] += 3
+                    if operations % 4 == 0:
+                        lat[position].extend((t1 - t0, t2 - t1, t3 - t2))
+                    operations += 1
             except Exception as exc:  # reported in the JSON
                 errors.append(f"{type(exc).__name__}: {exc}")
 
-        workers = [threading.Thread(target=work, args=(k,)) for k in range(threads)]
-        for w in workers:
-            w.start()
+        workers = [threading.Thread(target=work, args=(position,)) for position in range(threads)]
+        for worker in workers:
+            worker.start()
         barrier.wait()
         c0 = time.process_time()
         t0 = time.perf_counter()
         time.sleep(duration)
         stop.set()
-        for w in workers:
-            w.join()
+        for worker in workers:
+            worker.join()
         wall = time.perf_counter() - t0
         cpu = time.process_time() - c0
         ledger.close()
@@ -378,7 +381,7 @@ def memory_per_run(settings: Settings, backend: str) -> dict[str, Any]:
     from langgraph_cancel.ledger import Ledger
     from langgraph_cancel.runtime import drop_scope, scope_for
 
-    n = 100 if settings.quick else 1000
+    runs = 100 if settings.quick else 1000
     with ledger_url(backend, settings, "mem") as url:
         ledger = Ledger.from_url(url)
         warm = scope_for({"configurable": {"thread_id": "warm"}}, ledger=ledger)
@@ -389,13 +392,13 @@ def memory_per_run(settings: Settings, backend: str) -> dict[str, Any]:
         b0 = tracemalloc.get_traced_memory()[0]
         scopes = [
             scope_for({"configurable": {"thread_id": f"mem-{uuid.uuid4().hex[:8]}"}}, ledger=ledger)
-            for _ in range(n)
+            for _ in range(runs)
         ]
         gc.collect()
         b1 = tracemalloc.get_traced_memory()[0]
         after = tracemalloc.take_snapshot()
-        for s in scopes:
-            drop_scope(s)
+        for scope in scopes:
+            drop_scope(scope)
         del scopes
         gc.collect()
         b2 = tracemalloc.get_traced_memory()[0]
@@ -404,15 +407,15 @@ def memory_per_run(settings: Settings, backend: str) -> dict[str, Any]:
         ledger.close()
     return {
         "backend": backend,
-        "open_runs": n,
-        "bytes_per_open_run": round((b1 - b0) / n),
-        "bytes_left_per_run_after_drop": round((b2 - b0) / n),
+        "open_runs": runs,
+        "bytes_per_open_run": round((b1 - b0) / runs),
+        "bytes_left_per_run_after_drop": round((b2 - b0) / runs),
         "top_allocators": [
             {
                 "file": str(st.traceback[0].filename)
                 .split("site-packages/")[-1]
                 .replace(str(Path(__file__).resolve().parent.parent) + "/", ""),
-                "bytes_per_run": round(st.size_diff / n),
+                "bytes_per_run": round(st.size_diff / runs),
             }
             for st in top
         ],
@@ -421,7 +424,7 @@ def memory_per_run(settings: Settings, backend: str) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- hygiene
-def same_process_signal(n: int = 50) -> dict[str, Any]:
+def same_process_signal(trials: int = 50) -> dict[str, Any]:
     """Is a cancel requested through a ledger seen at once by a run in the same process?
 
     Each of ``n`` short-lived ledgers (memory://) starts a run, checks once (which sets
@@ -434,11 +437,11 @@ def same_process_signal(n: int = 50) -> dict[str, Any]:
     from langgraph_cancel.runtime import drop_scope, scope_for
 
     missed = 0
-    for i in range(n):
+    for trial in range(trials):
         ledger = Ledger.from_url("memory://")
-        scope = scope_for({"configurable": {"thread_id": f"hyg-{i}"}}, ledger=ledger)
+        scope = scope_for({"configurable": {"thread_id": f"hyg-{trial}"}}, ledger=ledger)
         scope.cancel_called()
-        ledger.request_cancel(f"hyg-{i}", reason="hygiene", requested_by="bench")
+        ledger.request_cancel(f"hyg-{trial}", reason="hygiene", requested_by="bench")
         if not scope.cancel_called():
             missed += 1
         drop_scope(scope)
@@ -446,7 +449,7 @@ def same_process_signal(n: int = 50) -> dict[str, Any]:
         del ledger, scope
         _gc.collect()
     return {
-        "ledgers": n,
+        "ledgers": trials,
         "cancel_not_seen_at_once": missed,
         "note": (
             "same-process request_cancel through the ledger the run uses; a miss falls back "
@@ -455,7 +458,7 @@ def same_process_signal(n: int = 50) -> dict[str, Any]:
     }
 
 
-def pg_listener_threads(settings: Settings, n: int = 3) -> dict[str, Any]:
+def pg_listener_threads(settings: Settings, count: int = 3) -> dict[str, Any]:
     """LISTEN threads alive after opening, using and closing ``n`` PostgreSQL ledgers."""
     from langgraph_cancel.ledger import Ledger
     from langgraph_cancel.runtime import drop_scope, scope_for
@@ -464,15 +467,15 @@ def pg_listener_threads(settings: Settings, n: int = 3) -> dict[str, Any]:
         return sum(1 for t in threading.enumerate() if t.name == "langgraph-cancel-listen")
 
     before = listeners()
-    for i in range(n):
+    for index in range(count):
         with ledger_url("postgres", settings, "listen") as url:
             ledger = Ledger.from_url(url)
-            scope = scope_for({"configurable": {"thread_id": f"lst-{i}"}}, ledger=ledger)
+            scope = scope_for({"configurable": {"thread_id": f"lst-{index}"}}, ledger=ledger)
             drop_scope(scope)
             ledger.close()
     time.sleep(0.5)
     return {
-        "ledgers_opened_and_closed": n,
+        "ledgers_opened_and_closed": count,
         "listen_threads_before": before,
         "listen_threads_after": listeners(),
         "note": "threads named langgraph-cancel-listen still alive after Ledger.close()",
