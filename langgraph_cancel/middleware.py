@@ -57,12 +57,12 @@ from langgraph_cancel.checkpointers.durable import PLAN_SAVE_TIMEOUT
 from langgraph_cancel.execution.context import ReviewMode
 from langgraph_cancel.execution.identity import dangling_tool_calls
 from langgraph_cancel.execution.interceptor import DEFAULT_CANCEL_TIMEOUT, EffectInterceptor
+from langgraph_cancel.execution.served import Classification, ServedEffects
 from langgraph_cancel.ledger import Ledger
 from langgraph_cancel.limits import LimitGuard, Limits, tokens_of
 from langgraph_cancel.nodes.cancel import answer_dangling, finalize_cancel
 from langgraph_cancel.nodes.reconcile import reconcile_thread
 from langgraph_cancel.nodes.settings import REPORT_KEY, CancellationSettings
-from langgraph_cancel.nodes.tool_node import Classification, ServedEffects
 from langgraph_cancel.offloop import off_the_loop
 from langgraph_cancel.progress import announce_cancelled
 from langgraph_cancel.runtime import RunScope, check_durability, drop_scope, scope_for

@@ -12,6 +12,6 @@ malformed calls (``malformed``), and what the handler is watched for on its way
 answers from records (``answers``), settling unknown outcomes
 (``settlement``), the steps as values (``steps``) and their two drivers
 (``drive``, ``drivers``), the batch's shared ledger work (``plan``, ``batch``,
-``group``, ``supervision``) and the interceptor that puts it on the seam
-(``interceptor``).
+``group``, ``supervision``), the interceptor that puts it on the seam
+(``interceptor``), and the tools classified by name on their way to it (``served``).
 """

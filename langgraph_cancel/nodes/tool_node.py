@@ -28,12 +28,12 @@ from langchain_core.runnables import RunnableConfig
 from langchain_core.runnables.config import ContextThreadPoolExecutor, get_config_list
 from langchain_core.tools import BaseTool
 from langgraph.prebuilt import ToolNode
-from langgraph.prebuilt.tool_node import ToolCallRequest, ToolRuntime
+from langgraph.prebuilt.tool_node import ToolRuntime
 from langgraph.runtime import Runtime
 from pydantic import BaseModel
 
 from langgraph_cancel.checkpointers.durable import PLAN_SAVE_TIMEOUT, await_plan, wait_for_plan
-from langgraph_cancel.effects import EFFECT_KIND_METADATA, EffectSpec, effect, spec_of
+from langgraph_cancel.effects import EffectSpec, spec_of
 from langgraph_cancel.errors import CheckpointNotSavedError
 from langgraph_cancel.execution.answers import ABANDONED_READ
 from langgraph_cancel.execution.batch import Batch
@@ -48,6 +48,7 @@ from langgraph_cancel.execution.interceptor import (
     compose_sync,
 )
 from langgraph_cancel.execution.plan import CallPlan, classify
+from langgraph_cancel.execution.served import Classification, ServedEffects, effect_seam
 from langgraph_cancel.execution.supervision import InFlight, Supervisor, supervise
 from langgraph_cancel.ledger import Ledger
 from langgraph_cancel.runtime import RunScope
@@ -65,48 +66,6 @@ TOOLNODE_HANDLE_TOOL_ERRORS: Any = (
     inspect.signature(ToolNode.__init__).parameters["handle_tool_errors"].default
 )
 _READ_POLL = 0.05
-
-
-#: How ``effects=`` classifies a tool by name: what ``effect(...)`` returns as a
-#: decorator, or just the kind (``"read_only"``: ``effect("read_only")``).
-Classification = EffectKind | str | Callable[[BaseTool], BaseTool]
-
-
-class ServedEffects:
-    """Classifications by tool name, for the tools no ``effect(...)`` decorated.
-
-    A tool a ``wrap_tool_call`` wrapper serves (or that middleware adds to a model
-    request) reaches the effect protocol as the wrapper made it: ``effects=``
-    classifies it by its name, as ``effect(...)`` would have, so that it runs as
-    ``ToolNode`` runs it instead of waiting for approval. A tool classified itself
-    keeps its own classification; a name the mapping does not give stays
-    unclassified (irreversible, approval).
-
-    Args:
-        effects: Tool name to classification; any ``Mapping`` (its ``get`` is asked).
-    """
-
-    def __init__(self, effects: Mapping[str, Classification] | None = None) -> None:
-        self.effects = effects
-
-    def classify(self, tool: BaseTool) -> BaseTool:
-        """``tool`` classified by its name, when it is not classified and the mapping
-        gives its name; else ``tool`` itself."""
-        if self.effects is None or (tool.metadata or {}).get(EFFECT_KIND_METADATA):
-            return tool
-        given = self.effects.get(tool.name)
-        if given is None:
-            return tool
-        decorate = effect(given) if isinstance(given, EffectKind | str) else given
-        classified: BaseTool = decorate(tool)
-        return classified
-
-    def request(self, request: ToolCallRequest) -> ToolCallRequest:
-        """``request`` with its tool classified by name (see ``classify``)."""
-        if request.tool is None:
-            return request
-        tool = self.classify(request.tool)
-        return request if tool is request.tool else request.override(tool=tool)
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,7 +175,7 @@ class EffectToolNode(ToolNode):
             carry_tool_errors=wrap_tool_call is None and awrap_tool_call is None,
         )
         self.served = served = ServedEffects(effects)
-        guarded, aguarded = _effect_seam(self.interceptor, served)
+        guarded, aguarded = effect_seam(self.interceptor, served)
         # ToolNode calls a sync wrapper from its async path when it has no async one;
         # so does this node, for a sync wrapper of yours.
         async_wrapper = (
@@ -585,21 +544,6 @@ class EffectToolNode(ToolNode):
             outputs[index] = answer
         for index, twin in copies:
             outputs[index] = _copy(outputs[twin])
-
-
-def _effect_seam(
-    interceptor: EffectInterceptor, served: ServedEffects
-) -> tuple[Callable[..., Any], Callable[..., Any]]:
-    """The interceptor as ``ToolNode``'s wrapper pair, each request's tool classified by
-    name first (a tool your wrapper serves)."""
-
-    def guarded(request: ToolCallRequest, execute: Callable[..., Any]) -> Any:
-        return interceptor.wrap(served.request(request), execute)
-
-    async def aguarded(request: ToolCallRequest, execute: Callable[..., Any]) -> Any:
-        return await interceptor.awrap(served.request(request), execute)
-
-    return guarded, aguarded
 
 
 def _twins(phases: _Sorted, calls: list[ToolCall]) -> tuple[list[int], list[tuple[int, int]]]:
