@@ -34,6 +34,8 @@ from langgraph_cancel import (
     EffectStatus,
     EffectToolNode,
     add_cancellation,
+    get_report,
+    request_cancel,
 )
 from langgraph_cancel.checkpointers.durable import PlanCheckpoint, plan_checkpoint
 from langgraph_cancel.checkpointers.postgres import AsyncPostgresCancelSaver, PostgresCancelSaver
@@ -207,11 +209,52 @@ def test_a_side_effect_waits_for_the_model_steps_checkpoint(
 
         def meanwhile() -> None:
             sent()
-            assert _statuses(saver.ledger, thread).get("refund") in (None, EffectStatus.PLANNED)
+            # The intent is written while the save is held (the two commits overlap);
+            # the call itself waits for the save.
+            assert _statuses(saver.ledger, thread).get("refund") is EffectStatus.DISPATCHED
 
         _run_held(graph, hold, thread, meanwhile, use_async=use_async)
         assert log.attempts("refund") == 1
         assert _statuses(saver.ledger, thread)["refund"] is EffectStatus.COMMITTED
+
+
+@pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])
+def test_a_stop_while_the_call_waits_for_the_checkpoint_sends_nothing(
+    durable_url: str, log: ExecutionLog, use_async: bool
+) -> None:
+    # The intent went with the plan while the save was held; the stop comes before
+    # the save: the call never leaves, and its record and the report say so.
+    hold = _Hold()
+    refund = counting_tool(log, "refund", EffectKind.IRREVERSIBLE)
+    model = scripted(calls(("refund", "r-7", "c1")), "done")
+    thread = new_thread()
+    with _held_saver(durable_url, hold) as saver:
+        graph = _graph(saver, hold, EffectToolNode([refund]), model, use_async=use_async)
+        sent = _nothing_sent(log, "refund")
+
+        def meanwhile() -> None:
+            sent()
+            assert _statuses(saver.ledger, thread).get("refund") is EffectStatus.DISPATCHED
+            answer = request_cancel(saver, thread, reason="user pressed stop", requested_by="ann")
+            assert answer.accepted
+
+        _run_held(graph, hold, thread, meanwhile, use_async=use_async)
+        assert log.attempts("refund") == 0
+        [refund_record] = saver.ledger.effects(thread)
+        assert refund_record.status is EffectStatus.DROPPED
+        trail = [
+            (row.from_status, row.to_status)
+            for row in saver.ledger.history(refund_record.effect_id)
+        ]
+        assert trail[-2:] == [
+            (EffectStatus.DISPATCHED, EffectStatus.NOT_APPLIED),
+            (EffectStatus.NOT_APPLIED, EffectStatus.DROPPED),
+        ]
+        report = get_report(saver, thread)
+        assert report.status == "cancelled"
+        assert [effect.tool for effect in report.not_run] == ["refund"]
+        assert report.permanent == [] and report.unknown == []
+        assert report.dispatched_after_cancel == 0
 
 
 @pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])
@@ -295,8 +338,11 @@ def test_a_save_that_never_comes_dispatches_nothing(
         worker, out = _start(graph, thread, use_async=False)
         assert hold.holding.wait(20)
         # The node gives up after 0.5 s of the default 30; the run ends once the save does.
+        # The node plans the call with its intent while the save is held; the
+        # middleware's call is planned and waits before its intent.
+        waiting = EffectStatus.DISPATCHED if via == "node" else EffectStatus.PLANNED
         deadline = time.monotonic() + 20
-        while _statuses(saver.ledger, thread).get("refund") is not EffectStatus.PLANNED:
+        while _statuses(saver.ledger, thread).get("refund") is not waiting:
             assert time.monotonic() < deadline, "the call was never planned"
             time.sleep(0.05)
         time.sleep(max(0.0, started + 2.0 - time.monotonic()))
@@ -306,7 +352,20 @@ def test_a_save_that_never_comes_dispatches_nothing(
         assert isinstance(out[0], CheckpointNotSavedError), out[0]
         assert "0.5" in str(out[0]) and "nothing was dispatched" in str(out[0])
         assert log.attempts("refund") == 0
-        assert _statuses(saver.ledger, thread)["refund"] is EffectStatus.PLANNED
+        [refund_record] = saver.ledger.effects(thread)
+        if via == "middleware":
+            assert refund_record.status is EffectStatus.PLANNED
+            return
+        # Its intent was durable, but it never left the process: the record says so,
+        # and a later run may send it under the same key.
+        assert refund_record.status is EffectStatus.NOT_APPLIED
+        last = saver.ledger.history(refund_record.effect_id)[-1]
+        assert (last.from_status, last.to_status) == (
+            EffectStatus.DISPATCHED,
+            EffectStatus.NOT_APPLIED,
+        )
+        assert last.detail["never_sent"] is True
+        assert "not saved" in last.detail["reason"]
 
 
 @pytest.mark.parametrize("seconds", [0, -1.0, float("nan")])
@@ -475,7 +534,8 @@ def test_a_save_that_fails_stops_the_wait_at_once(sqlite_url: str, log: Executio
         assert isinstance(err, CheckpointNotSavedError), repr(err)
         assert isinstance(err.__cause__, ConnectionError) and "save failed" in str(err)
         assert log.attempts("refund") == 0
-        assert _statuses(saver.ledger, thread)["refund"] is EffectStatus.PLANNED
+        # Its intent went with the plan, while the save was still under way.
+        assert _statuses(saver.ledger, thread)["refund"] is EffectStatus.NOT_APPLIED
         saved = saver.saved_checkpoints
         failed = [cid for cid in list(saved._ids) if saved.failure(cid) is not None]
         assert len(failed) == 1 and failed[0] not in saved

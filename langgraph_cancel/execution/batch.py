@@ -3,8 +3,9 @@
 ``EffectToolNode`` prepares a batch before its calls run: one read finds what an
 earlier attempt recorded for the batch's reads, one write plans its side
 effects, and when the first of them may go out at once (no read or review
-before it, its step's checkpoint saved, the run not stopped) that write also
-records its intent. While the calls run, the read-only outcomes are kept and written
+before it, the run not stopped) that write also records its intent; the call
+itself goes once its step's checkpoint is saved and the stop checked again
+(``dispatch.py``), so the two commits overlap. While the calls run, the read-only outcomes are kept and written
 together once the reads are back (nothing outside changed, so no intent is owed
 before they run), and each side effect's outcome waits to go in the same round
 trip as the next call's intent. With ``effect_concurrency`` above 1 the intents
@@ -136,9 +137,11 @@ class Batch:
         every side effect planned (one write).
 
         ``begin``: the side effect to go out first, when nothing stands between this
-        write and its dispatch (its step's checkpoint saved, the run not stopped, no
+        write and its dispatch but its step's checkpoint (the run not stopped, no
         review, no read before it). Its intent goes in the plan's write when that
-        write creates its record; its dispatch then takes it (``take_begun``).
+        write creates its record; its dispatch then takes it (``take_begun``), and
+        sends it once the checkpoint is saved and the run still not stopped, or
+        records it never sent.
 
         A side effect whose key another effect holds is left out: its own planning
         records and explains the clash.

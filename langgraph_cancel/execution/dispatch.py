@@ -20,6 +20,7 @@ from langgraph.prebuilt.tool_node import ToolCallRequest
 
 from langgraph_cancel.errors import (
     BatchSuperseded,
+    CheckpointNotSavedError,
     DispatchRefusedError,
     IllegalTransitionError,
     LedgerError,
@@ -47,7 +48,7 @@ from langgraph_cancel.execution.steps import (
 )
 from langgraph_cancel.ledger import Ledger
 from langgraph_cancel.progress import ProgressKind, announce_effect
-from langgraph_cancel.types import EffectRecord
+from langgraph_cancel.types import EffectRecord, EffectStatus
 
 
 def dispatch(
@@ -69,11 +70,14 @@ def dispatch(
             with ``redispatch`` or ``begun``).
         redispatch: The record is already ``dispatched`` (a retry under the same key
             after an earlier attempt left it in flight): no new intent is written.
-        begun: The record went ``dispatched`` with its batch's plan (``Batch.prepare``
-            saw the step's checkpoint saved and the run not stopped): it goes now.
+        begun: The record went ``dispatched`` with its batch's plan (``Batch.prepare``),
+            written while the step's checkpoint was still being saved: it goes once
+            that checkpoint is saved and the run is not stopped.
     """
     if begun:
-        ctx.batch.check_supervisor()
+        ready = yield from _begun_may_go(ctx, plan, rec)
+        if ready is not None:
+            return ready  # the run stopped first: the call never left the process
         return (yield from _send(request, ctx, plan, rec))
     begun_rec = yield from _write_intent(ctx, plan, rec, redispatch=redispatch)
     if not isinstance(begun_rec, EffectRecord):
@@ -82,6 +86,47 @@ def dispatch(
     if plan.call is not request.tool_call:
         request = request.override(tool_call=plan.call)
     return (yield from _send(request, ctx, plan, begun_rec))
+
+
+def _begun_may_go(ctx: CallContext, plan: CallPlan, rec: EffectRecord) -> Protocol[Any]:
+    """The checks a begun call's intent was written ahead of: its step's checkpoint
+    saved, the batch not superseded, the run not stopped. None when it may go;
+    otherwise the record says it was never sent, and the answer is the call's
+    as a stopped run's.
+
+    Raises:
+        CheckpointNotSavedError: The step's checkpoint was not saved in time.
+        BatchSuperseded: The node's thread took the batch over.
+    """
+    try:
+        ctx.batch.check_supervisor()
+        yield AwaitPlanSaved(ctx.config, ctx.checkpoint_timeout)
+    except (CheckpointNotSavedError, BatchSuperseded) as stopped:
+        yield from _never_sent(ctx, rec, str(stopped))
+        raise
+    if not (yield CancelCheck()):
+        return None
+    unsent = yield from _never_sent(ctx, rec, "the run was stopped")
+    return (yield from stopped_before_dispatch(ctx, plan, unsent or rec))
+
+
+def _never_sent(ctx: CallContext, rec: EffectRecord, reason: str) -> Protocol[EffectRecord | None]:
+    """``rec``, whose intent is durable but whose call never left the process: recorded
+    ``not_applied`` (droppable, or dispatchable again under its key). None when another
+    writer moved it first, or the ledger could not be reached (it stays in flight for
+    reconciliation to settle)."""
+    try:
+        moved: EffectRecord = yield from ledger_call(
+            Ledger.transition,
+            rec.effect_id,
+            EffectStatus.NOT_APPLIED,
+            expected=[EffectStatus.DISPATCHED],
+            actor=ctx.owner,
+            detail={"never_sent": True, "reason": reason},
+        )
+    except LedgerError:
+        return None
+    return moved
 
 
 def _write_intent(

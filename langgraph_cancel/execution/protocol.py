@@ -128,7 +128,8 @@ def _effect(
         # Only a fresh dispatch carries the previous call's outcome along.
         yield from ctx.batch.flush_outcome()
     if rec is not None and ctx.batch.take_begun(rec):
-        # Its intent went with the batch's plan, its checkpoint and the stop checked.
+        # Its intent went with the batch's plan; its checkpoint and the stop are
+        # checked before it goes.
         return (yield from dispatch(request, ctx, plan, rec, begun=True))
     if rec is None:
         plan, planned = yield from planned_record(ctx, plan)

@@ -32,9 +32,8 @@ from langgraph.prebuilt.tool_node import ToolRuntime
 from langgraph.runtime import Runtime
 from pydantic import BaseModel
 
-from langgraph_cancel.checkpointers.durable import PLAN_SAVE_TIMEOUT, await_plan, wait_for_plan
+from langgraph_cancel.checkpointers.durable import PLAN_SAVE_TIMEOUT
 from langgraph_cancel.effects import EffectSpec, spec_of
-from langgraph_cancel.errors import CheckpointNotSavedError
 from langgraph_cancel.execution.answers import ABANDONED_READ
 from langgraph_cancel.execution.batch import Batch
 from langgraph_cancel.execution.drive import adrive_ledger, drive_ledger
@@ -324,41 +323,24 @@ class EffectToolNode(ToolNode):
 
     def _prepare(self, batch: Batch, phases: _Sorted, config: RunnableConfig) -> None:
         """The batch planned (``Batch.prepare``), with its first side effect's intent when
-        that call may go now: its step's checkpoint saved and the run not stopped.
+        that call may go first and the run is not stopped.
 
-        Raises:
-            CheckpointNotSavedError: The step's checkpoint was not saved in time; the
-                batch is planned and nothing was dispatched.
+        The write does not wait for the step's checkpoint: LangGraph saves it while
+        this step runs, and the two commits overlap. The begun call goes out only once
+        that checkpoint is saved and the stop checked again (``dispatch``).
         """
         scope = batch.scope
         begin = self._first_to_go(phases, config, scope)
-        if begin is not None:
-            try:
-                wait_for_plan(config, self.checkpoint_timeout)
-            except CheckpointNotSavedError:
-                drive_ledger(scope.ledger, batch.prepare(*self._planned(phases)))
-                raise
-            if scope.cancel_called():
-                begin = None
+        if begin is not None and scope.cancel_called():
+            begin = None
         drive_ledger(scope.ledger, batch.prepare(*self._planned(phases), begin=begin))
 
     async def _aprepare(self, batch: Batch, phases: _Sorted, config: RunnableConfig) -> None:
-        """``_prepare`` on the event loop.
-
-        Raises:
-            CheckpointNotSavedError: The step's checkpoint was not saved in time; the
-                batch is planned and nothing was dispatched.
-        """
+        """``_prepare`` on the event loop."""
         scope = batch.scope
         begin = self._first_to_go(phases, config, scope)
-        if begin is not None:
-            try:
-                await await_plan(config, self.checkpoint_timeout)
-            except CheckpointNotSavedError:
-                await adrive_ledger(scope.ledger, batch.prepare(*self._planned(phases)))
-                raise
-            if await scope.signal.acancel_called():
-                begin = None
+        if begin is not None and await scope.signal.acancel_called():
+            begin = None
         await adrive_ledger(scope.ledger, batch.prepare(*self._planned(phases), begin=begin))
 
     def _first_to_go(
