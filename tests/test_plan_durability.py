@@ -195,10 +195,14 @@ def _statuses(ledger: Ledger, thread: str) -> dict[str, EffectStatus]:
     return {e.tool: e.status for e in ledger.effects(thread)}
 
 
+@pytest.mark.parametrize("stop", [False, True], ids=["saved", "stopped"])
 @pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])
 def test_a_side_effect_waits_for_the_model_steps_checkpoint(
-    durable_url: str, log: ExecutionLog, use_async: bool
+    durable_url: str, log: ExecutionLog, use_async: bool, stop: bool
 ) -> None:
+    # The intent is written while the save is held (the two commits overlap); the call
+    # itself waits for the save. A stop that comes before the save: the call never
+    # leaves, and its record and the report say so.
     hold = _Hold()
     refund = counting_tool(log, "refund", EffectKind.IRREVERSIBLE)
     model = scripted(calls(("refund", "r-1", "c1")), "done")
@@ -209,36 +213,18 @@ def test_a_side_effect_waits_for_the_model_steps_checkpoint(
 
         def meanwhile() -> None:
             sent()
-            # The intent is written while the save is held (the two commits overlap);
-            # the call itself waits for the save.
             assert _statuses(saver.ledger, thread).get("refund") is EffectStatus.DISPATCHED
+            if stop:
+                answer = request_cancel(
+                    saver, thread, reason="user pressed stop", requested_by="ann"
+                )
+                assert answer.accepted
 
         _run_held(graph, hold, thread, meanwhile, use_async=use_async)
-        assert log.attempts("refund") == 1
-        assert _statuses(saver.ledger, thread)["refund"] is EffectStatus.COMMITTED
-
-
-@pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])
-def test_a_stop_while_the_call_waits_for_the_checkpoint_sends_nothing(
-    durable_url: str, log: ExecutionLog, use_async: bool
-) -> None:
-    # The intent went with the plan while the save was held; the stop comes before
-    # the save: the call never leaves, and its record and the report say so.
-    hold = _Hold()
-    refund = counting_tool(log, "refund", EffectKind.IRREVERSIBLE)
-    model = scripted(calls(("refund", "r-7", "c1")), "done")
-    thread = new_thread()
-    with _held_saver(durable_url, hold) as saver:
-        graph = _graph(saver, hold, EffectToolNode([refund]), model, use_async=use_async)
-        sent = _nothing_sent(log, "refund")
-
-        def meanwhile() -> None:
-            sent()
-            assert _statuses(saver.ledger, thread).get("refund") is EffectStatus.DISPATCHED
-            answer = request_cancel(saver, thread, reason="user pressed stop", requested_by="ann")
-            assert answer.accepted
-
-        _run_held(graph, hold, thread, meanwhile, use_async=use_async)
+        if not stop:
+            assert log.attempts("refund") == 1
+            assert _statuses(saver.ledger, thread)["refund"] is EffectStatus.COMMITTED
+            return
         assert log.attempts("refund") == 0
         [refund_record] = saver.ledger.effects(thread)
         assert refund_record.status is EffectStatus.DROPPED
