@@ -174,20 +174,20 @@ class Plan:
     def numbered(self, base: int = 0) -> list[list[tuple[int, CallSpec]]]:
         """The turns with each call's global number ``n`` (its id is ``c<n>``), from ``base``."""
         out: list[list[tuple[int, CallSpec]]] = []
-        n = base
+        call_number = base
         for turn in self.turns:
             row = []
             for spec in turn:
-                row.append((n, spec))
-                n += 1
+                row.append((call_number, spec))
+                call_number += 1
             out.append(row)
         return out
 
 
-def call_args(spec: CallSpec, n: int) -> dict[str, Any]:
-    """The arguments the model gives call ``c<n>``; unique per call (``tag``)."""
-    tag = f"c{n}"
-    order = ORDERS[n % len(ORDERS)]
+def call_args(spec: CallSpec, call_number: int) -> dict[str, Any]:
+    """The arguments the model gives call ``c<call_number>``; unique per call (``tag``)."""
+    tag = f"c{call_number}"
+    order = ORDERS[call_number % len(ORDERS)]
     if spec.tool == "cx_lookup":
         if spec.variant == 3:  # the same lookup every time (a looping model)
             return {"order_id": ORDERS[0], "tag": "again"}
@@ -295,12 +295,12 @@ class World:
     def cancel_from_another_thread(self, why: str) -> None:
         """``request_cancel`` from other threads (``racing_cancels`` of them, released
         together, each with its own reason); wait until every one was recorded."""
-        n = max(1, self.plan.racing_cancels)
+        pressers = max(1, self.plan.racing_cancels)
         box: list[Any] = []
-        barrier = threading.Barrier(n)
+        barrier = threading.Barrier(pressers)
 
-        def press(i: int) -> None:
-            reason = why if n == 1 else f"{why} (presser {i})"
+        def press(presser_index: int) -> None:
+            reason = why if pressers == 1 else f"{why} (presser {presser_index})"
             try:
                 barrier.wait(30)
                 box.append(
@@ -309,19 +309,21 @@ class World:
             except BaseException as exc:  # handed back to the caller's thread
                 box.append(exc)
 
-        threads = [threading.Thread(target=press, args=(i,), name="chaos-cancel") for i in range(n)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(30)
-        assert len(box) == n, "request_cancel did not return within 30s"
+        threads = [
+            threading.Thread(target=press, args=(i,), name="chaos-cancel") for i in range(pressers)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+        assert len(box) == pressers, "request_cancel did not return within 30s"
         for answer in box:
             if isinstance(answer, BaseException):
                 raise answer
         tick = next(self.seq)
         self.cancel_marks.extend((tick, a.run_id) for a in box if a.accepted)
         self.cancels.extend(box)
-        self.notes.append(f"cancel requested ({n}x): {why}")
+        self.notes.append(f"cancel requested ({pressers}x): {why}")
 
     def _fire(self, inj: Inject, where: str) -> None:
         if inj.what == "cancel":
@@ -337,30 +339,30 @@ class World:
             raise AssertionError(inj)
 
     def tool_event(self, tag: str, phase: str) -> None:
-        n = int(tag[1:]) - self.call_base if tag[1:].isdigit() else -1
-        if self.kill_point == (n, phase):
+        call_number = int(tag[1:]) - self.call_base if tag[1:].isdigit() else -1
+        if self.kill_point == (call_number, phase):
             assert self.kill_marker is not None
-            self.kill_marker.write_text(f"{n}:{phase}")
+            self.kill_marker.write_text(f"{call_number}:{phase}")
             while True:  # the test SIGKILLs this process here
                 time.sleep(1)
         if self.on_event is not None:
-            self.on_event("tool", n, phase)
-        for inj in self._take("tool", n, phase):
-            self._fire(inj, f"at c{n} {phase} the provider request")
+            self.on_event("tool", call_number, phase)
+        for inj in self._take("tool", call_number, phase):
+            self._fire(inj, f"at c{call_number} {phase} the provider request")
 
     def hook_event(self, hook: str) -> None:
         """A reconcile or compensate hook was called (crash injections may fire here)."""
         with self._lock:
             self.hook_calls[hook] += 1
-            n = self.hook_calls[hook] - 1
-        for inj in self._take("hook", n, hook):
-            self._fire(inj, f"in {hook} hook call {n}")
+            call_index = self.hook_calls[hook] - 1
+        for inj in self._take("hook", call_index, hook):
+            self._fire(inj, f"in {hook} hook call {call_index}")
 
-    def turn_event(self, k: int) -> None:
+    def turn_event(self, turn: int) -> None:
         if self.on_event is not None:
-            self.on_event("turn", k, "")
-        for inj in self._take("turn", k):
-            self._fire(inj, f"while the model writes turn {k}")
+            self.on_event("turn", turn, "")
+        for inj in self._take("turn", turn):
+            self._fire(inj, f"while the model writes turn {turn}")
 
     def start_injections(self) -> list[Inject]:
         return self._take("start", 0)
@@ -500,13 +502,13 @@ def scripted_model(world: World) -> ScriptedChatModel:
         if missing:
             raise ValueError(f"I5: the model was sent unanswered tool calls {missing}")
         turns = world.plan.numbered(world.call_base)
-        k = sum(isinstance(m, AIMessage) for m in messages) - world.turn_base
-        world.turn_event(k)
-        if k < len(turns):
+        turn = sum(isinstance(m, AIMessage) for m in messages) - world.turn_base
+        world.turn_event(turn)
+        if turn < len(turns):
             return AIMessage(
                 "",
                 tool_calls=[
-                    tool_call(spec.tool, call_args(spec, n), id=f"c{n}") for n, spec in turns[k]
+                    tool_call(spec.tool, call_args(spec, n), id=f"c{n}") for n, spec in turns[turn]
                 ],
             )
         return AIMessage("done")
@@ -768,10 +770,10 @@ class Runner:
             threading.Thread(target=resume, args=(f"chaos-worker-{w}",), name="chaos-resume")
             for w in "ab"
         ]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(120)
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
         assert len(outcomes) == 2, "a racing resume did not return"
         for outcome in outcomes:
             if isinstance(outcome, BaseException) and not isinstance(outcome, ThreadBusyError):
@@ -792,9 +794,11 @@ class Runner:
     # ---- answering
     def _next_decision(self) -> str:
         decisions = self.plan.decisions
-        d = decisions[self.decision_index] if self.decision_index < len(decisions) else "approve"
+        decision = (
+            decisions[self.decision_index] if self.decision_index < len(decisions) else "approve"
+        )
         self.decision_index += 1
-        return d
+        return decision
 
     def approval_answer(self, value: dict[str, Any]) -> dict[str, Any]:
         out: list[dict[str, Any]] = []
@@ -815,11 +819,11 @@ class Runner:
         """An operator settles unknown outcomes by asking the provider by key."""
         keys = self.world.providers.truth()["keys"]
         decisions = []
-        for e in value["effects"]:
-            applied = keys.get(e["idempotency_key"], {}).get("executions", 0) >= 1
+        for unknown in value["effects"]:
+            applied = keys.get(unknown["idempotency_key"], {}).get("executions", 0) >= 1
             decisions.append(
                 {
-                    "effect_id": e["effect_id"],
+                    "effect_id": unknown["effect_id"],
                     "decision": "committed" if applied else "not_applied",
                     "result": "confirmed with the provider" if applied else None,
                     "reviewer": "chaos-operator",
@@ -982,15 +986,18 @@ def check_persisted_state_answers(runner: Runner) -> None:
         assert rec is not None, f"I7: the provider applied {key} but the ledger has no record"
         assert rec.status in maybe, f"I7: the provider applied {key}; the ledger says {rec}"
     # What was done: every committed side effect really happened.
-    for e in effects:
-        if e.kind is not EffectKind.READ_ONLY and e.status is EffectStatus.COMMITTED:
-            assert keys.get(e.idempotency_key, {}).get("executions", 0) == 1, (
-                f"I7: the ledger says {e.tool_call_id} committed, the provider never applied it"
+    for record in effects:
+        if record.kind is not EffectKind.READ_ONLY and record.status is EffectStatus.COMMITTED:
+            assert keys.get(record.idempotency_key, {}).get("executions", 0) == 1, (
+                f"I7: the ledger says {record.tool_call_id} committed, "
+                "the provider never applied it"
             )
-        if e.status is EffectStatus.DISPATCHED:
-            assert e.owner, f"I7: {e.effect_id} is in flight with no owner"
-        if e.status is EffectStatus.UNKNOWN:
-            assert e.owner and e.next_action, f"I7: {e.effect_id} unknown without owner/action"
+        if record.status is EffectStatus.DISPATCHED:
+            assert record.owner, f"I7: {record.effect_id} is in flight with no owner"
+        if record.status is EffectStatus.UNKNOWN:
+            assert record.owner and record.next_action, (
+                f"I7: {record.effect_id} unknown without owner/action"
+            )
     # What the next step is: a live run resumes from its checkpoint's next node or
     # interrupt, or applies the saved writes of a step that finished but was not yet
     # committed (LangGraph lists no "next" for a task whose writes are saved). A
@@ -1161,8 +1168,8 @@ def check_invariants(runner: Runner) -> None:
         assert owner in by_key, f"I2/I7: the provider saw key {key} the ledger does not know"
     allowed_by_key: Counter[str] = Counter()
     holders: dict[str, list[str]] = defaultdict(list)
-    for e in effects:
-        trail = ledger.history(e.effect_id)
+    for record in effects:
+        trail = ledger.history(record.effect_id)
         fresh = sum(
             1
             for t in trail
@@ -1174,18 +1181,20 @@ def check_invariants(runner: Runner) -> None:
             for t in trail
             if t.to_status is EffectStatus.DISPATCHED and t.from_status is EffectStatus.DISPATCHED
         )
-        if e.kind is EffectKind.READ_ONLY and fresh == 0:
+        if record.kind is EffectKind.READ_ONLY and fresh == 0:
             continue  # fast reads are recorded after they ran; a re-run may read again
-        spec = spec_of(tools[e.tool])
+        spec = spec_of(tools[record.tool])
         if not spec.retry_safe:
-            assert again == 0, f"I2: {e.tool_call_id} ({e.tool}) re-dispatched in flight{context}"
+            assert again == 0, (
+                f"I2: {record.tool_call_id} ({record.tool}) re-dispatched in flight{context}"
+            )
         # A fresh dispatch follows a plan/approval, or a reconcile that proved "not applied".
         per = spec.max_attempts if spec.retry_safe else 1
         # A key an effect gave up (``#released-to:``) ran under its plain name: its
         # dispatches count for the key with those of the effect that holds it now.
-        key = e.idempotency_key.split(RELEASED, 1)[0]
+        key = record.idempotency_key.split(RELEASED, 1)[0]
         allowed_by_key[key] += (fresh + again) * per
-        holders[key].append(f"{e.tool_call_id} ({e.tool}) {fresh}+{again}")
+        holders[key].append(f"{record.tool_call_id} ({record.tool}) {fresh}+{again}")
     for key, allowed in allowed_by_key.items():
         ran = runner.world.invocations.get(key, 0)
         reached = keys.get(key, {}).get("attempts", 0)
@@ -1194,37 +1203,39 @@ def check_invariants(runner: Runner) -> None:
             f"{allowed} allowed (dispatches x attempts) of {holders[key]}{context}"
         )
     # ---- I3: every dispatched effect is settled or unknown with owner and next action
-    for e in effects:
-        if e.status is EffectStatus.UNKNOWN:
-            assert e.owner and e.next_action, f"I3: {e}"
+    for record in effects:
+        if record.status is EffectStatus.UNKNOWN:
+            assert record.owner and record.next_action, f"I3: {record}"
         else:
-            assert e.status not in UNSETTLED_STATUSES, (
-                f"I3: {e.tool_call_id} left {e.status.value} at rest{context}"
+            assert record.status not in UNSETTLED_STATUSES, (
+                f"I3: {record.tool_call_id} left {record.status.value} at rest{context}"
             )
         if (
-            e.dispatched_at is None
-            and e.kind is not EffectKind.READ_ONLY
-            and not allowed_by_key[e.idempotency_key]  # no earlier holder went out under it
+            record.dispatched_at is None
+            and record.kind is not EffectKind.READ_ONLY
+            and not allowed_by_key[record.idempotency_key]  # no earlier holder went out under it
         ):
-            assert runner.world.invocations.get(e.idempotency_key, 0) == 0, (
-                f"I1: {e.tool_call_id} ran without a dispatch record{context}"
+            assert runner.world.invocations.get(record.idempotency_key, 0) == 0, (
+                f"I1: {record.tool_call_id} ran without a dispatch record{context}"
             )
-        if e.status in (EffectStatus.DROPPED, EffectStatus.REJECTED) or (
-            e.status in UNDISPATCHED_STATUSES
+        if record.status in (EffectStatus.DROPPED, EffectStatus.REJECTED) or (
+            record.status in UNDISPATCHED_STATUSES
         ):
-            assert keys.get(e.idempotency_key, {}).get("executions", 0) == 0, (
-                f"{e.tool_call_id} is {e.status.value} but the provider applied it{context}"
+            assert keys.get(record.idempotency_key, {}).get("executions", 0) == 0, (
+                f"{record.tool_call_id} is {record.status.value} "
+                f"but the provider applied it{context}"
             )
     # ---- I3/I7: "not applied" is never said of a call the world had applied
     applied_at = runner.world.applied_at()
-    for e in effects:
-        when = applied_at.get(e.idempotency_key)
+    for record in effects:
+        when = applied_at.get(record.idempotency_key)
         if when is None:
             continue
-        for t in ledger.history(e.effect_id):
-            if t.to_status in (EffectStatus.NOT_APPLIED, EffectStatus.FAILED):
-                assert when > t.at - timedelta(milliseconds=2), (
-                    f"{e.tool_call_id} recorded {t.to_status.value} at {t.at} by {t.actor}, "
+        for transition in ledger.history(record.effect_id):
+            if transition.to_status in (EffectStatus.NOT_APPLIED, EffectStatus.FAILED):
+                assert when > transition.at - timedelta(milliseconds=2), (
+                    f"{record.tool_call_id} recorded {transition.to_status.value} "
+                    f"at {transition.at} by {transition.actor}, "
                     f"but the provider had applied it at {when}{context}"
                 )
     # ---- I5: every tool call in the history is answered
@@ -1255,15 +1266,20 @@ def check_invariants(runner: Runner) -> None:
             )
     truth = runner.world.providers.truth()
     tickets = {t["key"]: t for t in truth["tickets"]}
-    for e in effects:
-        if e.kind is not EffectKind.REVERSIBLE:
+    for record in effects:
+        if record.kind is not EffectKind.REVERSIBLE:
             continue
-        if e.status is EffectStatus.COMMITTED:
-            assert e.idempotency_key in tickets and tickets[e.idempotency_key]["status"] == "open"
-        elif e.status is EffectStatus.COMPENSATED:
-            assert tickets[e.idempotency_key]["status"] == "closed"
-        elif e.status in (EffectStatus.DROPPED, EffectStatus.REJECTED, EffectStatus.FAILED):
-            assert e.idempotency_key not in tickets, f"{e.tool_call_id} {e.status.value}{context}"
+        if record.status is EffectStatus.COMMITTED:
+            assert (
+                record.idempotency_key in tickets
+                and tickets[record.idempotency_key]["status"] == "open"
+            )
+        elif record.status is EffectStatus.COMPENSATED:
+            assert tickets[record.idempotency_key]["status"] == "closed"
+        elif record.status in (EffectStatus.DROPPED, EffectStatus.REJECTED, EffectStatus.FAILED):
+            assert record.idempotency_key not in tickets, (
+                f"{record.tool_call_id} {record.status.value}{context}"
+            )
 
 
 # ------------------------------------------------------------------------------ SIGKILL

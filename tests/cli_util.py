@@ -69,16 +69,16 @@ def run_cli(
 def _environ(extra: Mapping[str, str]) -> Iterator[None]:
     saved = {k: os.environ.get(k) for k in (*_SCRUB, *extra)}
     try:
-        for k in _SCRUB:
-            os.environ.pop(k, None)
+        for name in _SCRUB:
+            os.environ.pop(name, None)
         os.environ.update(extra)
         yield
     finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
             else:
-                os.environ[k] = v
+                os.environ[name] = value
 
 
 def run_main(

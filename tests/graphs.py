@@ -428,8 +428,8 @@ def scripted(*turns: AIMessage | str, strict: bool = True, **kwargs: Any) -> Scr
                     "An assistant message with 'tool_calls' must be followed by tool messages "
                     f"responding to each 'tool_call_id'; missing: {missing}"
                 )
-        n = sum(isinstance(m, AIMessage) for m in messages)
-        return turns[n] if n < len(turns) else AIMessage("done")
+        turn = sum(isinstance(m, AIMessage) for m in messages)
+        return turns[turn] if turn < len(turns) else AIMessage("done")
 
     return ScriptedChatModel([pick], on_exhausted="repeat_last", **kwargs)
 
@@ -625,22 +625,24 @@ def _worker(args: argparse.Namespace) -> int:
             print(json.dumps(out), flush=True)
 
         threads = [threading.Thread(target=one, args=(run,)) for run in args.run]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
     return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    w = sub.add_parser("worker", help="run a scenario's agent on a thread, print the outcome")
-    w.add_argument("--scenario", choices=sorted(WORKER_GRAPHS), required=True)
-    w.add_argument("--db", required=True)
-    w.add_argument("--log", required=True)
-    w.add_argument("--run", action="append", required=True, help="THREAD_ID[:VARIANT]")
-    w.add_argument("--worker", required=True)
+    worker_parser = sub.add_parser(
+        "worker", help="run a scenario's agent on a thread, print the outcome"
+    )
+    worker_parser.add_argument("--scenario", choices=sorted(WORKER_GRAPHS), required=True)
+    worker_parser.add_argument("--db", required=True)
+    worker_parser.add_argument("--log", required=True)
+    worker_parser.add_argument("--run", action="append", required=True, help="THREAD_ID[:VARIANT]")
+    worker_parser.add_argument("--worker", required=True)
     args = parser.parse_args(argv)
     return _worker(args)
 

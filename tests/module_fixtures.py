@@ -48,5 +48,5 @@ def db_url_fixture(request: pytest.FixtureRequest) -> Iterator[str]:
 @pytest.fixture(name="saver", scope="module")
 def saver_fixture(db_url: str) -> Iterator[Any]:
     """The cancel-aware saver on the module's database."""
-    with open_saver(db_url) as s:
-        yield s
+    with open_saver(db_url) as saver:
+        yield saver

@@ -74,7 +74,7 @@ def _handler(state: StubState) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             created = int(time.time())
             try:
-                for i in range(state.tokens):
+                for token_index in range(state.tokens):
                     if _peer_closed(self.connection):
                         raise BrokenPipeError("the client closed the stream")
                     event = {
@@ -85,7 +85,7 @@ def _handler(state: StubState) -> type[BaseHTTPRequestHandler]:
                         "choices": [
                             {
                                 "index": 0,
-                                "delta": {"role": "assistant", "content": f"tok{i} "},
+                                "delta": {"role": "assistant", "content": f"tok{token_index} "},
                                 "finish_reason": None,
                             }
                         ],

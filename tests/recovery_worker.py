@@ -392,16 +392,16 @@ def install_points(points: Points) -> None:
 
 
 # ------------------------------------------------------------ the three questions
-def _effect_view(e: Any) -> dict[str, Any]:
+def _effect_view(record: Any) -> dict[str, Any]:
     return {
-        "effect_id": e.effect_id,
-        "tool": e.tool,
-        "kind": e.kind.value,
-        "status": e.status.value,
-        "idempotency_key": e.idempotency_key,
-        "owner": e.owner,
-        "next_action": e.next_action,
-        "error": e.error,
+        "effect_id": record.effect_id,
+        "tool": record.tool,
+        "kind": record.kind.value,
+        "status": record.status.value,
+        "idempotency_key": record.idempotency_key,
+        "owner": record.owner,
+        "next_action": record.next_action,
+        "error": record.error,
     }
 
 

@@ -192,9 +192,9 @@ def test_interrupt_payload_is_a_hitl_request(db_url: str) -> None:
         assert [a["name"] for a in actions] == ["issue_refund", "send_email"]
         assert actions[0]["args"] == {"order_id": "o-1", "amount": 150.0}
         assert [c["action_name"] for c in configs] == ["issue_refund", "send_email"]
-        for c in configs:
-            assert c["allowed_decisions"] == ["approve", "edit", "reject", "respond"]
-            assert set(c["args_schema"]["required"]) <= {"order_id", "amount", "to", "body"}
+        for config in configs:
+            assert config["allowed_decisions"] == ["approve", "edit", "reject", "respond"]
+            assert set(config["args_schema"]["required"]) <= {"order_id", "amount", "to", "body"}
         refund, email = actions
         assert refund["effect_kind"] == email["effect_kind"] == "irreversible"
         assert refund["why_permanent"] == REFUND_PERMANENCE
@@ -987,9 +987,9 @@ def test_a_rejected_call_carries_the_mark_langchain_sets() -> None:
 def test_gate_accepts_the_tool_node_and_callables() -> None:
     tools = World().tools()
 
-    def plain(x: int) -> int:
+    def plain(value: int) -> int:
         """A plain function."""
-        return x
+        return value
 
     gate = ApprovalGate(EffectToolNode(tools))
     assert set(gate.tools_by_name) == {"issue_refund", "send_email", "lookup_order"}

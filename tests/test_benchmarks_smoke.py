@@ -118,18 +118,18 @@ def test_benchmarks_quick_run_writes_every_section(tmp_path: Path) -> None:
     assert {(c["backend"], c["kind"], c["n_calls"]) for c in cells} >= {
         (b, k, n) for b in run for k in ("read_only", "side_effecting") for n in (1, 3)
     }
-    for c in cells:
-        assert c["base_ms"]["n"] == 1 and c["effect_ms"]["n"] == 1
-        low, high = c["paired_added_pct_ci95"]
-        assert low <= c["paired_added_pct"] <= high
+    for cell in cells:
+        assert cell["base_ms"]["n"] == 1 and cell["effect_ms"]["n"] == 1
+        low, high = cell["paired_added_pct_ci95"]
+        assert low <= cell["paired_added_pct"] <= high
     # Side effects are also fitted with the whole batch at once (effect_concurrency=N).
     fits = data["overhead"]["fits"]
-    for b in run:
+    for backend in run:
         for tool_ms in (0, 5):
             (fit,) = [
                 f
                 for f in fits
-                if (f["backend"], f["kind"], f["tool_ms"]) == (b, "side_effecting", tool_ms)
+                if (f["backend"], f["kind"], f["tool_ms"]) == (backend, "side_effecting", tool_ms)
             ]
             assert isinstance(fit["concurrent_marginal_us_per_call"], float)
     # PostgreSQL runs twice: the server's synchronous_commit, and off (the library alone).
@@ -138,9 +138,11 @@ def test_benchmarks_quick_run_writes_every_section(tmp_path: Path) -> None:
     assert set(floors) == {b for b in overhead_backends if b != "memory"}
     assert all(f["commit_ms"]["median"] > 0 for f in floors.values())
     if "postgres" in run:
-        for b in ("postgres", "postgres_nosync"):
-            assert any(t["target"].startswith(f"{b}: a run's fixed cost") for t in data["targets"])
-            assert any(t["target"].startswith(f"{b}: <=1.3 x floor") for t in data["targets"])
+        for backend in ("postgres", "postgres_nosync"):
+            assert any(
+                t["target"].startswith(f"{backend}: a run's fixed cost") for t in data["targets"]
+            )
+            assert any(t["target"].startswith(f"{backend}: <=1.3 x floor") for t in data["targets"])
     assert any(t["target"].startswith("memory: <=0.15 ms") for t in data["targets"])
     # The 10 x 5 ms cells again through ainvoke, on every backend run.
     acells = data["overhead"]["async_cells"]
@@ -161,11 +163,13 @@ def test_benchmarks_quick_run_writes_every_section(tmp_path: Path) -> None:
     assert stop["final_report_ms"] is not None
     assert set(data["profile"]["backends"]) == set(run)
     assert set(data["latency"]["backends"]) == set(run)
-    for b in run:
-        assert data["latency"]["backends"][b]["check"]["seen_ms"]["n"] == 2
+    for backend in run:
+        assert data["latency"]["backends"][backend]["check"]["seen_ms"]["n"] == 2
     assert set(data["scale"]["unsettled"]) == set(run)
-    for u in data["scale"]["unsettled"].values():
-        assert all(s["write_pair_us"]["n"] for s in u["steps"]) and "growth_write" in u
+    for unsettled in data["scale"]["unsettled"].values():
+        assert (
+            all(s["write_pair_us"]["n"] for s in unsettled["steps"]) and "growth_write" in unsettled
+        )
     assert data["scale"]["memory"] and data["scale"]["throughput"]
     assert "same_process_signal" in data["scale"]["hygiene"]
     rec = data["recovery"]["backends"]

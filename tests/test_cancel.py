@@ -539,15 +539,17 @@ def test_hundred_concurrent_cancels_make_one_terminal_transition(
     barrier = threading.Barrier(100, timeout=TIMEOUT)
     answers: list[Any] = [None] * 100
 
-    def press(i: int) -> None:
+    def press(presser_index: int) -> None:
         barrier.wait()
-        answers[i] = request_cancel(saver, thread_id, reason=f"reason {i}", requested_by=f"u{i}")
+        answers[presser_index] = request_cancel(
+            saver, thread_id, reason=f"reason {presser_index}", requested_by=f"u{presser_index}"
+        )
 
     pressers = [threading.Thread(target=press, args=(i,)) for i in range(100)]
-    for t in pressers:
-        t.start()
-    for t in pressers:
-        t.join(TIMEOUT)
+    for presser in pressers:
+        presser.start()
+    for presser in pressers:
+        presser.join(TIMEOUT)
     assert all(a is not None and a.accepted for a in answers)
     firsts = [a for a in answers if a.first]
     assert len(firsts) == 1
@@ -702,29 +704,31 @@ class ChainState(TypedDict):
 
 def test_every_node_checks_the_signal(saver: Any) -> None:
     """A chain of plain nodes: whichever node presses stop, no later node runs."""
-    n = 5
-    for k in range(n):
+    node_count = 5
+    for stop_at in range(node_count):
         thread_id = new_thread()
 
-        def make(i: int, thread_id: str = thread_id, k: int = k) -> Callable[..., Any]:
+        def make(
+            node_index: int, thread_id: str = thread_id, stop_at: int = stop_at
+        ) -> Callable[..., Any]:
             def node(state: ChainState) -> dict[str, Any]:
-                if i == k:
-                    request_cancel(saver, thread_id, reason=f"stop at {k}", requested_by="t")
-                return {"trace": [f"n{i}"]}
+                if node_index == stop_at:
+                    request_cancel(saver, thread_id, reason=f"stop at {stop_at}", requested_by="t")
+                return {"trace": [f"n{node_index}"]}
 
             return node
 
         builder = StateGraph(ChainState)
-        for i in range(n):
-            builder.add_node(f"n{i}", make(i))
+        for node_index in range(node_count):
+            builder.add_node(f"n{node_index}", make(node_index))
         builder.add_edge(START, "n0")
-        for i in range(n - 1):
-            builder.add_edge(f"n{i}", f"n{i + 1}")
+        for node_index in range(node_count - 1):
+            builder.add_edge(f"n{node_index}", f"n{node_index + 1}")
         graph = cancellable(builder, saver)
         cfg = config_for(thread_id)
         graph.invoke({"messages": [HumanMessage("go")], "trace": []}, cfg)
         values = graph.get_state(cfg).values
-        assert values["trace"] == [f"n{i}" for i in range(k + 1)], k
+        assert values["trace"] == [f"n{i}" for i in range(stop_at + 1)], stop_at
         assert values["cancellation_report"]["status"] == "cancelled"
         assert saver.ledger.latest_run(thread_id).status is RunStatus.CANCELLED
 

@@ -138,8 +138,12 @@ def test_postgres_restart_mid_run(
         check_invariants(runner)
         effects = {e.tool_call_id: e for e in runner.ledger.effects(thread_id)}
         assert sorted(effects) == sorted(f"c{n}" for n in range(7)), sorted(effects)
-        for e in effects.values():
-            assert e.status is EffectStatus.COMMITTED, (e.status, e.error, e.tool)
+        for record in effects.values():
+            assert record.status is EffectStatus.COMMITTED, (
+                record.status,
+                record.error,
+                record.tool,
+            )
         keys = runner.world.providers.truth()["keys"]
         assert all(v["executions"] == 1 for v in keys.values()), keys
         messages: list[Any] = runner.graph.get_state(runner.cfg).values["messages"]

@@ -396,8 +396,8 @@ def recover_after_sigkill(plan: Plan, root: Path, thread_id: str) -> Runner:
             e for e in runner.ledger.effects(thread_id) if e.status is EffectStatus.DISPATCHED
         ]
         runner.drive(None)  # resume the killed run (waits out the dead worker's lease)
-        for e in in_flight:
-            assert runner.ledger.get_effect(e.effect_id).status is not EffectStatus.DISPATCHED
+        for record in in_flight:
+            assert runner.ledger.get_effect(record.effect_id).status is not EffectStatus.DISPATCHED
         if stopping:  # the dead worker was cancelling: the recovery finished the cancel
             finished = runner.ledger.get_run(run.run_id)
             assert finished.status is RunStatus.CANCELLED and finished.reason == run.reason

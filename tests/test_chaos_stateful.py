@@ -156,13 +156,13 @@ class OneThread(RuleBasedStateMachine):
 
     # ------------------------------------------------------------------ helpers
     @property
-    def r(self) -> Runner:
+    def current_runner(self) -> Runner:
         assert self.runner is not None
         return self.runner
 
     def _drive(self, inp: Any) -> None:
         """Drive the thread; a resumed thread must reconcile before it dispatches (I8)."""
-        runner = self.r
+        runner = self.current_runner
         unsettled: list[EffectRecord] = [
             e
             for e in runner.ledger.effects(runner.thread_id)
@@ -173,7 +173,7 @@ class OneThread(RuleBasedStateMachine):
         check_resume_reconciles_first(runner, unsettled, runs)
 
     def _at_rest(self) -> bool:
-        runner = self.r
+        runner = self.current_runner
         runs = runner.ledger.runs(runner.thread_id)
         effects = runner.ledger.effects(runner.thread_id)
         return all(r.terminal for r in runs) and not any(
@@ -207,13 +207,13 @@ class OneThread(RuleBasedStateMachine):
             racing_cancels=data.draw(st.sampled_from((1, 1, 2)), label="racing cancels"),
             racing_resumes=data.draw(st.booleans(), label="racing resumes"),
         )
-        runner = self.r
+        runner = self.current_runner
         runner.begin(plan)
         earlier = set(self.refs)
         first = runner.world.call_base
-        for n, spec in (p for turn in plan.numbered(first) for p in turn):
+        for call_number, spec in (p for turn in plan.numbered(first) for p in turn):
             if spec.tool == "cx_refund":
-                self.refs.append(spec.ref or f"r-c{n}")
+                self.refs.append(spec.ref or f"r-c{call_number}")
         self.messages += 1
         self._drive({"messages": [HumanMessage(f"message {self.messages}")]})
         check_cancelled_run_starts_nothing(runner)
@@ -228,11 +228,11 @@ class OneThread(RuleBasedStateMachine):
     @rule()
     def status_message(self) -> None:
         """Bring the thread to rest (the user asks where things stand); then I1-I8."""
-        self.r.begin(self.base)  # no turns: the model answers at once
+        self.current_runner.begin(self.base)  # no turns: the model answers at once
         self.messages += 1
         self._drive({"messages": [HumanMessage("where do things stand?")]})
-        check_cancelled_run_starts_nothing(self.r)
-        check_invariants(self.r)
+        check_cancelled_run_starts_nothing(self.current_runner)
+        check_invariants(self.current_runner)
         self.resting = True
 
     @rule(
@@ -253,7 +253,7 @@ class OneThread(RuleBasedStateMachine):
         stop_during = data.draw(
             st.one_of(st.none(), st.integers(0, len(kinds) - 1)), label="stop during call"
         )
-        runner = self.r
+        runner = self.current_runner
         log = self.sub_agent_log
         assert log is not None
         self.delegations += 1
@@ -333,7 +333,7 @@ class OneThread(RuleBasedStateMachine):
 
     def stop_between_messages(self) -> None:
         """A stop pressed with no message in progress."""
-        runner = self.r
+        runner = self.current_runner
         if not self.messages:
             with pytest.raises(UnknownThreadError):  # a typed answer, nothing recorded
                 request_cancel(runner.saver, runner.thread_id, reason="early", requested_by="t")
@@ -354,7 +354,7 @@ class OneThread(RuleBasedStateMachine):
 
     def continue_without_input(self) -> None:
         """``invoke(None)``: resumes a crashed run; on a finished thread it does nothing."""
-        runner = self.r
+        runner = self.current_runner
         if not self.messages:
             return  # nothing to continue (tests/test_run_completion.py covers that call)
         run = runner.ledger.latest_run(runner.thread_id)
@@ -370,7 +370,7 @@ class OneThread(RuleBasedStateMachine):
 
     def operator_reconciles(self) -> None:
         """``langgraph-cancel reconcile THREAD`` between invocations."""
-        runner = self.r
+        runner = self.current_runner
         if not self.messages:
             return
         (result,) = reconcile(runner.saver, runner.thread_id, tools=runner.graph.cancellation.tools)
@@ -379,16 +379,16 @@ class OneThread(RuleBasedStateMachine):
             assert rec.owner and rec.next_action, rec
         keys = runner.world.providers.truth()["keys"]
         for settled in result.settled:
-            e = settled.effect
-            if e.status is EffectStatus.COMMITTED and e.kind is not EffectKind.READ_ONLY:
-                assert keys.get(e.idempotency_key, {}).get("executions", 0) == 1, e
-            if e.status is EffectStatus.NOT_APPLIED:
-                assert keys.get(e.idempotency_key, {}).get("executions", 0) == 0, e
+            record = settled.effect
+            if record.status is EffectStatus.COMMITTED and record.kind is not EffectKind.READ_ONLY:
+                assert keys.get(record.idempotency_key, {}).get("executions", 0) == 1, record
+            if record.status is EffectStatus.NOT_APPLIED:
+                assert keys.get(record.idempotency_key, {}).get("executions", 0) == 0, record
         self.resting = self._at_rest()
 
     def operator_compensates(self) -> None:
         """``langgraph-cancel compensate THREAD``: undo the committed reversible effects."""
-        runner = self.r
+        runner = self.current_runner
         if not self.messages:
             return
         try:
@@ -406,11 +406,13 @@ class OneThread(RuleBasedStateMachine):
             self.resting = False
             return
         tickets = {t["key"]: t for t in runner.world.providers.truth()["tickets"]}
-        for e in done:
-            assert e.kind is EffectKind.REVERSIBLE, e
-            assert e.status in (EffectStatus.COMPENSATED, EffectStatus.COMPENSATION_FAILED), e
-            if e.status is EffectStatus.COMPENSATED:
-                assert tickets[e.idempotency_key]["status"] == "closed", e
+        for record in done:
+            assert record.kind is EffectKind.REVERSIBLE, record
+            assert record.status in (EffectStatus.COMPENSATED, EffectStatus.COMPENSATION_FAILED), (
+                record
+            )
+            if record.status is EffectStatus.COMPENSATED:
+                assert tickets[record.idempotency_key]["status"] == "closed", record
         left = [
             e
             for e in runner.ledger.effects(runner.thread_id)

@@ -129,11 +129,11 @@ def test_effects_json(demo: Demo) -> None:
     effects = ok_json(demo.cli("effects", THREAD, "--json"))
     assert len(effects) == 9  # the lookup, 3 permanent, the update, 4 not run
     by_status: dict[str, list[str]] = {}
-    for e in effects:
-        by_status.setdefault(e["status"], []).append(e["tool"])
-        assert e["idempotency_key"]
-        assert e["thread_id"] == THREAD
-        assert "history" not in e
+    for effect in effects:
+        by_status.setdefault(effect["status"], []).append(effect["tool"])
+        assert effect["idempotency_key"]
+        assert effect["thread_id"] == THREAD
+        assert "history" not in effect
     assert sorted(by_status["committed"]) == sorted(
         ["lookup_order", "issue_refund", "send_email", "send_email", "update_order"]
     )

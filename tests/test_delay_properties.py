@@ -177,29 +177,29 @@ def _check(ledger: Any, thread_id: str, mail: SendAtMail, providers: Providers) 
     effects = ledger.effects(thread_id)
     delivered = {e["key"] for e in mail.truth()["delivered"]}
     withdrawn = {e["key"] for e in mail.truth()["revoked"]}
-    for e in effects:
-        key = e.idempotency_key
-        if e.tool == PAUSE:
+    for record in effects:
+        key = record.idempotency_key
+        if record.tool == PAUSE:
             continue
-        if e.tool == PROVIDER_HELD:
-            if e.status is EffectStatus.REVOKED:
-                assert key in withdrawn and key not in delivered, e
+        if record.tool == PROVIDER_HELD:
+            if record.status is EffectStatus.REVOKED:
+                assert key in withdrawn and key not in delivered, record
             if key in delivered:
-                assert e.status is EffectStatus.COMMITTED, e
-            if e.status is EffectStatus.DROPPED:
-                assert mail.find(key) is None, e
+                assert record.status is EffectStatus.COMMITTED, record
+            if record.status is EffectStatus.DROPPED:
+                assert mail.find(key) is None, record
             # Every window has passed: nothing is left revocable.
-            assert e.status is not EffectStatus.SCHEDULED, e
+            assert record.status is not EffectStatus.SCHEDULED, record
         else:
             sent = providers.executions(key)
-            assert sent <= 1, e
-            if e.status in (EffectStatus.REVOKED, EffectStatus.DROPPED):
-                assert sent == 0 and providers.attempts(key) == 0, e
-            if e.status is EffectStatus.COMMITTED:
-                assert sent == 1, e
+            assert sent <= 1, record
+            if record.status in (EffectStatus.REVOKED, EffectStatus.DROPPED):
+                assert sent == 0 and providers.attempts(key) == 0, record
+            if record.status is EffectStatus.COMMITTED:
+                assert sent == 1, record
             if run.status is RunStatus.COMPLETED:
                 # A finished run's held calls all went out once their window passed.
-                assert e.status is EffectStatus.COMMITTED, e
+                assert record.status is EffectStatus.COMMITTED, record
     # The report of the stop (stored at its cancelled transition) and the report now.
     for report in (get_report(ledger, thread_id), get_report(ledger, thread_id, now=True)):
         assert report.dispatched_after_cancel == 0

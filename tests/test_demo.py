@@ -93,10 +93,10 @@ def assert_seed_truth(report: dict[str, Any], truth: dict[str, Any]) -> None:
     assert truth["orders"]["o-88"]["status"] == "refunded"
     assert truth["orders"]["o-91"]["status"] == "delivered"  # the queued update never ran
     assert truth["tickets"] == [] and truth["messages"] == [] and truth["restores"] == []
-    for e in report["permanent"] + report["reversible_committed"]:
-        assert _executions(truth, e["idempotency_key"]) == 1, e
-    for e in report["not_run"]:
-        assert _executions(truth, e["idempotency_key"]) == 0, e
+    for entry in report["permanent"] + report["reversible_committed"]:
+        assert _executions(truth, entry["idempotency_key"]) == 1, entry
+    for entry in report["not_run"]:
+        assert _executions(truth, entry["idempotency_key"]) == 0, entry
     assert all(info["executions"] <= 1 for info in truth["keys"].values())
 
 
@@ -170,8 +170,8 @@ def test_cancel_at(
     assert len(report["not_run"]) == not_run
     assert report["unknown"] == [] and report["dispatched_after_cancel"] == 0
     assert {k: len(run.truth[k]) for k in applied} == applied
-    for e in report["not_run"]:
-        assert _executions(run.truth, e["idempotency_key"]) == 0
+    for entry in report["not_run"]:
+        assert _executions(run.truth, entry["idempotency_key"]) == 0
 
 
 def test_cancel_at_subagent_reports_the_childs_refund_as_permanent(tmp_path: Path) -> None:
@@ -285,8 +285,8 @@ def test_cancel_at_budget_names_the_limit(tmp_path: Path) -> None:
     assert {e["tool"] for e in report["not_run"]} == QUEUED and len(report["not_run"]) == 5
     assert report["dispatched_after_cancel"] == 0 and report["unknown"] == []
     assert len(run.truth["refunds"]) == 1 and run.truth["updates"] == []
-    for e in report["not_run"]:
-        assert _executions(run.truth, e["idempotency_key"]) == 0
+    for entry in report["not_run"]:
+        assert _executions(run.truth, entry["idempotency_key"]) == 0
 
 
 def test_cancel_at_ordered_leaves_nothing_permanent(tmp_path: Path) -> None:

@@ -232,12 +232,12 @@ def test_bind_tools_returns_same_model() -> None:
 
 
 def test_instances_do_not_share_state() -> None:
-    a = ScriptedChatModel(["a1", "a2"])
-    b = ScriptedChatModel(["b1", "b2"])
-    assert a.invoke("x").content == "a1"
-    assert b.invoke("x").content == "b1"
-    assert a.invoke("x").content == "a2"
-    assert (a.calls, b.calls) == (2, 1)
+    first_model = ScriptedChatModel(["a1", "a2"])
+    second_model = ScriptedChatModel(["b1", "b2"])
+    assert first_model.invoke("x").content == "a1"
+    assert second_model.invoke("x").content == "b1"
+    assert first_model.invoke("x").content == "a2"
+    assert (first_model.calls, second_model.calls) == (2, 1)
 
 
 def test_threads_consume_each_turn_once() -> None:

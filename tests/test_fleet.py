@@ -225,8 +225,8 @@ def test_a_fleet_survives_kills_terminated_connections_and_a_restart(
         pass  # the schema, before the fleet races to create it
 
     fleet = Fleet(tmp_path, pg_url, threads, stop_threads)
-    for n in range(WORKERS):
-        fleet.spec(f"worker-{n}", "worker", threads, home=n)
+    for worker_index in range(WORKERS):
+        fleet.spec(f"worker-{worker_index}", "worker", threads, home=worker_index)
     fleet.spec("reviewer", "reviewer", threads)
     fleet.spec("stopper", "stopper", threads)
     fleet.spec("sweeper", "sweeper", threads)
@@ -297,19 +297,23 @@ def check_fleet(
         effects = ledger.effects(thread_id)
         keys = [e.idempotency_key for e in effects]
         checks.that(len(keys) == len(set(keys)), f"{thread_id}: a key twice in the ledger")
-        for e in effects:
-            ledger_keys.add(e.idempotency_key)
-            if e.status is EffectStatus.UNKNOWN:
-                checks.that(bool(e.owner and e.next_action), f"unknown without an owner: {e}")
+        for record in effects:
+            ledger_keys.add(record.idempotency_key)
+            if record.status is EffectStatus.UNKNOWN:
+                checks.that(
+                    bool(record.owner and record.next_action), f"unknown without an owner: {record}"
+                )
             else:
                 ok = SETTLED_OK if run.terminal else SETTLED_OK | UNDISPATCHED_STATUSES
-                checks.that(e.status in ok, describe(ledger, thread_id))
-            if e.kind is EffectKind.READ_ONLY:
+                checks.that(record.status in ok, describe(ledger, thread_id))
+            if record.kind is EffectKind.READ_ONLY:
                 continue
-            if e.status is EffectStatus.COMMITTED:
-                checks.that(e.idempotency_key in applied, f"committed, never applied: {e}")
-            if e.idempotency_key in applied:
-                checks.that(e.status in APPLIED_OK, f"applied, ledger says: {e}")
+            if record.status is EffectStatus.COMMITTED:
+                checks.that(
+                    record.idempotency_key in applied, f"committed, never applied: {record}"
+                )
+            if record.idempotency_key in applied:
+                checks.that(record.status in APPLIED_OK, f"applied, ledger says: {record}")
         if run.status.value == "cancelled":
             report = get_report(ledger, thread_id)
             mine = {e.idempotency_key for e in effects} & applied
@@ -331,8 +335,8 @@ def check_fleet(
     )
     swept: dict[str, int] = {}
     for line in (tmp / "sweeper.passes.jsonl").read_text().splitlines():
-        for kind, n in json.loads(line)["counts"].items():
-            swept[kind] = swept.get(kind, 0) + n
+        for kind, count in json.loads(line)["counts"].items():
+            swept[kind] = swept.get(kind, 0) + count
     summary = {
         "threads": len(threads),
         "stops_asked": len(json.loads((tmp / "stopped.json").read_text()))

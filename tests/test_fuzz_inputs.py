@@ -83,8 +83,8 @@ json_values = st.recursive(
 
 def _nest(depth: int) -> Any:
     value: Any = "leaf"
-    for i in range(depth):
-        value = {"a": value} if i % 2 else [value]
+    for level in range(depth):
+        value = {"a": value} if level % 2 else [value]
     return value
 
 
@@ -118,11 +118,11 @@ ids = _weighted(
 
 
 @st.composite
-def argument_objects(draw: st.DrawFn, name: str, n: int) -> dict[str, Any]:
+def argument_objects(draw: st.DrawFn, name: str, call_number: int) -> dict[str, Any]:
     """The arguments of a call: the tool's valid ones, mutated, or anything."""
     if name not in TOOL_NAMES or draw(st.integers(0, 4)) == 0:
         return draw(st.dictionaries(st.text(max_size=10), odd_values, max_size=5))
-    args = call_args(CallSpec(name, draw(st.sampled_from((0, 1)))), n)
+    args = call_args(CallSpec(name, draw(st.sampled_from((0, 1)))), call_number)
     for _ in range(draw(st.integers(0, 3))):
         how = draw(st.sampled_from(("drop", "retype", "extra", "nothing")))
         key = draw(st.sampled_from(sorted(args))) if args else None
@@ -139,7 +139,7 @@ def argument_objects(draw: st.DrawFn, name: str, n: int) -> dict[str, Any]:
 def model_tool_calls(draw: st.DrawFn) -> list[dict[str, Any]]:
     """A batch of tool calls as LangChain parses them from a model's answer."""
     out: list[dict[str, Any]] = []
-    for n in range(draw(st.integers(1, 6))):
+    for call_number in range(draw(st.integers(1, 6))):
         if out and draw(st.integers(0, 3)) == 0:
             # The model repeats an earlier call: same arguments, same or another id.
             again = dict(draw(st.sampled_from(out)))
@@ -148,7 +148,7 @@ def model_tool_calls(draw: st.DrawFn) -> list[dict[str, Any]]:
             continue
         name = draw(names)
         call_id = draw(ids)
-        out.append({"name": name, "args": draw(argument_objects(name, n)), "id": call_id})
+        out.append({"name": name, "args": draw(argument_objects(name, call_number)), "id": call_id})
     return out
 
 
@@ -156,13 +156,13 @@ def model_tool_calls(draw: st.DrawFn) -> list[dict[str, Any]]:
 def raw_payloads(draw: st.DrawFn) -> list[Any]:
     """Tool calls as a hand-written Send fan-out might carry them: any value in any field."""
     out = []
-    for n in range(draw(st.integers(1, 5))):
+    for call_number in range(draw(st.integers(1, 5))):
         call: dict[str, Any] = {}
         name = draw(st.one_of(names, json_values))
         if draw(st.booleans()) or name in TOOL_NAMES:
             call["name"] = name
         args: Any = (
-            draw(argument_objects(name, n))
+            draw(argument_objects(name, call_number))
             if isinstance(name, str) and draw(st.booleans())
             else draw(odd_values)
         )
@@ -177,10 +177,10 @@ def raw_payloads(draw: st.DrawFn) -> list[Any]:
     return out
 
 
-def _decision_for(name: str, n: int) -> st.SearchStrategy[Any]:
+def _decision_for(name: str, call_number: int) -> st.SearchStrategy[Any]:
     edited = st.one_of(
-        st.builds(dict, st.just(call_args(CallSpec(name, 1), n))),
-        argument_objects(name, n),
+        st.builds(dict, st.just(call_args(CallSpec(name, 1), call_number))),
+        argument_objects(name, call_number),
         json_values,
     )
     return _weighted(
@@ -469,9 +469,9 @@ def test_model_tool_calls_never_crash_nor_lose_a_row(
         assert {m.tool_call_id for m in answered if m.tool_call_id} == with_ids
         if not cancel_first:
             assert len(answered) == len(ai.tool_calls)
-        for m in answered:
-            if not m.tool_call_id:
-                assert m.status == "error"
+        for message in answered:
+            if not message.tool_call_id:
+                assert message.status == "error"
         assert_audit_consistent(saver.ledger, records)
         assert_nothing_unapproved_ran(world, records)
         for rec in records.values():
@@ -625,8 +625,8 @@ def test_approval_resume_values_never_crash_nor_lose_a_row(
             else:
                 event("decided")
         if "__interrupt__" in out:  # a well-formed answer settles what is still open
-            n = len(out["__interrupt__"][0].value["action_requests"])
-            out = run_graph(graph, Command(resume=[{"type": "approve"}] * n), cfg)
+            open_request_count = len(out["__interrupt__"][0].value["action_requests"])
+            out = run_graph(graph, Command(resume=[{"type": "approve"}] * open_request_count), cfg)
         assert "error" not in out and "__interrupt__" not in out, out
         records = _records(ledger, world.thread_id)
         assert sorted(records) == [f"c{n}" for n in range(len(GATED_BATCH))]
@@ -658,15 +658,22 @@ def test_approval_resume_values_never_crash_nor_lose_a_row(
         assert derive_effect_id(world.thread_id, "c0") == records["c0"].effect_id
 
 
-def _same(a: Any, b: Any) -> bool:
+def _same(left: Any, right: Any) -> bool:
     """Equality that treats NaN as equal to itself (JSON round trips keep NaN)."""
-    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+    if (
+        isinstance(left, float)
+        and isinstance(right, float)
+        and math.isnan(left)
+        and math.isnan(right)
+    ):
         return True
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
-    if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
-    return bool(a == b)
+    if isinstance(left, dict) and isinstance(right, dict):
+        return left.keys() == right.keys() and all(_same(left[k], right[k]) for k in left)
+    if isinstance(left, list) and isinstance(right, list):
+        return len(left) == len(right) and all(
+            _same(x, y) for x, y in zip(left, right, strict=True)
+        )
+    return bool(left == right)
 
 
 # ---------------------------------------------------------------------------- 4. reconcile answers

@@ -113,16 +113,18 @@ def test_start_run_and_unsettled_reads_what_the_two_calls_would(
     run, unsettled = ledger.start_run_and_unsettled(thread, owner="w1", lease_ttl=lease_ttl)
     assert run.status.value == "running" and unsettled == []
     # The thread's live run, and what it left unsettled (a dispatch, a plan, a commit).
-    a, _ = ledger.plan(thread_id=thread, run_id=run.run_id, tool_call_id="a", tool="t",
-                       kind="irreversible", args={"n": 1}, seq=0)  # fmt: skip
-    b, _ = ledger.plan(thread_id=thread, run_id=run.run_id, tool_call_id="b", tool="t",
-                       kind="irreversible", args={"n": 2}, seq=1)  # fmt: skip
-    ledger.transition(a.effect_id, "dispatched", owner="w1")
-    ledger.transition(b.effect_id, "dropped")
+    effect_a, _ = ledger.plan(thread_id=thread, run_id=run.run_id, tool_call_id="a", tool="t",
+                              kind="irreversible", args={"n": 1}, seq=0)  # fmt: skip
+    effect_b, _ = ledger.plan(thread_id=thread, run_id=run.run_id, tool_call_id="b", tool="t",
+                              kind="irreversible", args={"n": 2}, seq=1)  # fmt: skip
+    ledger.transition(effect_a.effect_id, "dispatched", owner="w1")
+    ledger.transition(effect_b.effect_id, "dropped")
     again, unsettled = ledger.start_run_and_unsettled(thread, owner="w1", lease_ttl=lease_ttl)
     assert again.run_id == run.run_id
     assert unsettled == ledger.unsettled(thread)
-    assert [(e.effect_id, e.status.value) for e in unsettled] == [(a.effect_id, "dispatched")]
+    assert [(e.effect_id, e.status.value) for e in unsettled] == [
+        (effect_a.effect_id, "dispatched")
+    ]
     if lease_ttl is not None:
         with pytest.raises(ThreadBusyError):
             ledger.start_run_and_unsettled(thread, owner="w2", lease_ttl=lease_ttl)

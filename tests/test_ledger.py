@@ -811,11 +811,11 @@ def test_find_moved_matches_the_id_and_tilde_exactly(ledger: Ledger) -> None:
     # "_" and "%" are LIKE wildcards and SQLite's LIKE ignores case: none may match.
     thread = new_id("t")
     run = ledger.start_run(thread)
-    for n, call_id in enumerate(
+    for index, call_id in enumerate(
         ["call_0", "call_0~aaa", "call_0~bbb", "CALL_0~ccc", "callX0~ddd", "call_0x~eee", "c%~f"]
     ):
         ledger.plan(thread_id=thread, run_id=run.run_id, tool_call_id=call_id, tool="t",
-                    kind="read_only", args={"n": n}, seq=n)  # fmt: skip
+                    kind="read_only", args={"n": index}, seq=index)  # fmt: skip
     assert [r.tool_call_id for r in ledger.find_moved(thread, "call_0")] == [
         "call_0~aaa",
         "call_0~bbb",

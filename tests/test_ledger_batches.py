@@ -340,24 +340,24 @@ def test_a_plan_with_its_first_intent_records_both_as_the_two_writes_would(
     entries, begun = ledger.plan_many_and_begin(
         thread_id=thread, run_id=run, items=items, begin="a", owner="w", actor="w"
     )
-    a, b = derive_effect_id(thread, "a"), derive_effect_id(thread, "b")
-    assert isinstance(begun, EffectRecord) and begun.effect_id == a
+    first_id, second_id = derive_effect_id(thread, "a"), derive_effect_id(thread, "b")
+    assert isinstance(begun, EffectRecord) and begun.effect_id == first_id
     assert begun.status is S.DISPATCHED and begun.dispatched_at is not None
     assert begun.owner == "w" and begun.idempotency_key == derive_idempotency_key(thread, "a")
     assert [(e[0].effect_id, e[1]) for e in entries if isinstance(e, tuple)] == [
-        (a, True),
-        (b, True),
+        (first_id, True),
+        (second_id, True),
     ]
     assert entries[0] == (begun, True)
-    assert ledger.get_effect(a) == begun
-    assert ledger.get_effect(b).status is S.PLANNED
-    history = ledger.history(a)
+    assert ledger.get_effect(first_id) == begun
+    assert ledger.get_effect(second_id).status is S.PLANNED
+    history = ledger.history(first_id)
     assert [(t.from_status, t.to_status, t.actor) for t in history] == [
         (None, S.PLANNED, "w"),
         (S.PLANNED, S.DISPATCHED, "w"),
     ]
     assert history[1].detail == {"idempotency_key": begun.idempotency_key}
-    assert [(t.from_status, t.to_status) for t in ledger.history(b)] == [(None, S.PLANNED)]
+    assert [(t.from_status, t.to_status) for t in ledger.history(second_id)] == [(None, S.PLANNED)]
     # What the two writes leave, field by field (timestamps and tokens aside).
     other, _ = _thread(ledger)
     ledger.plan_many(thread_id=other, run_id=_, items=items, owner="w", actor="w")
@@ -454,11 +454,11 @@ async def test_the_async_twin_plans_and_begins(ledger: Ledger) -> None:
     assert ledger.get_effect(begun.effect_id) == begun
 
 
-def _planned(ledger: Ledger, n: int) -> tuple[str, str, list[str]]:
+def _planned(ledger: Ledger, count: int) -> tuple[str, str, list[str]]:
     thread, run = _thread(ledger)
-    items = [_new(f"c{i}", seq=i) for i in range(n)]
+    items = [_new(f"c{i}", seq=i) for i in range(count)]
     ledger.plan_many(thread_id=thread, run_id=run, items=items)
-    return thread, run, [derive_effect_id(thread, f"c{i}") for i in range(n)]
+    return thread, run, [derive_effect_id(thread, f"c{i}") for i in range(count)]
 
 
 def _commit(effect_id: str) -> TransitionRequest:
@@ -476,19 +476,19 @@ def _dispatch(effect_id: str) -> TransitionRequest:
 
 
 def test_outcome_and_next_intent_in_one_call(ledger: Ledger) -> None:
-    _thread_id, _run, (a, b) = _planned(ledger, 2)
-    ledger.transition(a, S.DISPATCHED, owner="w")
-    done, begun = ledger.transition_many([_commit(a), _dispatch(b)])
+    _thread_id, _run, (first_id, second_id) = _planned(ledger, 2)
+    ledger.transition(first_id, S.DISPATCHED, owner="w")
+    done, begun = ledger.transition_many([_commit(first_id), _dispatch(second_id)])
     assert isinstance(done, EffectRecord) and done.status is S.COMMITTED
     assert done.result == {"content": "ok"} and done.settled_at is not None
     assert isinstance(begun, EffectRecord) and begun.status is S.DISPATCHED
     assert begun.dispatched_at is not None and begun.owner == "w"
-    assert [(t.from_status, t.to_status) for t in ledger.history(a)] == [
+    assert [(t.from_status, t.to_status) for t in ledger.history(first_id)] == [
         (None, S.PLANNED),
         (S.PLANNED, S.DISPATCHED),
         (S.DISPATCHED, S.COMMITTED),
     ]
-    assert [(t.from_status, t.to_status, t.actor) for t in ledger.history(b)][-1] == (
+    assert [(t.from_status, t.to_status, t.actor) for t in ledger.history(second_id)][-1] == (
         S.PLANNED,
         S.DISPATCHED,
         "w",
@@ -496,43 +496,43 @@ def test_outcome_and_next_intent_in_one_call(ledger: Ledger) -> None:
 
 
 def test_each_request_fails_on_its_own(ledger: Ledger) -> None:
-    _thread_id, _run, (a, b, c) = _planned(ledger, 3)
-    ledger.transition(a, S.DISPATCHED, owner="w")
-    ledger.transition(b, S.DROPPED)  # a cancel got there first
+    _thread_id, _run, (first_id, second_id, third_id) = _planned(ledger, 3)
+    ledger.transition(first_id, S.DISPATCHED, owner="w")
+    ledger.transition(second_id, S.DROPPED)  # a cancel got there first
     out = ledger.transition_many(
-        [_commit(a), _dispatch(b), _dispatch(c), _dispatch("no-such-effect")]
+        [_commit(first_id), _dispatch(second_id), _dispatch(third_id), _dispatch("no-such-effect")]
     )
     assert isinstance(out[0], EffectRecord) and out[0].status is S.COMMITTED
     assert isinstance(out[1], IllegalTransitionError)
     assert not isinstance(out[1], TransitionConflictError)  # dropped can never dispatch
     assert isinstance(out[2], EffectRecord) and out[2].status is S.DISPATCHED
     assert isinstance(out[3], UnknownEffectError)
-    assert ledger.get_effect(b).status is S.DROPPED
+    assert ledger.get_effect(second_id).status is S.DROPPED
 
 
 def test_the_run_guard_refuses_the_intent_but_keeps_the_outcome(ledger: Ledger) -> None:
-    thread, _run, (a, b) = _planned(ledger, 2)
-    ledger.transition(a, S.DISPATCHED, owner="w")
+    thread, _run, (first_id, second_id) = _planned(ledger, 2)
+    ledger.transition(first_id, S.DISPATCHED, owner="w")
     assert ledger.request_cancel(thread, reason="stop", requested_by="user").accepted
-    done, refused = ledger.transition_many([_commit(a), _dispatch(b)])
+    done, refused = ledger.transition_many([_commit(first_id), _dispatch(second_id)])
     # What happened outside is recorded whatever the run's state; nothing new leaves.
     assert isinstance(done, EffectRecord) and done.status is S.COMMITTED
     assert isinstance(refused, DispatchRefusedError)
-    assert ledger.get_effect(b).status is S.PLANNED
+    assert ledger.get_effect(second_id).status is S.PLANNED
 
 
 def test_a_retry_recognises_its_own_write(ledger: Ledger) -> None:
     # Two tokens, one write each: replaying the same tokens (an attempt whose ack was
     # lost) answers with the records, and applies nothing twice.
-    _thread_id, _run, (a, b) = _planned(ledger, 2)
-    ledger.transition(a, S.DISPATCHED, owner="w")
-    requests = [_commit(a), _dispatch(b)]
+    _thread_id, _run, (first_id, second_id) = _planned(ledger, 2)
+    ledger.transition(first_id, S.DISPATCHED, owner="w")
+    requests = [_commit(first_id), _dispatch(second_id)]
     checked = [(frozenset({S.DISPATCHED}), False), (frozenset({S.PLANNED}), True)]
     first = ledger._transition_many(requests, checked, ["tok-a", "tok-b"])
     again = ledger._transition_many(requests, checked, ["tok-a", "tok-b"])
     assert [r.status for r in first if isinstance(r, EffectRecord)] == [S.COMMITTED, S.DISPATCHED]
     assert again == first
-    assert len(ledger.history(a)) == 3 and len(ledger.history(b)) == 2
+    assert len(ledger.history(first_id)) == 3 and len(ledger.history(second_id)) == 2
 
 
 def _every_field(effect_id: str, step: int) -> TransitionRequest:
@@ -579,15 +579,15 @@ def test_a_batch_records_exactly_what_one_at_a_time_records(ledger: Ledger) -> N
     for step in range(5):
         out = ledger.transition_many([_every_field(e, step) for e in batched])
         assert all(isinstance(r, EffectRecord) for r in out), out
-        for e in single:
-            req = _every_field(e, step)
+        for effect_id in single:
+            req = _every_field(effect_id, step)
             fields = {
                 f: getattr(req, f)
                 for f in ("result", "error", "next_action")
                 if getattr(req, f) is not ...
             }
             ledger.transition(
-                e,
+                effect_id,
                 req.to,
                 actor=req.actor,
                 detail=req.detail,
@@ -598,13 +598,15 @@ def test_a_batch_records_exactly_what_one_at_a_time_records(ledger: Ledger) -> N
             )
 
     def comparable(effect_id: str) -> tuple[object, ...]:
-        r = ledger.get_effect(effect_id)
+        record = ledger.get_effect(effect_id)
         trail = [
-            (t.from_status, t.to_status, t.actor, t.detail) for t in ledger.history(r.effect_id)
+            (t.from_status, t.to_status, t.actor, t.detail)
+            for t in ledger.history(record.effect_id)
         ]
         return (
-            r.status, r.args, r.result, r.error, r.owner, r.next_action, r.approval,
-            r.version, r.dispatched_at is not None, r.settled_at is not None, trail,
+            record.status, record.args, record.result, record.error, record.owner,
+            record.next_action, record.approval, record.version,
+            record.dispatched_at is not None, record.settled_at is not None, trail,
         )  # fmt: skip
 
     assert comparable(batched[0])[:7] == (
@@ -635,8 +637,8 @@ def test_two_writers_batching_the_same_effects_in_opposite_orders(
     results: dict[str, list[EffectRecord | Exception]] = {"fwd": [], "rev": []}
 
     def writer(name: str) -> None:
-        for a, b in pairs:
-            order = [a, b] if name == "fwd" else [b, a]
+        for first_id, second_id in pairs:
+            order = [first_id, second_id] if name == "fwd" else [second_id, first_id]
             barrier.wait()
             try:
                 results[name].extend(ledger.transition_many([_dispatch(e) for e in order]))
@@ -644,10 +646,10 @@ def test_two_writers_batching_the_same_effects_in_opposite_orders(
                 results[name].append(exc)
 
     threads = [threading.Thread(target=writer, args=(n,)) for n in results]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
     outcomes = results["fwd"] + results["rev"]
     assert len(outcomes) == 2 * len(ids)
     won = [r for r in outcomes if isinstance(r, EffectRecord)]
@@ -659,17 +661,20 @@ def test_two_writers_batching_the_same_effects_in_opposite_orders(
 
 
 def test_transition_many_rejects_what_transition_rejects(ledger: Ledger) -> None:
-    _thread_id, _run, (a, b) = _planned(ledger, 2)
+    _thread_id, _run, (first_id, second_id) = _planned(ledger, 2)
     with pytest.raises(IllegalTransitionError):
-        ledger.transition_many([TransitionRequest(effect_id=a, to=S.UNKNOWN)])  # no owner
+        ledger.transition_many([TransitionRequest(effect_id=first_id, to=S.UNKNOWN)])  # no owner
     with pytest.raises(IllegalTransitionError):
         ledger.transition_many(
-            [TransitionRequest(effect_id=a, to=S.COMMITTED, expected=frozenset({S.PLANNED}))]
+            [TransitionRequest(effect_id=first_id, to=S.COMMITTED, expected=frozenset({S.PLANNED}))]
         )
     with pytest.raises(ValueError, match="one request per effect"):
-        ledger.transition_many([_dispatch(a), _dispatch(a)])
+        ledger.transition_many([_dispatch(first_id), _dispatch(first_id)])
     assert ledger.transition_many([]) == []
-    assert ledger.get_effect(a).status is S.PLANNED and ledger.get_effect(b).version == 1
+    assert (
+        ledger.get_effect(first_id).status is S.PLANNED
+        and ledger.get_effect(second_id).version == 1
+    )
 
 
 async def test_async_twins(ledger: Ledger) -> None:
@@ -706,11 +711,11 @@ def test_a_batched_write_probes_the_primary_key_whatever_the_ledger_holds(pg_url
             items=[_new(f"r{i}", status=S.COMMITTED, result={"c": i}) for i in range(5000)],
         )
         ledger.plan_many(thread_id=thread, run_id=run, items=[_new("a"), _new("b", seq=1)])
-        a, b = (derive_effect_id(thread, c) for c in ("a", "b"))
+        first_id, second_id = (derive_effect_id(thread, c) for c in ("a", "b"))
         rows = [
             {"n": n, "effect_id": e, "to": "dispatched", "token": f"tok-{n}"}
             | {"allowed": ["planned"], "guard": False, "settles": False, "actor": "t"}
-            for n, e in enumerate((a, b))
+            for n, e in enumerate((first_id, second_id))
         ]
         with psycopg.connect(pg_url, autocommit=True, row_factory=dict_row) as conn:
             conn.execute("ANALYZE lgc_effects")
@@ -718,7 +723,7 @@ def test_a_batched_write_probes_the_primary_key_whatever_the_ledger_holds(pg_url
                 "EXPLAIN " + ledger_sql.PG_TRANSITION_EFFECTS,
                 {
                     "rows": json.dumps(rows),
-                    "ids": [a, b],
+                    "ids": [first_id, second_id],
                     "now": datetime.datetime.now(datetime.UTC),
                 },
             ).fetchall()

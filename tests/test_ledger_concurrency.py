@@ -63,19 +63,19 @@ def racers(db_url: str) -> Iterator[list[Ledger]]:
             led.close()
 
 
-def race(n: int, fn: Callable[[int], T]) -> list[T | BaseException]:
-    """Run ``fn(i)`` in ``n`` threads released together; return results or exceptions."""
-    barrier = threading.Barrier(n)
-    results: list[T | BaseException | None] = [None] * n
+def race(count: int, fn: Callable[[int], T]) -> list[T | BaseException]:
+    """Run ``fn(index)`` in ``count`` threads released together; return results or exceptions."""
+    barrier = threading.Barrier(count)
+    results: list[T | BaseException | None] = [None] * count
 
-    def body(i: int) -> None:
+    def body(index: int) -> None:
         try:
             barrier.wait(timeout=30)
-            results[i] = fn(i)
+            results[index] = fn(index)
         except BaseException as exc:
-            results[i] = exc
+            results[index] = exc
 
-    threads = [threading.Thread(target=body, args=(i,)) for i in range(n)]
+    threads = [threading.Thread(target=body, args=(i,)) for i in range(count)]
     for th in threads:
         th.start()
     for th in threads:
@@ -90,12 +90,12 @@ def test_50_threads_racing_the_same_compare_and_set(racers: list[Ledger]) -> Non
     run = ledger.start_run(thread)
     rec = make_effect(ledger, EffectStatus.PLANNED, thread_id=thread, run_id=run.run_id)
 
-    def approve(i: int) -> EffectRecord:
-        return racers[i % len(racers)].transition(
+    def approve(racer_index: int) -> EffectRecord:
+        return racers[racer_index % len(racers)].transition(
             rec.effect_id,
             EffectStatus.APPROVED,
             expected=[EffectStatus.PLANNED],
-            actor=f"racer-{i}",
+            actor=f"racer-{racer_index}",
         )
 
     results = race(50, approve)
@@ -121,9 +121,9 @@ def test_50_workers_dispatching_the_same_effect_one_wins(racers: list[Ledger]) -
     run = ledger.start_run(thread)
     rec = make_effect(ledger, EffectStatus.APPROVED, thread_id=thread, run_id=run.run_id)
 
-    def dispatch(i: int) -> EffectRecord:
-        return racers[i % len(racers)].transition(
-            rec.effect_id, EffectStatus.DISPATCHED, actor=f"worker-{i}"
+    def dispatch(racer_index: int) -> EffectRecord:
+        return racers[racer_index % len(racers)].transition(
+            rec.effect_id, EffectStatus.DISPATCHED, actor=f"worker-{racer_index}"
         )
 
     results = race(50, dispatch)
@@ -149,12 +149,12 @@ def test_50_threads_racing_different_targets_from_the_same_status(racers: list[L
         EffectStatus.REJECTED,
     ]
 
-    def move(i: int) -> EffectRecord:
-        return racers[i % len(racers)].transition(
+    def move(racer_index: int) -> EffectRecord:
+        return racers[racer_index % len(racers)].transition(
             rec.effect_id,
-            targets[i % len(targets)],
+            targets[racer_index % len(targets)],
             expected=[EffectStatus.PLANNED],
-            actor=f"racer-{i}",
+            actor=f"racer-{racer_index}",
         )
 
     results = race(50, move)
@@ -165,10 +165,10 @@ def test_50_threads_racing_different_targets_from_the_same_status(racers: list[L
     winner = wins[0].status
     # A loser whose move is still legal from the winner's status lost a race and is
     # told so (TransitionConflictError); the others get a plain IllegalTransitionError.
-    for i, res in enumerate(results):
+    for racer_index, res in enumerate(results):
         if isinstance(res, EffectRecord):
             continue
-        target = targets[i % len(targets)]
+        target = targets[racer_index % len(targets)]
         if target in EFFECT_TRANSITIONS[winner]:
             assert isinstance(res, TransitionConflictError), (winner, target, res)
         else:
@@ -183,14 +183,14 @@ def test_unique_idempotency_key_under_concurrent_inserts(racers: list[Ledger]) -
     thread = new_id("t")
     run = ledger.start_run(thread)
 
-    def plan(i: int) -> tuple[EffectRecord, bool]:
-        return racers[i % len(racers)].plan(
+    def plan(racer_index: int) -> tuple[EffectRecord, bool]:
+        return racers[racer_index % len(racers)].plan(
             thread_id=thread,
             run_id=run.run_id,
-            tool_call_id=f"call-{i}",
+            tool_call_id=f"call-{racer_index}",
             tool="refund",
             kind=EffectKind.IRREVERSIBLE,
-            args={"i": i},
+            args={"i": racer_index},
             idempotency_key="refund-r-4471",
         )
 
@@ -216,8 +216,8 @@ def test_same_tool_call_planned_concurrently_yields_one_row(racers: list[Ledger]
     thread = new_id("t")
     run = ledger.start_run(thread)
 
-    def plan(i: int) -> tuple[EffectRecord, bool]:
-        return racers[i % len(racers)].plan(
+    def plan(racer_index: int) -> tuple[EffectRecord, bool]:
+        return racers[racer_index % len(racers)].plan(
             thread_id=thread,
             run_id=run.run_id,
             tool_call_id="call-1",
@@ -240,9 +240,9 @@ def test_100_concurrent_cancel_requests_have_one_first(racers: list[Ledger]) -> 
     thread = new_id("t")
     run = ledger.start_run(thread)
 
-    def cancel(i: int) -> CancelRequestResult:
-        return racers[i % len(racers)].request_cancel(
-            thread, reason=f"reason-{i}", requested_by=f"user-{i}"
+    def cancel(racer_index: int) -> CancelRequestResult:
+        return racers[racer_index % len(racers)].request_cancel(
+            thread, reason=f"reason-{racer_index}", requested_by=f"user-{racer_index}"
         )
 
     results = race(100, cancel)
@@ -270,8 +270,8 @@ def test_50_threads_racing_finish_run(racers: list[Ledger]) -> None:
     run = ledger.start_run(thread)
     statuses = [RunStatus.COMPLETED, RunStatus.FAILED]
 
-    def finish(i: int) -> bool:
-        return racers[i % len(racers)].finish_run(run.run_id, statuses[i % 2])
+    def finish(racer_index: int) -> bool:
+        return racers[racer_index % len(racers)].finish_run(run.run_id, statuses[racer_index % 2])
 
     results = race(50, finish)
     assert all(isinstance(r, bool) for r in results), results
@@ -357,9 +357,10 @@ def test_two_processes_racing_terminal_transitions(
 
         done, failed = outcomes[RunStatus.COMPLETED], outcomes[RunStatus.FAILED]
         assert len(done) == len(failed) == len(runs)
-        for run_id, a, b in zip(runs, done, failed, strict=True):
-            assert a != b, (run_id, a, b)  # exactly one process made the transition
-            expected = RunStatus.COMPLETED if a else RunStatus.FAILED
+        for run_id, completed_won, failed_won in zip(runs, done, failed, strict=True):
+            # exactly one process made the transition
+            assert completed_won != failed_won, (run_id, completed_won, failed_won)
+            expected = RunStatus.COMPLETED if completed_won else RunStatus.FAILED
             assert ledger.get_run(run_id).status is expected
 
 

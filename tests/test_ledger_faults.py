@@ -211,14 +211,14 @@ def test_lost_acknowledgement_after_commit_is_not_doubled(
             (approved, EffectStatus.DISPATCHED, {}),
             (unknown, EffectStatus.UNKNOWN, {"owner": "finance", "next_action": "call the bank"}),
         ]
-        for n, (rec, target, extra) in enumerate(cases, start=1):
+        for case_number, (rec, target, extra) in enumerate(cases, start=1):
             spy = spy_on(ledger, monkeypatch)
             spy.after_commit = transient_error_for(ledger)
             moved = ledger.transition(rec.effect_id, target, actor="worker", **extra)
             monkeypatch.undo()
             assert moved.status is target
             assert spy.units >= 2  # the committed attempt, then the retry
-            assert len(retry_logs(caplog)) == n
+            assert len(retry_logs(caplog)) == case_number
             stored = ledger.get_effect(rec.effect_id)
             assert stored.version == rec.version + 1, target
             history = ledger.history(rec.effect_id)

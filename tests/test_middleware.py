@@ -58,9 +58,9 @@ def saver(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[Any]:
     if request.param == "memory":
         yield MemoryCancelSaver()
     else:
-        with SqliteCancelSaver.from_conn_string(str(tmp_path / "agent.db")) as s:
-            s.setup()
-            yield s
+        with SqliteCancelSaver.from_conn_string(str(tmp_path / "agent.db")) as sqlite_saver:
+            sqlite_saver.setup()
+            yield sqlite_saver
 
 
 def test_completed_run_records_every_effect(saver: Any) -> None:

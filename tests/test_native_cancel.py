@@ -47,13 +47,13 @@ def _agent(
     async def agent(state: MessagesState) -> dict[str, Any]:
         return {"messages": [await model.ainvoke(state["messages"])]}
 
-    b = StateGraph(MessagesState)
-    b.add_node("agent", agent)
-    b.add_node("tools", EffectToolNode([charge], cancel_timeout=cancel_timeout))
-    b.add_edge(START, "agent")
-    b.add_conditional_edges("agent", tools_condition)
-    b.add_edge("tools", "agent")
-    return add_cancellation(b).compile(checkpointer=saver)
+    builder = StateGraph(MessagesState)
+    builder.add_node("agent", agent)
+    builder.add_node("tools", EffectToolNode([charge], cancel_timeout=cancel_timeout))
+    builder.add_edge(START, "agent")
+    builder.add_conditional_edges("agent", tools_condition)
+    builder.add_edge("tools", "agent")
+    return add_cancellation(builder).compile(checkpointer=saver)
 
 
 async def _run_and_cancel(graph: Any, thread: str, started: asyncio.Event) -> None:
@@ -153,10 +153,10 @@ async def test_a_task_cancel_swallowed_inside_the_run_still_stops_it() -> None:
             await asyncio.sleep(5)
         return {"messages": [AIMessage("finished anyway")]}
 
-    b = StateGraph(MessagesState)
-    b.add_node("stubborn", stubborn)
-    b.add_edge(START, "stubborn")
-    graph = add_cancellation(b).compile(checkpointer=saver)
+    builder = StateGraph(MessagesState)
+    builder.add_node("stubborn", stubborn)
+    builder.add_edge(START, "stubborn")
+    graph = add_cancellation(builder).compile(checkpointer=saver)
     task = asyncio.create_task(
         graph.ainvoke({"messages": [HumanMessage("go")]}, {"configurable": {"thread_id": "n4"}})
     )

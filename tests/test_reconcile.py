@@ -32,13 +32,13 @@ def _graph(saver: MemoryCancelSaver, outcomes: dict[str, Outcome]) -> Any:
     def agent(state: MessagesState) -> dict[str, Any]:
         return {"messages": [model.invoke(state["messages"])]}
 
-    b = StateGraph(MessagesState)
-    b.add_node("agent", agent)
-    b.add_node("tools", EffectToolNode([refund]))
-    b.add_edge(START, "agent")
-    b.add_conditional_edges("agent", tools_condition)
-    b.add_edge("tools", "agent")
-    return add_cancellation(b).compile(checkpointer=saver)
+    builder = StateGraph(MessagesState)
+    builder.add_node("agent", agent)
+    builder.add_node("tools", EffectToolNode([refund]))
+    builder.add_edge(START, "agent")
+    builder.add_conditional_edges("agent", tools_condition)
+    builder.add_edge("tools", "agent")
+    return add_cancellation(builder).compile(checkpointer=saver)
 
 
 def _left_in_flight(saver: MemoryCancelSaver, thread: str, order_id: str) -> str:

@@ -237,23 +237,23 @@ def world(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[World]:
         url = "sqlite:///" + str((tmp_path / "agent.db").resolve())
     else:
         url = request.getfixturevalue("pg_url")
-    w = World(tmp_path, url, request.param)
-    Providers(w.providers_path)  # create and seed before any worker races to
+    new_world = World(tmp_path, url, request.param)
+    Providers(new_world.providers_path)  # create and seed before any worker races to
     try:
-        yield w
+        yield new_world
     finally:
-        w.stop_all()
+        new_world.stop_all()
 
 
 @pytest.fixture
 def sqlite_world(tmp_path: Path) -> Iterator[World]:
     """A world on SQLite only (tests whose subject is not the backend)."""
-    w = World(tmp_path, "sqlite:///" + str((tmp_path / "agent.db").resolve()))
-    Providers(w.providers_path)
+    new_world = World(tmp_path, "sqlite:///" + str((tmp_path / "agent.db").resolve()))
+    Providers(new_world.providers_path)
     try:
-        yield w
+        yield new_world
     finally:
-        w.stop_all()
+        new_world.stop_all()
 
 
 # ------------------------------------------------------------------- the invariants
@@ -276,11 +276,15 @@ def assert_no_double_execution(truth: dict[str, Any]) -> None:
 
 def assert_settled(ledger: Ledger, thread_id: str) -> None:
     """I3: every effect settled, or unknown with an owner and a next action."""
-    for e in ledger.effects(thread_id):
-        if e.status is EffectStatus.UNKNOWN:
-            assert e.owner and e.next_action, f"unknown without owner/next action: {e}"
+    for record in ledger.effects(thread_id):
+        if record.status is EffectStatus.UNKNOWN:
+            assert record.owner and record.next_action, (
+                f"unknown without owner/next action: {record}"
+            )
         else:
-            assert e.status in SETTLED_OK, f"{e.tool} left {e.status.value}: {e}"
+            assert record.status in SETTLED_OK, (
+                f"{record.tool} left {record.status.value}: {record}"
+            )
 
 
 def assert_report_matches_truth(world: World, truth: dict[str, Any]) -> Any:
@@ -296,8 +300,8 @@ def assert_report_matches_truth(world: World, truth: dict[str, Any]) -> Any:
     assert not report.compensation_failed
     assert report.dispatched_after_cancel == 0
     # Nothing the report calls "not run" or "unknown" was applied by a provider.
-    for e in [*report.not_run, *report.unknown]:
-        assert e.idempotency_key not in keys, e
+    for entry in [*report.not_run, *report.unknown]:
+        assert entry.idempotency_key not in keys, entry
     return report
 
 
@@ -436,32 +440,32 @@ def expire_in_flight(providers_path: Path, key: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("b", BOUNDARIES, ids=[b.id for b in BOUNDARIES])
-def test_kill9_at_boundary_then_recover(world: World, b: Boundary) -> None:
+@pytest.mark.parametrize("boundary", BOUNDARIES, ids=[b.id for b in BOUNDARIES])
+def test_kill9_at_boundary_then_recover(world: World, boundary: Boundary) -> None:
     providers = world.providers()
-    if b.hang_refund:
+    if boundary.hang_refund:
         providers.set_fault("refund", "hang:30", times=1)
     first = world.start(
         "first",
         "run",
-        kill_at=None if b.hang_refund else b.kill_at,
-        signal_at=[b.kill_at] if b.hang_refund else [],
-        refund_amount=b.refund_amount,
-        compensate_on_cancel=b.compensate,
-        pause_at=[b.cancel_after] if b.cancel_after else [],
-        slow_checkpoints=b.slow_checkpoints,
+        kill_at=None if boundary.hang_refund else boundary.kill_at,
+        signal_at=[boundary.kill_at] if boundary.hang_refund else [],
+        refund_amount=boundary.refund_amount,
+        compensate_on_cancel=boundary.compensate,
+        pause_at=[boundary.cancel_after] if boundary.cancel_after else [],
+        slow_checkpoints=boundary.slow_checkpoints,
     )
-    if b.cancel_after:
-        first.wait_point(b.cancel_after, "paused")
+    if boundary.cancel_after:
+        first.wait_point(boundary.cancel_after, "paused")
         accepted = request_cancel(
             world.db_url, world.thread_id, reason="user pressed stop", requested_by="test"
         )
         assert accepted.accepted
-        first.go(b.cancel_after)
-    first.wait_point(b.kill_at)
-    if b.hang_refund:
+        first.go(boundary.cancel_after)
+    first.wait_point(boundary.kill_at)
+    if boundary.hang_refund:
         deadline = time.monotonic() + MARKER_TIMEOUT
-        while not providers.pending(b.refund_key):
+        while not providers.pending(boundary.refund_key):
             assert time.monotonic() < deadline, "the refund never reached the provider"
             time.sleep(POLL)
     first.kill9()
@@ -473,8 +477,8 @@ def test_kill9_at_boundary_then_recover(world: World, b: Boundary) -> None:
     second = world.start(
         "second",
         "recover",
-        refund_amount=b.refund_amount,
-        compensate_on_cancel=b.compensate,
+        refund_amount=boundary.refund_amount,
+        compensate_on_cancel=boundary.compensate,
         resume_via="cli" if world.backend == "sqlite" else "invoke",
     )
     result = second.ok()
@@ -482,12 +486,12 @@ def test_kill9_at_boundary_then_recover(world: World, b: Boundary) -> None:
     ledger = world.ledger()
     try:
         assert_answers_match_truth(answers, truth_at_kill, ledger, world.thread_id)
-        if b.approval:
+        if boundary.approval:
             # Paused on the reviewer: nothing of the refund left the process.
             assert answers["next"]["graph_next"] == ["approval"], answers["next"]
             (question,) = answers["next"]["interrupts"]
             assert [a["name"] for a in question["action_requests"]] == ["issue_refund"]
-            assert b.refund_key not in applied_keys(truth_at_kill)
+            assert boundary.refund_key not in applied_keys(truth_at_kill)
             pending = effect_of(ledger, world.thread_id, "issue_refund")
             assert pending.effect_id in answers["next"]["not_yet_dispatched"]
         in_doubt = {
@@ -495,7 +499,7 @@ def test_kill9_at_boundary_then_recover(world: World, b: Boundary) -> None:
             for e in ledger.effects(world.thread_id)
             if e.idempotency_key in answers["may_have_been_committed"]
         }
-        assert in_doubt == set(b.in_doubt_at_kill), answers
+        assert in_doubt == set(boundary.in_doubt_at_kill), answers
 
         truth = providers.truth()
         assert_no_double_execution(truth)
@@ -503,9 +507,9 @@ def test_kill9_at_boundary_then_recover(world: World, b: Boundary) -> None:
         # request re-sent (an unrecorded compensation, run again by design) reuses its key.
         attempts = {k: v["attempts"] for k, v in truth["keys"].items()}
         assert attempts == {
-            k: 2 if truth["keys"][k]["operation"] in b.resent_ops else 1 for k in attempts
+            k: 2 if truth["keys"][k]["operation"] in boundary.resent_ops else 1 for k in attempts
         }, truth["keys"]
-        if b.hang_refund:
+        if boundary.hang_refund:
             # The refund was in flight when the worker died: nobody can tell yet.
             refund = effect_of(ledger, world.thread_id, "issue_refund")
             assert refund.status is EffectStatus.UNKNOWN, refund
@@ -516,17 +520,17 @@ def test_kill9_at_boundary_then_recover(world: World, b: Boundary) -> None:
 
         run = ledger.latest_run(world.thread_id)
         assert run is not None
-        if b.cancel_after:
+        if boundary.cancel_after:
             assert run.status.value == "cancelled", run
             assert report.status == "cancelled"
             assert result["run_status"] == "cancelled"
             assert not report.unknown
-            assert b.refund_key in applied_keys(truth)
+            assert boundary.refund_key in applied_keys(truth)
             email = effect_of(ledger, world.thread_id, "send_email")
             assert email.status is EffectStatus.DROPPED
             assert not truth["emails"] and not truth["tickets"]
             update = effect_of(ledger, world.thread_id, "update_order")
-            if b.compensate:
+            if boundary.compensate:
                 assert update.status is EffectStatus.COMPENSATED
                 assert truth["orders"][rw.ORDER]["status"] == "refund_requested"
                 restore = truth["keys"][compensation_key(update.idempotency_key)]
@@ -540,19 +544,19 @@ def test_kill9_at_boundary_then_recover(world: World, b: Boundary) -> None:
             assert result["last_message"] == rw.FINAL_ANSWER
             assert len(truth["emails"]) == 1 and len(truth["tickets"]) == 1
             assert len(truth["updates"]) == 1
-            if not b.hang_refund:
+            if not boundary.hang_refund:
                 assert len(truth["refunds"]) == 1
-                assert truth["refunds"][0]["amount"] == b.refund_amount
+                assert truth["refunds"][0]["amount"] == boundary.refund_amount
                 assert {e.tool for e in report.permanent} == {"issue_refund", "send_email"}
-            if b.approval:
+            if boundary.approval:
                 refund = effect_of(ledger, world.thread_id, "issue_refund")
                 assert (refund.approval or {}).get("reviewer") == "reviewer-after-crash", refund
 
-        if b.hang_refund:
+        if boundary.hang_refund:
             # Later the provider gives up on the orphaned request; reconciliation
             # (another new process) now learns the refund did not happen.
             assert not truth["refunds"]
-            expire_in_flight(world.providers_path, b.refund_key)
+            expire_in_flight(world.providers_path, boundary.refund_key)
             third = world.start("third", "reconcile")
             assert third.ok()["left_unknown"] == []
             refund = effect_of(ledger, world.thread_id, "issue_refund")
@@ -614,15 +618,17 @@ def test_two_workers_on_one_thread(world: World) -> None:
         "lease_ttl": 30.0,
         "hold": {"before_call:update_order": 1.0},
     }
-    a = world.start("a", "run", **options)
-    b = world.start("b", "run", **options)
+    worker_a = world.start("a", "run", **options)
+    worker_b = world.start("b", "run", **options)
     deadline = time.monotonic() + MARKER_TIMEOUT
-    while not all((world.tmp / f"{j.name}.ready").exists() for j in (a, b)):
-        assert time.monotonic() < deadline, a.log() + b.log()
-        assert a.proc.is_alive() and b.proc.is_alive(), a.log() + b.log()
+    while not all((world.tmp / f"{j.name}.ready").exists() for j in (worker_a, worker_b)):
+        assert time.monotonic() < deadline, worker_a.log() + worker_b.log()
+        assert worker_a.proc.is_alive() and worker_b.proc.is_alive(), (
+            worker_a.log() + worker_b.log()
+        )
         time.sleep(POLL)
     gate.write_text("go")
-    results = {j.spec["worker_id"]: j.result() for j in (a, b)}
+    results = {j.spec["worker_id"]: j.result() for j in (worker_a, worker_b)}
     winners = [w for w, r in results.items() if r.get("ok")]
     losers = [w for w, r in results.items() if not r.get("ok")]
     assert len(winners) == 1 and len(losers) == 1, results
@@ -638,9 +644,9 @@ def test_two_workers_on_one_thread(world: World) -> None:
         "send_email",
         "create_ticket",
     }
-    for e in effects:
-        assert e.owner == winner, e
-        assert all(t.actor != loser for t in ledger.history(e.effect_id)), e
+    for record in effects:
+        assert record.owner == winner, record
+        assert all(t.actor != loser for t in ledger.history(record.effect_id)), record
     truth = world.providers().truth()
     assert_no_double_execution(truth)
     assert all(v["attempts"] == 1 for v in truth["keys"].values()), truth["keys"]
@@ -662,14 +668,14 @@ def test_two_forked_workers_without_ids_are_two_workers(sqlite_world: World) -> 
         "worker_id": None,
         "hold": {"before_call:update_order": 1.0},
     }
-    a = world.start("a", "run", **options)
-    b = world.start("b", "run", **options)
+    worker_a = world.start("a", "run", **options)
+    worker_b = world.start("b", "run", **options)
     deadline = time.monotonic() + MARKER_TIMEOUT
-    while not all((world.tmp / f"{j.name}.ready").exists() for j in (a, b)):
-        assert time.monotonic() < deadline, a.log() + b.log()
+    while not all((world.tmp / f"{j.name}.ready").exists() for j in (worker_a, worker_b)):
+        assert time.monotonic() < deadline, worker_a.log() + worker_b.log()
         time.sleep(POLL)
     gate.write_text("go")
-    results = [a.result(), b.result()]
+    results = [worker_a.result(), worker_b.result()]
     assert results[0]["worker_id"] != results[1]["worker_id"], results
     assert sorted(bool(r.get("ok")) for r in results) == [False, True], results
     loser = next(r for r in results if not r.get("ok"))

@@ -50,12 +50,12 @@ def _provider(*turns: list[tuple[str, str]]) -> Any:
     """A model node whose every turn numbers its calls call_0, call_1, ... again."""
 
     def agent(state: MessagesState) -> dict[str, list[BaseMessage]]:
-        n = sum(isinstance(m, AIMessage) for m in state["messages"])
-        if n >= len(turns):
+        turn = sum(isinstance(m, AIMessage) for m in state["messages"])
+        if turn >= len(turns):
             return {"messages": [AIMessage("fin")]}
         calls = [
             tool_call(name, {"item": item}, id=f"call_{i}")
-            for i, (name, item) in enumerate(turns[n])
+            for i, (name, item) in enumerate(turns[turn])
         ]
         return {"messages": [AIMessage("", tool_calls=calls)]}
 
@@ -70,18 +70,18 @@ def _graph(
     agent: Any = None,
 ) -> Any:
     """agent (``_provider(*turns)`` unless given) -> [approval] -> tools, cancellable."""
-    b = StateGraph(MessagesState)
-    b.add_node("agent", agent or _provider(*turns))
-    b.add_node("tools", EffectToolNode(tools))
-    b.add_edge(START, "agent")
+    builder = StateGraph(MessagesState)
+    builder.add_node("agent", agent or _provider(*turns))
+    builder.add_node("tools", EffectToolNode(tools))
+    builder.add_edge(START, "agent")
     if gate:
-        b.add_node("approval", ApprovalGate(tools))
-        b.add_conditional_edges("agent", tools_condition, {"tools": "approval", END: END})
-        b.add_edge("approval", "tools")
+        builder.add_node("approval", ApprovalGate(tools))
+        builder.add_conditional_edges("agent", tools_condition, {"tools": "approval", END: END})
+        builder.add_edge("approval", "tools")
     else:
-        b.add_conditional_edges("agent", tools_condition)
-    b.add_edge("tools", "agent")
-    return cancellable(b, saver)
+        builder.add_conditional_edges("agent", tools_condition)
+    builder.add_edge("tools", "agent")
+    return cancellable(builder, saver)
 
 
 def _answers(out: dict[str, Any]) -> list[tuple[str, str, str]]:
@@ -174,8 +174,8 @@ def test_a_malformed_call_under_a_reused_id_is_recorded_too(saver: Any, log: Exe
     good = AIMessage("", tool_calls=[tool_call("lookup", {"item": "a"}, id="call_0")])
 
     def agent(state: MessagesState) -> dict[str, list[BaseMessage]]:
-        n = sum(isinstance(m, AIMessage) for m in state["messages"])
-        return {"messages": [[good, bad, AIMessage("fin")][min(n, 2)]]}
+        turn = sum(isinstance(m, AIMessage) for m in state["messages"])
+        return {"messages": [[good, bad, AIMessage("fin")][min(turn, 2)]]}
 
     thread = new_thread()
     out = _graph(saver, [lookup], agent=agent).invoke(

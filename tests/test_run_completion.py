@@ -32,13 +32,13 @@ def _builder() -> StateGraph[Any, Any, Any, Any]:
     def finish(state: MessagesState) -> dict[str, Any]:
         return {"messages": [AIMessage("finished")]}
 
-    b = StateGraph(MessagesState)
-    b.add_node("ask", ask)
-    b.add_node("finish", finish)
-    b.add_edge(START, "ask")
-    b.add_edge("ask", "finish")
-    b.add_edge("finish", END)
-    return b
+    builder = StateGraph(MessagesState)
+    builder.add_node("ask", ask)
+    builder.add_node("finish", finish)
+    builder.add_edge(START, "ask")
+    builder.add_edge("ask", "finish")
+    builder.add_edge("finish", END)
+    return builder
 
 
 def _run(graph: Any, inp: Any, cfg: Any, use_async: bool) -> Any:
@@ -86,11 +86,11 @@ def test_a_child_graph_pausing_inside_a_parent_node_keeps_its_own_thread(db_url:
             out = child.invoke({"messages": [HumanMessage("child go")]}, cfg)
             return {"messages": [AIMessage(f"child paused: {'__interrupt__' in out}")]}
 
-        b = StateGraph(MessagesState)
-        b.add_node("delegate", delegate)
-        b.add_edge(START, "delegate")
-        b.add_edge("delegate", END)
-        parent = add_cancellation(b).compile(checkpointer=saver)
+        builder = StateGraph(MessagesState)
+        builder.add_node("delegate", delegate)
+        builder.add_edge(START, "delegate")
+        builder.add_edge("delegate", END)
+        parent = add_cancellation(builder).compile(checkpointer=saver)
         out = parent.invoke({"messages": [HumanMessage("go")]}, config_for(parent_thread))
         assert out["messages"][-1].content == "child paused: True"
         assert saver.ledger.latest_run(parent_thread).status is RunStatus.COMPLETED
@@ -114,11 +114,11 @@ def test_a_child_graph_does_not_take_the_parents_run_id(db_url: str) -> None:
             )
             return {"messages": [AIMessage("delegated")]}
 
-        b = StateGraph(MessagesState)
-        b.add_node("delegate", delegate)
-        b.add_edge(START, "delegate")
-        b.add_edge("delegate", END)
-        parent = add_cancellation(b).compile(checkpointer=saver)
+        builder = StateGraph(MessagesState)
+        builder.add_node("delegate", delegate)
+        builder.add_edge(START, "delegate")
+        builder.add_edge("delegate", END)
+        parent = add_cancellation(builder).compile(checkpointer=saver)
         cfg: RunnableConfig = {
             "configurable": {"thread_id": parent_thread, "run_id": parent_run_id}
         }
@@ -149,11 +149,11 @@ def test_the_run_holds_its_lease_while_it_runs_and_gives_it_back(
                 interrupt("pause")
             return {"messages": [AIMessage("worked")]}
 
-        b = StateGraph(MessagesState)
-        b.add_node("work", work)
-        b.add_edge(START, "work")
-        b.add_edge("work", END)
-        graph = add_cancellation(b).compile(checkpointer=saver)
+        builder = StateGraph(MessagesState)
+        builder.add_node("work", work)
+        builder.add_edge(START, "work")
+        builder.add_edge("work", END)
+        graph = add_cancellation(builder).compile(checkpointer=saver)
         thread = new_thread()
         _run(graph, {"messages": [HumanMessage("go")]}, config_for(thread), use_async)
         assert seen[0] is not None and seen[0].owner != "another-worker"

@@ -190,8 +190,8 @@ def refund_request(amount: float) -> str:
     return f"Order o-88 arrived with a damaged item. Please refund {amount:.0f} USD."
 
 
-def approve(*, n: int = 1) -> dict[str, Any]:
-    return {"resume": {"decisions": [{"type": "approve"}] * n, "reviewer": REVIEWER}}
+def approve(*, count: int = 1) -> dict[str, Any]:
+    return {"resume": {"decisions": [{"type": "approve"}] * count, "reviewer": REVIEWER}}
 
 
 def interrupts_of(state: dict[str, Any]) -> list[dict[str, Any]]:
@@ -248,13 +248,13 @@ def no_dangling_calls(messages: list[dict[str, Any]]) -> None:
 def tool_answers_follow_their_calls(messages: list[dict[str, Any]]) -> None:
     """Chat-API order: an AI message's tool calls are answered before any other message."""
     waiting: set[str] = set()
-    for m in messages:
-        if m["type"] == "tool":
-            waiting.discard(m["tool_call_id"])
+    for message in messages:
+        if message["type"] == "tool":
+            waiting.discard(message["tool_call_id"])
             continue
-        assert not waiting, f"{m['type']} message before the answers to {sorted(waiting)}"
-        if m["type"] == "ai":
-            waiting = {c["id"] for c in m.get("tool_calls") or []}
+        assert not waiting, f"{message['type']} message before the answers to {sorted(waiting)}"
+        if message["type"] == "ai":
+            waiting = {c["id"] for c in message.get("tool_calls") or []}
 
 
 async def interrupted_on_refund(served: Served, client: Any, thread_id: str, amount: float) -> str:
@@ -546,10 +546,10 @@ async def test_durable_cancel_of_seed_run_reports_in_thread_state(
     assert ledger_run is not None and ledger_run.status is RunStatus.CANCELLED
     # Invariant I6: the report's permanent effects are what the providers did.
     providers = served.providers
-    for e in report["permanent"] + report["reversible_committed"]:
-        assert providers.executions(e["idempotency_key"]) == 1, e
-    for e in report["not_run"]:
-        assert providers.attempts(e["idempotency_key"]) == 0, e
+    for entry in report["permanent"] + report["reversible_committed"]:
+        assert providers.executions(entry["idempotency_key"]) == 1, entry
+    for entry in report["not_run"]:
+        assert providers.attempts(entry["idempotency_key"]) == 0, entry
     truth = providers.truth()
     assert [r["amount"] for r in truth["refunds"]] == [40.0]
     assert len(truth["emails"]) == 2

@@ -70,10 +70,10 @@ def test_threads_asking_at_once_cost_one_read(
         answers.append(signal.cancel_called)
 
     threads = [threading.Thread(target=ask) for _ in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
     assert answers == [False] * 8 and len(reads) == 1
 
 

@@ -34,13 +34,13 @@ def _child_graph(saver: MemoryCancelSaver, executed: list[str], started: threadi
     def agent(state: MessagesState) -> dict[str, Any]:
         return {"messages": [model.invoke(state["messages"])]}
 
-    b = StateGraph(MessagesState)
-    b.add_node("agent", agent)
-    b.add_node("tools", EffectToolNode([post]))
-    b.add_edge(START, "agent")
-    b.add_conditional_edges("agent", tools_condition)
-    b.add_edge("tools", "agent")
-    return add_cancellation(b).compile(checkpointer=saver)
+    builder = StateGraph(MessagesState)
+    builder.add_node("agent", agent)
+    builder.add_node("tools", EffectToolNode([post]))
+    builder.add_edge(START, "agent")
+    builder.add_conditional_edges("agent", tools_condition)
+    builder.add_edge("tools", "agent")
+    return add_cancellation(builder).compile(checkpointer=saver)
 
 
 def test_cancelling_the_parent_cancels_the_child_and_leaves_no_orphan() -> None:
@@ -59,13 +59,13 @@ def test_cancelling_the_parent_cancels_the_child_and_leaves_no_orphan() -> None:
         after_delegate.append("ran")
         return {"messages": [AIMessage("summary")]}
 
-    b = StateGraph(MessagesState)
-    b.add_node("delegate", delegate)
-    b.add_node("summarize", summarize)
-    b.add_edge(START, "delegate")
-    b.add_edge("delegate", "summarize")
-    b.add_edge("summarize", END)
-    parent = add_cancellation(b).compile(checkpointer=saver)
+    builder = StateGraph(MessagesState)
+    builder.add_node("delegate", delegate)
+    builder.add_node("summarize", summarize)
+    builder.add_edge(START, "delegate")
+    builder.add_edge("delegate", "summarize")
+    builder.add_edge("summarize", END)
+    parent = add_cancellation(builder).compile(checkpointer=saver)
 
     def stop() -> None:
         assert started.wait(10)

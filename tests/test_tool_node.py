@@ -437,9 +437,9 @@ def test_concurrent_side_effects_share_their_ledger_writes(
     ledger = saver.ledger
     transition, transition_many = ledger.transition, ledger.transition_many
 
-    def counted_one(*a: Any, **k: Any) -> Any:
+    def counted_one(*args: Any, **kwargs: Any) -> Any:
         writes.append(1)
-        return transition(*a, **k)
+        return transition(*args, **kwargs)
 
     def counted_many(requests: Any) -> Any:
         writes.append(len(requests))
@@ -447,9 +447,9 @@ def test_concurrent_side_effects_share_their_ledger_writes(
 
     atransition, atransition_many = ledger.atransition, ledger.atransition_many
 
-    async def acounted_one(*a: Any, **k: Any) -> Any:
+    async def acounted_one(*args: Any, **kwargs: Any) -> Any:
         writes.append(1)
-        return await atransition(*a, **k)
+        return await atransition(*args, **kwargs)
 
     async def acounted_many(requests: Any) -> Any:
         writes.append(len(requests))
@@ -466,8 +466,8 @@ def test_concurrent_side_effects_share_their_ledger_writes(
     assert log.applied("refund") == 6 and len({r["key"] for r in log.rows("refund")}) == 6
     recs = saver.ledger.effects(thread_id)
     assert {r.status for r in recs} == {EffectStatus.COMMITTED}
-    for r in recs:  # intent before the dispatch, outcome after: the full trail of each
-        trail = [(t.from_status, t.to_status) for t in saver.ledger.history(r.effect_id)]
+    for record in recs:  # intent before the dispatch, outcome after: the full trail of each
+        trail = [(t.from_status, t.to_status) for t in saver.ledger.history(record.effect_id)]
         assert trail == [
             (None, EffectStatus.PLANNED),
             (EffectStatus.PLANNED, EffectStatus.DISPATCHED),
@@ -984,7 +984,7 @@ def test_tool_that_interrupts_gets_its_answer_and_siblings_run_once(
     saver: Any, log: ExecutionLog
 ) -> None:
     """interrupt() inside a tool (LangGraph's HITL-in-tool pattern) re-runs the whole batch."""
-    w = counting_tool(log, "w", EffectKind.REVERSIBLE)
+    tool_w = counting_tool(log, "w", EffectKind.REVERSIBLE)
 
     @effect(EffectKind.IRREVERSIBLE, requires_approval=False)
     @tool
@@ -996,7 +996,7 @@ def test_tool_that_interrupts_gets_its_answer_and_siblings_run_once(
         return f"person said {answer}"
 
     model = scripted(calls(("w", "a", "h1"), ("confirm", "b", "h2")), "fin")
-    graph = cancellable(agent_builder(model, EffectToolNode([w, confirm])), saver)
+    graph = cancellable(agent_builder(model, EffectToolNode([tool_w, confirm])), saver)
     thread_id = new_thread()
     first = start(graph, thread_id)
     assert first["__interrupt__"][0].value == {"confirm": "b"}
@@ -1136,9 +1136,9 @@ def test_kill9_mid_batch_then_resume_in_new_process(
 
 
 def test_durability_exit_is_refused(saver: Any, log: ExecutionLog) -> None:
-    w = counting_tool(log, "w", EffectKind.IRREVERSIBLE)
+    tool_w = counting_tool(log, "w", EffectKind.IRREVERSIBLE)
     model = scripted(calls(("w", "a", "d1")), "fin")
-    graph = cancellable(agent_builder(model, EffectToolNode([w])), saver)
+    graph = cancellable(agent_builder(model, EffectToolNode([tool_w])), saver)
     thread_id = new_thread()
     with pytest.raises(DurabilityError, match="exit"):
         start(graph, thread_id, durability="exit")
@@ -1153,7 +1153,7 @@ def test_durability_exit_is_refused(saver: Any, log: ExecutionLog) -> None:
         )
     assert model.calls == 0
     # A tool node used without add_cancellation refuses too, before dispatching anything.
-    plain = agent_builder(scripted(calls(("w", "a", "d2"))), EffectToolNode([w]))
+    plain = agent_builder(scripted(calls(("w", "a", "d2"))), EffectToolNode([tool_w]))
     with pytest.raises(DurabilityError):
         start(plain.compile(checkpointer=saver), new_thread(), durability="exit")
     assert log.attempts("w") == 0
@@ -1166,8 +1166,8 @@ def test_idempotency_key_inside_tool_matches_ledger(
     saver: Any, log: ExecutionLog, providers_path: str
 ) -> None:
     seen: list[str] = []
-    w = counting_tool(log, "w", EffectKind.IRREVERSIBLE, seen_keys=seen)
-    u = counting_tool(log, "u", EffectKind.REVERSIBLE, seen_keys=seen)
+    tool_w = counting_tool(log, "w", EffectKind.IRREVERSIBLE, seen_keys=seen)
+    tool_u = counting_tool(log, "u", EffectKind.REVERSIBLE, seen_keys=seen)
     model = scripted(
         AIMessage(
             "",
@@ -1180,7 +1180,7 @@ def test_idempotency_key_inside_tool_matches_ledger(
         "fin",
     )
     graph = cancellable(
-        agent_builder(model, EffectToolNode([w, u, refund_tools.issue_refund])), saver
+        agent_builder(model, EffectToolNode([tool_w, tool_u, refund_tools.issue_refund])), saver
     )
     thread_id = new_thread()
     start(graph, thread_id)
