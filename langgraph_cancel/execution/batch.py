@@ -5,11 +5,12 @@ earlier attempt recorded for the batch's reads, one write plans its side
 effects, and when the first of them may go out at once (no read or review
 before it, the run not stopped) that write also records its intent; the call
 itself goes once its step's checkpoint is saved and the stop checked again
-(``dispatch.py``), so the two commits overlap. While the calls run, the read-only outcomes are kept and written
-together once the reads are back (nothing outside changed, so no intent is owed
-before they run), and each side effect's outcome waits to go in the same round
-trip as the next call's intent. With ``effect_concurrency`` above 1 the intents
-and outcomes of calls in flight together share their writes (``group.py``).
+(``dispatch.py``), so the two commits overlap. While the calls run, the
+read-only outcomes are kept and written together once the reads are back
+(nothing outside changed, so no intent is owed before they run), and each side
+effect's outcome waits to go in the same round trip as the next call's intent.
+With ``effect_concurrency`` above 1 the intents and outcomes of calls in flight
+together share their writes (``group.py``).
 
 A call that reaches the interceptor on its own (``create_agent``'s tool node, a
 node with a wrapper of the user's that may rewrite calls) gets a batch of its
