@@ -33,6 +33,7 @@ from langgraph_cancel.execution.failure import failed
 from langgraph_cancel.execution.outcome import after_task_cancel, interrupted, returned
 from langgraph_cancel.execution.plan import CallPlan
 from langgraph_cancel.execution.settlement import (
+    mark_never_sent_steps,
     mark_unknown_steps,
     start_running,
     stop_running,
@@ -48,7 +49,7 @@ from langgraph_cancel.execution.steps import (
 )
 from langgraph_cancel.ledger import Ledger
 from langgraph_cancel.progress import ProgressKind, announce_effect
-from langgraph_cancel.types import EffectRecord, EffectStatus
+from langgraph_cancel.types import EffectRecord
 
 
 def dispatch(
@@ -102,31 +103,12 @@ def _begun_may_go(ctx: CallContext, plan: CallPlan, rec: EffectRecord) -> Protoc
         ctx.batch.check_supervisor()
         yield AwaitPlanSaved(ctx.config, ctx.checkpoint_timeout)
     except (CheckpointNotSavedError, BatchSuperseded) as stopped:
-        yield from _never_sent(ctx, rec, str(stopped))
+        yield from mark_never_sent_steps(rec, ctx.owner, str(stopped))
         raise
     if not (yield CancelCheck()):
         return None
-    unsent = yield from _never_sent(ctx, rec, "the run was stopped")
+    unsent = yield from mark_never_sent_steps(rec, ctx.owner, "the run was stopped")
     return (yield from stopped_before_dispatch(ctx, plan, unsent or rec))
-
-
-def _never_sent(ctx: CallContext, rec: EffectRecord, reason: str) -> Protocol[EffectRecord | None]:
-    """``rec``, whose intent is durable but whose call never left the process: recorded
-    ``not_applied`` (droppable, or dispatchable again under its key). None when another
-    writer moved it first, or the ledger could not be reached (it stays in flight for
-    reconciliation to settle)."""
-    try:
-        moved: EffectRecord = yield from ledger_call(
-            Ledger.transition,
-            rec.effect_id,
-            EffectStatus.NOT_APPLIED,
-            expected=[EffectStatus.DISPATCHED],
-            actor=ctx.owner,
-            detail={"never_sent": True, "reason": reason},
-        )
-    except LedgerError:
-        return None
-    return moved
 
 
 def _write_intent(

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import contextvars
 import logging
 import math
@@ -33,11 +32,12 @@ from langgraph.prebuilt.tool_node import ToolCallRequest
 
 from langgraph_cancel.checkpointers.durable import await_plan, wait_for_plan
 from langgraph_cancel.effects import bound_idempotency_key
-from langgraph_cancel.errors import BatchSuperseded, LedgerError
+from langgraph_cancel.errors import BatchSuperseded
 from langgraph_cancel.execution.batch import Batch
 from langgraph_cancel.execution.drive import acall_ledger, adrive, call_ledger, drive
 from langgraph_cancel.execution.group import AsyncGroupCommit, ThreadGroupCommit
 from langgraph_cancel.execution.settlement import (
+    mark_never_sent,
     mark_unknown,
     record_late_outcome,
     stop_running,
@@ -63,7 +63,7 @@ from langgraph_cancel.hooks import call_reconcile, run_sync
 from langgraph_cancel.offloop import off_the_loop
 from langgraph_cancel.process import CALL_THREADS, current_scope
 from langgraph_cancel.runtime import RunScope
-from langgraph_cancel.types import EffectRecord, EffectStatus
+from langgraph_cancel.types import EffectRecord
 
 logger = logging.getLogger("langgraph_cancel.tools")
 
@@ -153,14 +153,7 @@ class SyncDriver:
             supervisor.begin(call)
         except BatchSuperseded:
             # Stopped between the intent and the call: it never left the process.
-            with contextlib.suppress(LedgerError):
-                scope.ledger.transition(
-                    rec.effect_id,
-                    EffectStatus.NOT_APPLIED,
-                    expected=[EffectStatus.DISPATCHED],
-                    actor=scope.owner,
-                    detail={"never_sent": True, "reason": "the batch was stopped"},
-                )
+            mark_never_sent(scope.ledger, rec, scope.owner, "the batch was stopped")
             raise
         try:
             output = _call(self.handler, step, scope)

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from langgraph_cancel.effects import EffectSpec, Outcome
-from langgraph_cancel.errors import IllegalTransitionError
+from langgraph_cancel.errors import IllegalTransitionError, LedgerError
 from langgraph_cancel.execution.answers import outcome_payload, result_text
 from langgraph_cancel.execution.drive import drive_ledger
 from langgraph_cancel.execution.steps import Protocol, ledger_call
@@ -89,6 +89,32 @@ def mark_unknown(ledger: Ledger, rec: EffectRecord, spec: EffectSpec, why: str) 
     return drive_ledger(ledger, mark_unknown_steps(rec, spec, why))
 
 
+def mark_never_sent_steps(
+    rec: EffectRecord, actor: str, reason: str
+) -> Protocol[EffectRecord | None]:
+    """``rec``, whose intent is durable but whose call never left the process: recorded
+    ``not_applied`` (droppable, or dispatchable again under its key). None when another
+    writer moved it first, or the ledger could not be reached (it stays in flight for
+    reconciliation to settle)."""
+    try:
+        moved: EffectRecord = yield from ledger_call(
+            Ledger.transition,
+            rec.effect_id,
+            EffectStatus.NOT_APPLIED,
+            expected=[EffectStatus.DISPATCHED],
+            actor=actor,
+            detail={"never_sent": True, "reason": reason},
+        )
+    except LedgerError:
+        return None
+    return moved
+
+
+def mark_never_sent(ledger: Ledger, rec: EffectRecord, actor: str, reason: str) -> None:
+    """``mark_never_sent_steps``, from sync code."""
+    drive_ledger(ledger, mark_never_sent_steps(rec, actor, reason))
+
+
 def apply_outcome_steps(
     rec: EffectRecord, spec: EffectSpec, outcome: Outcome, *, actor: str
 ) -> Protocol[EffectRecord]:
@@ -158,6 +184,8 @@ __all__ = [
     "apply_outcome",
     "apply_outcome_steps",
     "fail_safe_spec",
+    "mark_never_sent",
+    "mark_never_sent_steps",
     "mark_unknown",
     "mark_unknown_steps",
     "record_late_outcome",
