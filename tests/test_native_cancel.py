@@ -10,8 +10,8 @@ import pytest
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_core.tools import tool
 from langgraph.graph import START, MessagesState, StateGraph
-from langgraph.prebuilt import tools_condition
 
+from graphs import agent_builder, cancellable
 from langgraph_cancel import EffectKind, EffectToolNode, add_cancellation, effect, get_report
 from langgraph_cancel.checkpointers.memory import MemoryCancelSaver
 from langgraph_cancel.testing.fake_model import ScriptedChatModel, tool_call
@@ -44,16 +44,8 @@ def _agent(
         ],
     )
 
-    async def agent(state: MessagesState) -> dict[str, Any]:
-        return {"messages": [await model.ainvoke(state["messages"])]}
-
-    builder = StateGraph(MessagesState)
-    builder.add_node("agent", agent)
-    builder.add_node("tools", EffectToolNode([charge], cancel_timeout=cancel_timeout))
-    builder.add_edge(START, "agent")
-    builder.add_conditional_edges("agent", tools_condition)
-    builder.add_edge("tools", "agent")
-    return add_cancellation(builder).compile(checkpointer=saver)
+    node = EffectToolNode([charge], cancel_timeout=cancel_timeout)
+    return cancellable(agent_builder(model, node, use_async=True), saver)
 
 
 async def _run_and_cancel(graph: Any, thread: str, started: asyncio.Event) -> None:

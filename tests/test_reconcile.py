@@ -7,11 +7,10 @@ from typing import Any
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage
 from langchain_core.tools import tool
-from langgraph.graph import START, MessagesState, StateGraph
-from langgraph.prebuilt import tools_condition
 from langgraph.types import Command
 
-from langgraph_cancel import EffectKind, EffectToolNode, Outcome, add_cancellation, effect
+from graphs import agent_builder, cancellable
+from langgraph_cancel import EffectKind, EffectToolNode, Outcome, effect
 from langgraph_cancel.checkpointers.memory import MemoryCancelSaver
 from langgraph_cancel.errors import InvalidDecisionError
 from langgraph_cancel.testing.fake_model import ScriptedChatModel
@@ -29,16 +28,7 @@ def _graph(saver: MemoryCancelSaver, outcomes: dict[str, Outcome]) -> Any:
 
     model = ScriptedChatModel([AIMessage("resumed")], on_exhausted="repeat_last")
 
-    def agent(state: MessagesState) -> dict[str, Any]:
-        return {"messages": [model.invoke(state["messages"])]}
-
-    builder = StateGraph(MessagesState)
-    builder.add_node("agent", agent)
-    builder.add_node("tools", EffectToolNode([refund]))
-    builder.add_edge(START, "agent")
-    builder.add_conditional_edges("agent", tools_condition)
-    builder.add_edge("tools", "agent")
-    return add_cancellation(builder).compile(checkpointer=saver)
+    return cancellable(agent_builder(model, EffectToolNode([refund])), saver)
 
 
 def _left_in_flight(saver: MemoryCancelSaver, thread: str, order_id: str) -> str:

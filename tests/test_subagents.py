@@ -10,8 +10,8 @@ from langchain_core.messages import AIMessage, HumanMessage
 from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import tool
 from langgraph.graph import END, START, MessagesState, StateGraph
-from langgraph.prebuilt import tools_condition
 
+from graphs import agent_builder, cancellable
 from langgraph_cancel import EffectKind, EffectToolNode, add_cancellation, effect, get_report
 from langgraph_cancel.checkpointers.memory import MemoryCancelSaver
 from langgraph_cancel.subagents import child_config
@@ -31,16 +31,7 @@ def _child_graph(saver: MemoryCancelSaver, executed: list[str], started: threadi
     turns = [AIMessage("", tool_calls=[tool_call("post", {"text": f"m{i}"})]) for i in range(8)]
     model = ScriptedChatModel([*turns, AIMessage("child done")])
 
-    def agent(state: MessagesState) -> dict[str, Any]:
-        return {"messages": [model.invoke(state["messages"])]}
-
-    builder = StateGraph(MessagesState)
-    builder.add_node("agent", agent)
-    builder.add_node("tools", EffectToolNode([post]))
-    builder.add_edge(START, "agent")
-    builder.add_conditional_edges("agent", tools_condition)
-    builder.add_edge("tools", "agent")
-    return add_cancellation(builder).compile(checkpointer=saver)
+    return cancellable(agent_builder(model, EffectToolNode([post])), saver)
 
 
 def test_cancelling_the_parent_cancels_the_child_and_leaves_no_orphan() -> None:
