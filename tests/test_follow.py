@@ -356,11 +356,13 @@ def test_following_a_parent_shows_its_sub_agents_calls(saver: Any, log: Executio
     worker = threading.Thread(target=run, daemon=True)
     worker.start()
 
-    def refund_in_flight() -> bool:
-        found = saver.ledger.find_effect(child_thread, "k1")
-        return found is not None and found.status is EffectStatus.DISPATCHED
-
-    wait_until(refund_in_flight, timeout=TIMEOUT, what="the sub-agent's refund in flight")
+    # The tool itself, not the ``dispatched`` record: the intent is written while the
+    # sub-agent's model step is still being saved, and the call leaves only after it.
+    wait_until(
+        lambda: log.started("child_refund"),
+        timeout=TIMEOUT,
+        what="the sub-agent's refund in flight",
+    )
     answer = request_cancel(saver, parent_thread, reason="wrong order", requested_by="dana")
     assert answer.accepted and answer.run_id is not None
     run_id = answer.run_id

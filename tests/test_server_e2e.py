@@ -221,10 +221,20 @@ def in_status(ledger: Ledger, key: str, *statuses: EffectStatus) -> EffectRecord
     return rec if rec is not None and rec.status in statuses else None
 
 
-def update_order_in_flight(ledger: Ledger, thread_id: str) -> EffectRecord | None:
-    """The thread's ``update_order`` call, while it is in flight."""
-    for rec in ledger.effects(thread_id):
-        if rec.tool == "update_order" and rec.status is EffectStatus.DISPATCHED:
+def in_flight(served: Served, key: str) -> EffectRecord | None:
+    """The call with ``key``, while the provider is processing it.
+
+    ``dispatched`` alone is not enough: the tool node records the intent while the
+    model step's checkpoint is still being saved, and sends the call only after it.
+    """
+    rec = in_status(served.ledger, key, EffectStatus.DISPATCHED)
+    return rec if rec is not None and served.providers.pending(key) else None
+
+
+def update_order_in_flight(served: Served, thread_id: str) -> EffectRecord | None:
+    """The thread's ``update_order`` call, while the provider is processing it."""
+    for rec in served.ledger.effects(thread_id):
+        if rec.tool == "update_order" and in_flight(served, rec.idempotency_key):
             return rec
     return None
 
@@ -408,10 +418,7 @@ async def test_runs_cancel_while_approved_refund_in_flight(
 
     served.providers.set_fault("refund", "hang:3", times=1)
     run = await client.runs.create(thread_id, served.graph_id, command=approve())
-    await wait_for(
-        "the approved refund to be dispatched",
-        lambda: in_status(served.ledger, key, EffectStatus.DISPATCHED),
-    )
+    await wait_for("the approved refund to be in flight", lambda: in_flight(served, key))
     await asyncio.sleep(1.0)  # ~1 s into the 3 s call
     t0 = time.monotonic()
     await client.runs.cancel(thread_id, run["run_id"], action="interrupt", wait=True)
@@ -464,7 +471,7 @@ async def test_runs_cancel_wait_returns_with_the_report_in_the_thread_state(
     run = await client.runs.create(thread_id, served.graph_id, input=human(SEED_REQUEST))
     in_flight = await wait_for(
         "update_order(o-88) to be in flight",
-        lambda: update_order_in_flight(served.ledger, thread_id),
+        lambda: update_order_in_flight(served, thread_id),
     )
     t0 = time.monotonic()
     await client.runs.cancel(thread_id, run["run_id"], action="interrupt", wait=True)
@@ -514,7 +521,7 @@ async def test_durable_cancel_of_seed_run_reports_in_thread_state(
     run = await client.runs.create(thread_id, served.graph_id, input=human(SEED_REQUEST))
     in_flight = await wait_for(
         "update_order(o-88) to be in flight",
-        lambda: update_order_in_flight(served.ledger, thread_id),
+        lambda: update_order_in_flight(served, thread_id),
     )
     assert in_flight.args["order_id"] == "o-88"
     answer = await asyncio.to_thread(
@@ -582,7 +589,7 @@ async def test_a_stop_streams_its_progress_to_the_client(
     streaming = asyncio.ensure_future(consume())
     in_flight = await wait_for(
         "update_order(o-88) to be in flight",
-        lambda: update_order_in_flight(served.ledger, thread_id),
+        lambda: update_order_in_flight(served, thread_id),
     )
     await asyncio.to_thread(
         request_cancel, served.ledger_url, thread_id, reason="stop pressed", requested_by="studio"
@@ -629,9 +636,7 @@ async def test_new_input_after_runs_cancel_keeps_tool_answers_in_order(
     key = refund_key({"order_id": "o-88", "amount": 45.0})  # under 100: no approval
     served.providers.set_fault("refund", "hang:2", times=1)
     run = await client.runs.create(thread_id, served.graph_id, input=human(refund_request(45)))
-    await wait_for(
-        "the refund to be in flight", lambda: in_status(served.ledger, key, EffectStatus.DISPATCHED)
-    )
+    await wait_for("the refund to be in flight", lambda: in_flight(served, key))
     await client.runs.cancel(thread_id, run["run_id"], action="interrupt", wait=True)
     rec = await wait_for("the refund to settle", lambda: settled_from_flight(served.ledger, key))
 
