@@ -1,0 +1,215 @@
+"""The kill -9 suite, settling what a killed worker left: bad reconcile hooks, the sweeper.
+
+A reconcile hook that raises, hangs or returns garbage leaves the effect
+``unknown`` with an owner and a next action, and the recovering run completes
+(resumed with ``graph.invoke(None)`` or ``langgraph-cancel resume``). Sweepers
+(two racing, as on two machines, and ``langgraph-cancel sweep``) finish a killed
+worker's stop, settle the refund it left in flight, and retry a failed
+compensation, each once.
+
+The harness and the invariant checks are in ``kill9_harness.py``.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+import recovery_worker as rw
+from kill9_harness import (
+    World,
+    _fork_server,  # noqa: F401 (a fixture, found by name)
+    assert_no_double_execution,
+    assert_report_matches_truth,
+    assert_settled,
+    effect_of,
+    sqlite_world_fixture,  # noqa: F401 (a fixture, found by name)
+    world_fixture,  # noqa: F401 (a fixture, found by name)
+)
+from langgraph_cancel import EffectStatus, request_cancel
+from langgraph_cancel.demo.tools import compensation_key
+
+
+# ---------------------------------------------------------------- misbehaving hooks
+@pytest.mark.slow
+@pytest.mark.parametrize("via", ["invoke", "cli"])
+@pytest.mark.parametrize(
+    ("mode", "expected_error"),
+    [
+        ("raise", "reconcile hook raised RuntimeError('provider status API exploded')"),
+        ("hang", "reconcile hook timed out after 0.5s"),
+        ("garbage", "reconcile hook returned dict, not an Outcome"),
+    ],
+    ids=["raise", "hang", "garbage"],
+)
+def test_bad_reconcile_hook_leaves_effect_unknown(
+    sqlite_world: World, mode: str, expected_error: str, via: str
+) -> None:
+    """The hook is asked by the tool node on ``invoke(None)``, or by
+    ``langgraph-cancel resume``'s reconciliation before it continues the thread."""
+    world = sqlite_world
+    first = world.start(
+        "first", "run", script="hooks", hook_mode=mode, kill_at="after:dispatched:notify_customer"
+    )
+    first.wait_point("after:dispatched:notify_customer")
+    first.kill9()
+
+    started = time.monotonic()
+    second = world.start("second", "recover", script="hooks", hook_mode=mode, resume_via=via)
+    result = second.ok(timeout=30)
+    elapsed = time.monotonic() - started
+    assert elapsed < 20, f"recovery took {elapsed:.1f}s: a hung hook held the run"
+    assert result["run_status"] == "completed"  # the run did not crash
+    assert result["last_message"] == rw.FINAL_ANSWER
+    ledger = world.ledger()
+    notice = effect_of(ledger, world.thread_id, "notify_customer")
+    assert notice.status is EffectStatus.UNKNOWN, notice
+    assert expected_error in (notice.error or ""), notice.error
+    assert notice.owner and notice.next_action
+    truth = world.providers().truth()
+    assert truth["keys"].get(notice.idempotency_key, {"executions": 0})["executions"] == 0
+    assert_settled(ledger, world.thread_id)
+    report = assert_report_matches_truth(world, truth)
+    assert [e.tool for e in report.unknown] == ["notify_customer"]
+
+
+# ---------------------------------------------------------------- the sweeper
+@pytest.mark.slow
+def test_sweepers_finish_the_stop_of_a_killed_worker_once(world: World) -> None:
+    """A worker killed after the refund reached the provider, then asked to stop: two
+    sweepers racing (two machines) finish the stop once, the refund settled as the
+    provider has it, the report written, the run cancelled; a later pass does nothing."""
+    import threading
+
+    from langgraph_cancel.demo import tools as refund_tools
+    from langgraph_cancel.sweeper import SweepActionKind, Sweeper, SweepSummary
+    from langgraph_cancel.types import RunStatus
+
+    first = world.start("first", "run", kill_at="after_call:refund", worker_id=None, lease_ttl=600)
+    first.wait_point("after_call:refund")
+    first.kill9()
+    asked = request_cancel(world.db_url, world.thread_id, reason="ops", requested_by="test")
+    assert asked.accepted, asked
+
+    refund_tools.set_providers_path(world.providers_path)
+    try:
+        summaries: list[SweepSummary] = []
+        sweepers = [
+            Sweeper(world.ledger(), tools=refund_tools.TOOLS, owner=f"sweeper-{name}")
+            for name in ("a", "b")
+        ]
+        racing = [
+            threading.Thread(target=lambda s=s: summaries.append(s.sweep_once())) for s in sweepers
+        ]
+        for thread in racing:
+            thread.start()
+        for thread in racing:
+            thread.join(60)
+        later = sweepers[0].sweep_once()
+    finally:
+        refund_tools.set_providers_path(None)
+
+    assert len(summaries) == 2
+    assert sum(s.count(SweepActionKind.FINISHED_CANCEL) for s in summaries) == 1, summaries
+    assert later.count(SweepActionKind.FINISHED_CANCEL) == 0, later
+    assert later.count(SweepActionKind.RECONCILED) == 0, later
+    ledger = world.ledger()
+    run = ledger.require_latest_run(world.thread_id)
+    assert run.status is RunStatus.CANCELLED and run.report, run
+    refund = effect_of(ledger, world.thread_id, "issue_refund")
+    assert refund.status is EffectStatus.COMMITTED, refund
+    truth = world.providers().truth()
+    assert_no_double_execution(truth)
+    assert len(truth["refunds"]) == 1, truth["refunds"]
+    assert_settled(ledger, world.thread_id)
+    report = assert_report_matches_truth(world, truth)
+    assert refund.idempotency_key in {e.idempotency_key for e in report.permanent}
+    assert ledger.lease(world.thread_id) is None  # the sweepers gave the thread back
+
+
+@pytest.mark.slow
+def test_sweep_command_settles_a_killed_workers_refund_and_names_the_next_step(
+    sqlite_world: World,
+) -> None:
+    """``langgraph-cancel sweep --json``: the refund a killed worker left in flight is
+    settled through its hook; the run it left running is left to its owner, with the
+    next step; resuming it then sends no second refund."""
+    from langgraph_cancel.demo import tools as refund_tools
+
+    world = sqlite_world
+    first = world.start("first", "run", kill_at="after_call:refund", worker_id=None, lease_ttl=600)
+    first.wait_point("after_call:refund")
+    first.kill9()
+
+    refund_tools.set_providers_path(world.providers_path)
+    try:
+        code, summary = rw.run_cli(["sweep", "--db", world.db_url, "--json"])
+    finally:
+        refund_tools.set_providers_path(None)
+    assert code == 0, summary
+    assert summary["counts"]["reconciled"] == 1, summary
+    kinds = {(a["kind"], a["status"]) for a in summary["actions"]}
+    assert ("reconciled", "committed") in kinds, summary
+    left = [a for a in summary["actions"] if a["kind"] == "left_to_owner"]
+    assert [a["thread_id"] for a in left] == [world.thread_id], summary
+    assert "langgraph-cancel resume" in left[0]["next_action"]
+
+    again = world.start("again", "recover", wait_lease=0, worker_id=None)
+    assert again.ok()["run_status"] == "completed"
+    truth = world.providers().truth()
+    assert_no_double_execution(truth)
+    assert len(truth["refunds"]) == 1, truth["refunds"]
+    assert_settled(world.ledger(), world.thread_id)
+
+
+@pytest.mark.slow
+def test_sweepers_retry_a_failed_compensation_once(sqlite_world: World) -> None:
+    """A compensation that failed (the provider was down) is tried again by the sweeper
+    once it is due: two sweepers racing undo the order update once; a later pass, and a
+    pass before it is due, do nothing."""
+    import threading
+
+    from langgraph_cancel import compensate
+    from langgraph_cancel.demo import tools as refund_tools
+    from langgraph_cancel.sweeper import SweepActionKind, Sweeper, SweepSummary
+
+    world = sqlite_world
+    assert world.start("first", "run").ok()["run_status"] == "completed"
+    refund_tools.set_providers_path(world.providers_path)
+    try:
+        tools = {t.name: t for t in refund_tools.TOOLS}
+        world.providers().set_fault("restore_order", "fail_before")
+        undone = compensate(world.db_url, world.thread_id, tools=tools)
+        failed = [e for e in undone if e.status is EffectStatus.COMPENSATION_FAILED]
+        assert [e.tool for e in failed] == ["update_order"], undone
+
+        not_due = Sweeper(world.ledger(), tools=tools, owner="sweeper-early").sweep_once()
+        assert not_due.count(SweepActionKind.COMPENSATED) == 0, not_due
+
+        world.providers().set_fault("restore_order", "none")
+        summaries: list[SweepSummary] = []
+        sweepers = [
+            Sweeper(world.ledger(), tools=tools, owner=f"sweeper-{n}", compensation_retry_after=0.0)
+            for n in ("a", "b")
+        ]
+        racing = [
+            threading.Thread(target=lambda s=s: summaries.append(s.sweep_once())) for s in sweepers
+        ]
+        for thread in racing:
+            thread.start()
+        for thread in racing:
+            thread.join(60)
+        later = sweepers[1].sweep_once()
+    finally:
+        refund_tools.set_providers_path(None)
+
+    assert sum(s.count(SweepActionKind.COMPENSATED) for s in summaries) == 1, summaries
+    assert later.count(SweepActionKind.COMPENSATED) == 0, later
+    update = effect_of(world.ledger(), world.thread_id, "update_order")
+    assert update.status is EffectStatus.COMPENSATED, update
+    truth = world.providers().truth()
+    assert_no_double_execution(truth)
+    restores = [k for k, v in truth["keys"].items() if v["operation"] == "restore_order"]
+    assert restores == [compensation_key(update.idempotency_key)], truth["keys"]
+    assert truth["keys"][restores[0]]["executions"] == 1
