@@ -1,10 +1,11 @@
-"""The ledger tests of ``test_ledger.py``, run against the async ledger on every backend.
+"""The sync ledger tests, run against the async ledger on every backend.
 
-Each sync test there is collected here too, with ``ledger`` an ``AsyncLedger``
-behind the sync method names (``BlockingAsyncLedger``): the same assertions
-hold for both ledgers, which share their statements and decisions. The tests
-of the async methods themselves are in ``test_ledger.py`` (both ledgers); cancel
-notices (``LISTEN``) on the async connection and retries on new connections are here.
+Each sync test of ``test_ledger.py`` and ``test_ledger_runs.py`` is collected here
+too, with ``ledger`` an ``AsyncLedger`` behind the sync method names
+(``BlockingAsyncLedger``): the same assertions hold for both ledgers, which share
+their statements and decisions. The tests of the async methods themselves are in
+``test_ledger_runs.py`` (both ledgers); cancel notices (``LISTEN``) on the async
+connection and retries on new connections are here.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import psycopg
 import pytest
 
 import test_ledger
+import test_ledger_runs
 from langgraph_cancel.errors import LedgerError
 from langgraph_cancel.ledger import Ledger
 from langgraph_cancel.ledger.aio import AsyncLedger
@@ -29,7 +31,8 @@ from ledger_util import BlockingAsyncLedger
 
 SYNC_TESTS: dict[str, Any] = {
     name: test
-    for name, test in vars(test_ledger).items()
+    for module in (test_ledger, test_ledger_runs)
+    for name, test in vars(module).items()
     if name.startswith("test_") and not inspect.iscoroutinefunction(test)
 }
 globals().update(SYNC_TESTS)
