@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
+from langchain_core.runnables import Runnable
 from langchain_core.tools import BaseTool, tool
 from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.prebuilt import tools_condition
@@ -35,7 +36,7 @@ from langgraph_cancel.checkpointers.memory import MemoryCancelSaver
 from langgraph_cancel.checkpointers.postgres import PostgresCancelSaver
 from langgraph_cancel.checkpointers.sqlite import SqliteCancelSaver
 from langgraph_cancel.ledger import Ledger
-from langgraph_cancel.testing import ScriptedChatModel, tool_call
+from langgraph_cancel.testing import tool_call
 
 REFUND_PERMANENCE = "Money leaves the shop's account; a refund cannot be recalled."
 
@@ -99,11 +100,18 @@ class World:
             world.executions.append(("lookup_order", {"order_id": order_id}, "-"))
             return f"order {order_id}: 2 items"
 
-        return [issue_refund, send_email, lookup_order]
+        @effect(EffectKind.READ_ONLY, requires_approval=True)
+        @tool
+        def read_card(order_id: str) -> str:
+            """Read the card an order was paid with (a reviewer must allow it)."""
+            world.executions.append(("read_card", {"order_id": order_id}, "-"))
+            return f"order {order_id}: card ending 4242"
+
+        return [issue_refund, send_email, lookup_order, read_card]
 
 
 def build_graph(
-    world: World, model: ScriptedChatModel, saver: Any, *, with_gate: bool = True
+    world: World, model: Runnable[Any, BaseMessage], saver: Any, *, with_gate: bool = True
 ) -> Any:
     """agent -> tools_condition -> approval -> tools -> agent, with add_cancellation."""
     tools = world.tools()
@@ -162,3 +170,4 @@ BIG_REFUND = tool_call("issue_refund", {"order_id": "o-1", "amount": 150.0}, id=
 EMAIL = tool_call("send_email", {"to": "dana@example.com", "body": "refunded"}, id="c-email")
 SMALL_REFUND = tool_call("issue_refund", {"order_id": "o-2", "amount": 20.0}, id="c-small")
 LOOKUP = tool_call("lookup_order", {"order_id": "o-1"}, id="c-lookup")
+CARD = tool_call("read_card", {"order_id": "o-1"}, id="c-card")

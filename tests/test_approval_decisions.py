@@ -381,7 +381,7 @@ def test_gate_accepts_the_tool_node_and_callables() -> None:
         return value
 
     gate = ApprovalGate(EffectToolNode(tools))
-    assert set(gate.tools_by_name) == {"issue_refund", "send_email", "lookup_order"}
+    assert set(gate.tools_by_name) == {"issue_refund", "send_email", "lookup_order", "read_card"}
     with pytest.warns(UserWarning, match="no effect"):
         gate2 = ApprovalGate([plain], name="review")
     assert gate2.name == "review"

@@ -7,11 +7,17 @@ neither asked about again nor dispatched a second time.
 
 from __future__ import annotations
 
-from langchain_core.messages import AIMessage, HumanMessage
+import asyncio
+from typing import Any, cast
+
+import pytest
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolCall, ToolMessage
+from langchain_core.runnables import RunnableLambda
 from langgraph.types import Command
 
 from approval_helpers import (
     BIG_REFUND,
+    CARD,
     EMAIL,
     LOOKUP,
     SMALL_REFUND,
@@ -187,3 +193,49 @@ def test_decided_calls_are_not_asked_again(db_url: str) -> None:
         assert "__interrupt__" not in out
         assert world2.executions == []
         assert tool_messages(out["messages"])["c-refund"].content == "Rejected by reviewer: no"
+
+
+@pytest.mark.parametrize("with_gate", [True, False], ids=["gate", "tool_node_asks"])
+@pytest.mark.parametrize(
+    ("call", "answer"),
+    [(BIG_REFUND, "refunded 150.00 on o-1"), (CARD, "order o-1: card ending 4242")],
+    ids=["refund", "read"],
+)
+@pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])
+def test_the_same_call_twice_approved_runs_once(
+    db_url: str, with_gate: bool, call: ToolCall, answer: str, use_async: bool
+) -> None:
+    """A model that repeats a call (same id, same arguments) in one turn: approved, the
+    call runs once and both copies get its answer. A read a reviewer must allow is
+    dispatched like a side effect, and its copy once found it in flight as the batch
+    had read it, after its twin had committed it."""
+    world = World()
+
+    def model(messages: list[BaseMessage]) -> AIMessage:
+        if any(isinstance(m, ToolMessage) for m in messages):
+            return AIMessage("done")
+        return AIMessage("", tool_calls=[call, call])
+
+    with open_saver(db_url) as saver:
+        graph = build_graph(world, RunnableLambda(model), saver, with_gate=with_gate)
+        config = cfg("t-twice")
+
+        def run(given: Any) -> dict[str, Any]:
+            if use_async:
+                result: dict[str, Any] = asyncio.run(graph.ainvoke(given, config))
+                return result
+            return cast(dict[str, Any], graph.invoke(given, config))
+
+        out = run({"messages": [HumanMessage("go")]})
+        for _ in range(3):
+            if "__interrupt__" not in out:
+                break
+            value = interrupt_value(out)
+            asked = len(value.get("action_requests", [])) or 1
+            out = run(Command(resume={"decisions": [{"type": "approve"}] * asked}))
+        assert "__interrupt__" not in out and out["messages"][-1].content == "done"
+        assert world.count(call["name"]) == 1
+        answers = [m for m in out["messages"] if isinstance(m, ToolMessage)]
+        assert [m.tool_call_id for m in answers] == [call["id"]] * 2
+        assert answers[0].content == answers[1].content == answer
+        assert statuses(saver.ledger, "t-twice") == {call["id"]: "committed"}

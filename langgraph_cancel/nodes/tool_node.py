@@ -423,10 +423,10 @@ class EffectToolNode(ToolNode):
     ) -> None:
         """A sync graph's side effects: one at a time in a supervised worker, or at once."""
         ledger = batch.scope.ledger
-        order = phases.effects
         if self._concurrent(phases, config):
             self._effects_at_once(phases, calls, runtimes, input_type, outputs, batch, config)
             return
+        order, copies = _twins(phases, calls)
         supervisor = Supervisor()
         batch.supervisor = supervisor
 
@@ -447,6 +447,7 @@ class EffectToolNode(ToolNode):
             supervise(work, take_over, supervisor)
         finally:
             drive_ledger(ledger, batch.flush_outcome())
+        _answer_copies(outputs, copies)
 
     def _concurrent(self, phases: _Sorted, config: RunnableConfig) -> bool:
         """Whether the side effects go out at once: ``effect_concurrency`` above 1, and no
@@ -484,8 +485,7 @@ class EffectToolNode(ToolNode):
             futures = [(index, pool.submit(run, index)) for index in unique]
             for index, future in futures:
                 outputs[index] = future.result()
-        for index, twin in copies:
-            outputs[index] = _copy(outputs[twin])
+        _answer_copies(outputs, copies)
 
     async def _aeffects(
         self,
@@ -498,16 +498,17 @@ class EffectToolNode(ToolNode):
         config: RunnableConfig,
     ) -> None:
         ledger = batch.scope.ledger
+        unique, copies = _twins(phases, calls)
         if not self._concurrent(phases, config):
             try:
-                for index in phases.effects:
+                for index in unique:
                     outputs[index] = await self._arun_one(calls[index], input_type, runtimes[index])
             finally:
                 await adrive_ledger(ledger, batch.flush_outcome())
+            _answer_copies(outputs, copies)
             return
         group = AsyncGroupCommit(ledger)
         batch.group, batch.defer = group, False
-        unique, copies = _twins(phases, calls)
         limit = min(
             self.effect_concurrency, config.get("max_concurrency") or self.effect_concurrency
         )
@@ -524,14 +525,13 @@ class EffectToolNode(ToolNode):
         answers = await asyncio.gather(*(bounded(index) for index in unique))
         for index, answer in zip(unique, answers, strict=True):
             outputs[index] = answer
-        for index, twin in copies:
-            outputs[index] = _copy(outputs[twin])
+        _answer_copies(outputs, copies)
 
 
 def _twins(phases: _Sorted, calls: list[ToolCall]) -> tuple[list[int], list[tuple[int, int]]]:
-    """The same call twice in a concurrent batch (same id, tool and arguments) is one
-    step: run it once and give each copy its answer, instead of letting the copy find
-    its twin in flight."""
+    """The same call twice in a batch (same id, tool and arguments) is one step: run it
+    once and give each copy its answer, instead of letting the copy find its twin in
+    flight, or act on the record as the batch found it before its twin moved it."""
     first: dict[tuple[str, str, str], int] = {}
     copies: list[tuple[int, int]] = []
     for index in phases.effects:
@@ -543,8 +543,11 @@ def _twins(phases: _Sorted, calls: list[ToolCall]) -> tuple[list[int], list[tupl
     return list(first.values()), copies
 
 
-def _copy(answer: Any) -> Any:
-    return answer.model_copy() if isinstance(answer, ToolMessage) else answer
+def _answer_copies(outputs: list[Any], copies: list[tuple[int, int]]) -> None:
+    """Each copy of a call gets its own copy of its twin's answer."""
+    for index, twin in copies:
+        answer = outputs[twin]
+        outputs[index] = answer.model_copy() if isinstance(answer, ToolMessage) else answer
 
 
 __all__ = ["TOOLNODE_HANDLE_TOOL_ERRORS", "Classification", "EffectToolNode", "ServedEffects"]
