@@ -62,7 +62,7 @@ async def _run_and_cancel(graph: Any, thread: str, started: asyncio.Event) -> No
 
 async def test_in_flight_call_is_awaited_and_recorded_then_the_run_is_cancelled() -> None:
     saver = MemoryCancelSaver()
-    started, done = asyncio.Event(), []
+    started, done = asyncio.Event(), list[str]()
     graph = _agent(saver, 0.3, started, done, cancel_timeout=5)
     await _run_and_cancel(graph, "n1", started)
     # The in-flight charge finished and was recorded; the second one never ran.
@@ -87,7 +87,7 @@ async def test_in_flight_call_is_awaited_and_recorded_then_the_run_is_cancelled(
 
 async def test_call_outliving_the_timeout_is_recorded_unknown_with_an_owner() -> None:
     saver = MemoryCancelSaver()
-    started, done = asyncio.Event(), []
+    started, done = asyncio.Event(), list[str]()
     graph = _agent(saver, 2.0, started, done, cancel_timeout=0.2)
     await _run_and_cancel(graph, "n2", started)
     rec = next(e for e in saver.ledger.effects("n2") if e.args["amount"] == 5)
@@ -100,7 +100,7 @@ async def test_call_outliving_the_timeout_is_recorded_unknown_with_an_owner() ->
 
 async def test_a_cancelled_run_stops_waiting_after_the_tools_timeout_then_settles_late() -> None:
     saver = MemoryCancelSaver()
-    started, done = asyncio.Event(), []
+    started, done = asyncio.Event(), list[str]()
     graph = _agent(saver, 1.5, started, done, cancel_timeout=0.2)
     thread = "n3"
 

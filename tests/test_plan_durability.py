@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage
@@ -79,7 +79,7 @@ def _held(base: type[Any], hold: _Hold) -> type[Any]:
     if base is langgraph_saver:
         return Below
 
-    class Held(base, Below):  # type: ignore[misc, valid-type]
+    class Held(base, Below):  # type: ignore[misc]
         pass
 
     return Held
@@ -131,14 +131,17 @@ def _agent(saver: Any, hold: _Hold, model: Any, tools: list[Any], **options: Any
 
     from langgraph_cancel.middleware import EffectMiddleware
 
-    class ArmAfterModel(AgentMiddleware):  # type: ignore[type-arg]
+    class ArmAfterModel(AgentMiddleware[Any, Any, Any]):
         def after_model(self, state: Any, runtime: Any) -> None:
             hold.armed.set()
 
     return create_agent(
         model,
         tools,
-        middleware=[EffectMiddleware(approval=False, **options), ArmAfterModel()],
+        middleware=[
+            cast(AgentMiddleware[Any, Any, Any], EffectMiddleware(approval=False, **options)),
+            ArmAfterModel(),
+        ],
         checkpointer=saver,
     )
 
@@ -389,7 +392,7 @@ def test_the_checkpoint_waited_for_is_the_tasks_own_in_a_subgraph_too(sqlite_url
     with SqliteCancelSaver.from_conn_string(sqlite_url) as saver:
         saver.setup()
         graph = builder.compile(checkpointer=saver)
-        config = {"configurable": {"thread_id": new_thread()}}
+        config: RunnableConfig = {"configurable": {"thread_id": new_thread()}}
         graph.invoke({"messages": [HumanMessage("go")]}, config)
         assert len(seen) == 2 and all(p is not None for p in seen)
         for plan in seen:

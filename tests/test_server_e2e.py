@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+from langchain_core.runnables import RunnableConfig
 
 from conftest import require_or_skip, selected_backends, with_dbname
 from langgraph_cancel import EffectStatus, Ledger, get_report, request_cancel
@@ -682,7 +683,7 @@ def test_served_graph_without_allow_blocking(
     # The served graph as `langgraph dev` runs it, with the no-key model whatever the env.
     served_graph = build_builder(scripted_model()).compile(name="refund_agent")
     graph = served_graph.copy(update={"checkpointer": InMemorySaver()})
-    config = {"configurable": {"thread_id": str(uuid.uuid4())}}
+    config: RunnableConfig = {"configurable": {"thread_id": str(uuid.uuid4())}}
 
     async def scenario() -> dict[str, Any]:
         await graph.ainvoke(human(refund_request(130)), config)
