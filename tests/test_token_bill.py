@@ -14,7 +14,7 @@ from langgraph_cancel import add_cancellation, get_report, request_cancel
 from langgraph_cancel.checkpointers.memory import MemoryCancelSaver
 from langgraph_cancel.nodes.model import CancellableModelNode
 from langgraph_cancel.types import RunStatus
-from tests.openai_stub import OpenAIStub
+from openai_stub import OpenAIStub
 
 langchain_openai = pytest.importorskip("langchain_openai")
 
@@ -39,7 +39,8 @@ def test_stream_completes_when_not_cancelled() -> None:
         )
         assert out["messages"][-1].content.split() == [f"tok{i}" for i in range(5)]
         assert stub.state.finished.wait(5)
-    assert saver.ledger.latest_run("ok").status.value == "completed"
+    run = saver.ledger.latest_run("ok")
+    assert run is not None and run.status.value == "completed"
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
