@@ -35,7 +35,7 @@ from langgraph_cancel import (
 )
 from langgraph_cancel.demo.providers.errors import ProviderError
 from langgraph_cancel.ledger import Ledger
-from langgraph_cancel.types import EffectRecord
+from langgraph_cancel.types import UNDISPATCHED_STATUSES, EffectRecord
 
 INT64 = 2**63 - 1
 
@@ -256,6 +256,18 @@ def assert_nothing_unapproved_ran(world: World, records: dict[str, EffectRecord]
         spec = world_specs(world)[rec.tool]
         if spec.needs_approval(rec.args):
             assert rec.approval and rec.approval.get("decision") in ("approve", "edit"), rec
+
+
+def assert_left_resumable(world: World, ledger: Ledger, records: dict[str, EffectRecord]) -> None:
+    """A tool raised its own exception and the node let it through, as ``ToolNode`` does
+    by default: the run stays live, to be resumed, and nothing of the batch went out
+    unrecorded or unapproved."""
+    run = ledger.latest_run(world.thread_id)
+    assert run is not None and run.status.value == "running", run
+    assert_audit_consistent(ledger, records)
+    assert_nothing_unapproved_ran(world, records)
+    for rec in records.values():
+        assert rec.settled or rec.status in UNDISPATCHED_STATUSES, rec
 
 
 _SPECS: dict[int, Any] = {}

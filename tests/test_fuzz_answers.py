@@ -24,7 +24,7 @@ import math
 from typing import Any
 
 import pytest
-from hypothesis import assume, event, given, settings
+from hypothesis import assume, event, example, given, settings
 from hypothesis import strategies as st
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langgraph.types import Command
@@ -38,6 +38,7 @@ from fuzz_inputs_helpers import (
     _records,
     _weighted,
     assert_audit_consistent,
+    assert_left_resumable,
     assert_nothing_unapproved_ran,
     fresh,
     json_values,
@@ -68,6 +69,23 @@ def _decided(records: dict[str, EffectRecord]) -> dict[str, Any]:
 @given(
     answers=st.lists(resume_values(), min_size=1, max_size=4),
     backend=st.sampled_from(("memory", "sqlite")),
+)
+# Found by this test: an edit whose arguments name no order makes the refund raise its
+# own error, which ToolNode's default error handling (and so the node's) lets through.
+@example(
+    answers=[
+        [
+            {
+                "type": "edit",
+                "edited_action": {
+                    "args": {"order_id": "a" * 10_000, "amount": 5.0, "ref": "r-c0", "tag": "c0"}
+                },
+            },
+            {"type": "approve"},
+            {"type": "approve"},
+        ]
+    ],
+    backend="memory",
 )
 def test_approval_resume_values_never_crash_nor_lose_a_row(
     answers: list[Any], backend: str
@@ -104,6 +122,10 @@ def test_approval_resume_values_never_crash_nor_lose_a_row(
         assert "error" not in out and "__interrupt__" not in out, out
         records = _records(ledger, world.thread_id)
         assert sorted(records) == [f"c{n}" for n in range(len(GATED_BATCH))]
+        if "tool_error" in out:
+            # An edit named no order: the tool raised its own exception.
+            assert_left_resumable(world, ledger, records)
+            return
         assert_audit_consistent(ledger, records)
         assert_nothing_unapproved_ran(world, records)
         keys = world.providers.truth()["keys"]
