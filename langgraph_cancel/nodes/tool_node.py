@@ -19,6 +19,7 @@ import asyncio
 import concurrent.futures
 import inspect
 import logging
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -532,15 +533,21 @@ def _twins(phases: _Sorted, calls: list[ToolCall]) -> tuple[list[int], list[tupl
     """The same call twice in a batch (same id, tool and arguments) is one step: run it
     once and give each copy its answer, instead of letting the copy find its twin in
     flight, or act on the record as the batch found it before its twin moved it."""
+    ids = Counter(str(calls[index].get("id")) for index in phases.effects)
     first: dict[tuple[str, str, str], int] = {}
+    unique: list[int] = []
     copies: list[tuple[int, int]] = []
     for index in phases.effects:
         call = calls[index]
-        identity = (str(call.get("id")), str(call.get("name")), canonical(call.get("args")))
-        twin = first.setdefault(identity, index)
-        if twin != index:
-            copies.append((index, twin))
-    return list(first.values()), copies
+        call_id = str(call.get("id"))
+        if ids[call_id] > 1:  # only a shared id can be a copy: compare the arguments
+            identity = (call_id, str(call.get("name")), canonical(call.get("args")))
+            twin = first.setdefault(identity, index)
+            if twin != index:
+                copies.append((index, twin))
+                continue
+        unique.append(index)
+    return unique, copies
 
 
 def _answer_copies(outputs: list[Any], copies: list[tuple[int, int]]) -> None:
