@@ -5,8 +5,7 @@
 the stop is pressed while ``update_order`` is in flight at the provider. The
 run's ledger steps go through the saver's ``AsyncLedger`` on the graph's own
 loop: the sync ledger's tool-call methods are never called, and every async
-ledger call runs on the loop's thread. An in-memory ledger has an inline async twin,
-on any loop.
+ledger call runs on the loop's thread.
 """
 
 from __future__ import annotations
@@ -23,12 +22,9 @@ import pytest
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 
 from graphs import (
-    ExecutionLog,
     agent_builder,
-    calls,
     cancellable,
     config_for,
-    counting_tool,
     dangling_calls,
     new_thread,
     scripted,
@@ -40,7 +36,6 @@ from langgraph_cancel import (
     aget_report,
     arequest_cancel,
 )
-from langgraph_cancel.checkpointers.memory import MemoryCancelSaver
 from langgraph_cancel.checkpointers.sqlite import AsyncSqliteCancelSaver
 from langgraph_cancel.demo import tools as refund_tools
 from langgraph_cancel.demo.services import Providers
@@ -49,10 +44,7 @@ from langgraph_cancel.ledger import Ledger
 from langgraph_cancel.ledger.aio import AsyncLedger, async_twin_of
 from langgraph_cancel.testing import tool_call
 from langgraph_cancel.types import EffectRecord, RunStatus
-from module_fixtures import (  # noqa: F401 (fixtures: pytest finds them by name)
-    log_fixture,
-    providers_path_fixture,
-)
+from module_fixtures import providers_path_fixture  # noqa: F401 (a fixture, found by name)
 
 TIMEOUT = 60.0
 #: The sync ledger's methods behind the tool-call protocol's ledger steps.
@@ -153,29 +145,6 @@ async def test_the_saver_binds_its_async_ledger(async_saver: Any) -> None:
 
 async def _twin_elsewhere(saver: Any) -> AsyncLedger | None:
     return async_twin_of(saver.ledger)
-
-
-async def test_an_in_memory_ledger_is_awaited_inline_on_any_loop(log: ExecutionLog) -> None:
-    """An in-memory ledger has no connection of its own: the async path awaits its
-    statements on the graph's loop, not in a thread, whatever the loop."""
-    saver = MemoryCancelSaver()
-    native = async_twin_of(saver.ledger)
-    assert isinstance(native, AsyncLedger) and native.url == saver.ledger.url
-    assert async_twin_of(saver.ledger) is native
-    assert await asyncio.to_thread(lambda: asyncio.run(_twin_elsewhere(saver))) is native
-    run = await native.astart_run("t-inline", owner="w1")
-    assert saver.ledger.get_run(run.run_id) == run  # one database
-    await native.afinish_run(run.run_id, "completed")
-    spy = LedgerSpy(saver.ledger, native)
-    tools = [counting_tool(log, name, "irreversible") for name in ("w1", "w2", "w3")]
-    model = scripted(calls(("w1", "a", "k1"), ("w2", "b", "k2"), ("w3", "c", "k3")), "done")
-    graph = cancellable(agent_builder(model, EffectToolNode(tools)), saver)
-    thread_id = new_thread()
-    await graph.ainvoke({"messages": [HumanMessage("go")]}, config_for(thread_id))
-    assert [e.status for e in saver.ledger.effects(thread_id)] == [EffectStatus.COMMITTED] * 3
-    assert spy.sync_calls == []
-    assert set(spy.async_threads) >= {"aplan_many_and_begin", "atransition_many"}, spy.async_threads
-    assert set().union(*spy.async_threads.values()) == {threading.get_ident()}
 
 
 async def test_async_seed_scenario(async_saver: Any, providers_path: str) -> None:

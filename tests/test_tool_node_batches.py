@@ -32,7 +32,6 @@ from graphs import (
     wait_until,
 )
 from langgraph_cancel import EffectKind, EffectStatus, EffectToolNode, get_report
-from langgraph_cancel.ledger.aio import async_twin_of
 from langgraph_cancel.testing import tool_call
 from module_fixtures import (  # noqa: F401 (fixtures: pytest finds them by name)
     db_url_fixture,
@@ -130,8 +129,7 @@ def test_concurrent_side_effects_share_their_ledger_writes(
         writes.append(len(requests))
         return transition_many(requests)
 
-    awaited = async_ledger_of(ledger)
-    atransition, atransition_many = awaited.atransition, awaited.atransition_many
+    atransition, atransition_many = ledger.atransition, ledger.atransition_many
 
     async def acounted_one(*args: Any, **kwargs: Any) -> Any:
         writes.append(1)
@@ -142,12 +140,12 @@ def test_concurrent_side_effects_share_their_ledger_writes(
         return await atransition_many(requests)
 
     ledger.transition, ledger.transition_many = counted_one, counted_many
-    awaited.atransition, awaited.atransition_many = acounted_one, acounted_many
+    ledger.atransition, ledger.atransition_many = acounted_one, acounted_many
     try:
         thread_id = new_thread()
         out = asyncio.run(astart(graph, thread_id)) if use_async else start(graph, thread_id)
     finally:
-        del ledger.transition, ledger.transition_many, awaited.atransition, awaited.atransition_many
+        del ledger.transition, ledger.transition_many, ledger.atransition, ledger.atransition_many
     assert [m.status for m in tool_messages(out["messages"])] == ["success"] * 6
     assert log.applied("refund") == 6 and len({r["key"] for r in log.rows("refund")}) == 6
     recs = saver.ledger.effects(thread_id)
@@ -163,18 +161,12 @@ def test_concurrent_side_effects_share_their_ledger_writes(
     assert len(writes) < 12, writes  # ... in fewer round trips than one per write
 
 
-def async_ledger_of(ledger: Any) -> Any:
-    """The ledger an async graph awaits for ``ledger``: its in-memory twin, or itself
-    (its ``a*`` methods, in threads)."""
-    return async_twin_of(ledger) or ledger
-
-
 def _count_outcome_writes(ledger: Any) -> tuple[list[int], Any]:
     """Spy on ``ledger.transition_many``: the number of outcomes in each write."""
     writes: list[int] = []
     transition_many = ledger.transition_many
-    awaited = async_ledger_of(ledger)
-    atransition_many = awaited.atransition_many
+
+    atransition_many = ledger.atransition_many
 
     def note(requests: Any) -> None:
         outcomes = [r for r in requests if r.to is not EffectStatus.DISPATCHED]
@@ -189,10 +181,10 @@ def _count_outcome_writes(ledger: Any) -> tuple[list[int], Any]:
         note(requests)
         return await atransition_many(requests)
 
-    ledger.transition_many, awaited.atransition_many = counted, acounted
+    ledger.transition_many, ledger.atransition_many = counted, acounted
 
     def restore() -> None:
-        del ledger.transition_many, awaited.atransition_many
+        del ledger.transition_many, ledger.atransition_many
 
     return writes, restore
 

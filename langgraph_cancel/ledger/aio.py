@@ -174,16 +174,12 @@ def async_twin_of(ledger: Ledger) -> AsyncLedger | None:
     """The async ledger bound to ``ledger`` that can be awaited here, if any.
 
     Only on the twin's own loop (its connections belong to it); an in-memory
-    twin, which has no connection of its own, on any loop. An in-memory ledger
-    gets its twin here on first use: its statements do no I/O, so awaiting them
-    inline spares each one a thread. None elsewhere, and for a file or server
-    ledger without a twin: the caller then uses the sync ledger's threaded
-    ``a*`` methods.
+    twin, which has no connection of its own, on any loop. None elsewhere, and
+    for a ledger without a twin: the caller then uses the sync ledger's
+    threaded ``a*`` methods.
     """
     with _twins_lock:
         twin = _twins.get(ledger)
-        if twin is None and (twin := _memory_twin(ledger)) is not None:
-            _twins[ledger] = twin
     if twin is None or twin.loop is None:
         return twin
     try:
@@ -191,16 +187,6 @@ def async_twin_of(ledger: Ledger) -> AsyncLedger | None:
     except RuntimeError:
         return None
     return twin if twin.loop is running else None
-
-
-def _memory_twin(ledger: Ledger) -> AsyncLedger | None:
-    """The inline twin of an in-memory ledger, on its very database; None for others."""
-    backend = ledger.backend
-    if not isinstance(backend, SqliteBackend) or backend.path != ":memory:":
-        return None
-    twin = AsyncLedger(AsyncMemoryBackend(backend))
-    twin.url = ledger.url
-    return twin
 
 
 __all__ = ["AsyncLedger", "async_twin_of", "bind_async_twin", "unbind_async_twin"]
