@@ -658,8 +658,9 @@ async def test_new_input_after_runs_cancel_keeps_tool_answers_in_order(
 
 
 @pytest.mark.server
+@pytest.mark.parametrize("ledger", ["sqlite", "memory"])
 def test_served_graph_without_allow_blocking(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ledger: str
 ) -> None:
     """The dev server's own blocking-call detector, in-process, around one approval run.
 
@@ -667,7 +668,9 @@ def test_served_graph_without_allow_blocking(
     ``langgraph_runtime_inmem.queue._enable_blockbuster()``; this applies exactly
     that to the example graph (compiled as ``langgraph.json`` serves it, copied
     with an in-memory saver as the server does) and drives it through the
-    approval interrupt to the end.
+    approval interrupt to the end: with the ledger in a SQLite file
+    (``LANGGRAPH_CANCEL_DB``), and in memory beside the server's saver, whose
+    statements are blocking calls on the loop too.
     """
     queue = pytest.importorskip("langgraph_runtime_inmem.queue")
     from langgraph.checkpoint.memory import InMemorySaver
@@ -675,11 +678,14 @@ def test_served_graph_without_allow_blocking(
 
     from langgraph_cancel.demo.graph import build_builder, scripted_model
 
-    ledger_url = "sqlite:///" + str(tmp_path / "ledger.db")
-    monkeypatch.setenv("LANGGRAPH_CANCEL_DB", ledger_url)
+    if ledger == "sqlite":
+        ledger_url = "sqlite:///" + str(tmp_path / "ledger.db")
+        monkeypatch.setenv("LANGGRAPH_CANCEL_DB", ledger_url)
+        Ledger.from_url(ledger_url).close()
+    else:
+        monkeypatch.delenv("LANGGRAPH_CANCEL_DB", raising=False)
     monkeypatch.setenv("REFUND_AGENT_PROVIDERS_DB", str(tmp_path / "providers.db"))
     reset_providers(tmp_path / "providers.db")
-    Ledger.from_url(ledger_url).close()
     # The served graph as `langgraph dev` runs it, with the no-key model whatever the env.
     served_graph = build_builder(scripted_model()).compile(name="refund_agent")
     graph = served_graph.copy(update={"checkpointer": InMemorySaver()})
