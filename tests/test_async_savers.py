@@ -22,9 +22,12 @@ import pytest
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 
 from graphs import (
+    ExecutionLog,
     agent_builder,
+    calls,
     cancellable,
     config_for,
+    counting_tool,
     dangling_calls,
     new_thread,
     scripted,
@@ -44,7 +47,10 @@ from langgraph_cancel.ledger import Ledger
 from langgraph_cancel.ledger.aio import AsyncLedger, async_twin_of
 from langgraph_cancel.testing import tool_call
 from langgraph_cancel.types import EffectRecord, RunStatus
-from module_fixtures import providers_path_fixture  # noqa: F401 (a fixture, found by name)
+from module_fixtures import (  # noqa: F401 (fixtures: pytest finds them by name)
+    log_fixture,
+    providers_path_fixture,
+)
 
 TIMEOUT = 60.0
 #: The sync ledger's methods behind the tool-call protocol's ledger steps.
@@ -145,6 +151,29 @@ async def test_the_saver_binds_its_async_ledger(async_saver: Any) -> None:
 
 async def _twin_elsewhere(saver: Any) -> AsyncLedger | None:
     return async_twin_of(saver.ledger)
+
+
+async def test_an_in_memory_async_saver_passes_the_dev_servers_blocking_detector(
+    log: ExecutionLog,
+) -> None:
+    """``AsyncSqliteCancelSaver(":memory:")`` under ``langgraph dev``'s detector: the
+    ledger's in-memory statements do not run on the loop, where they would block it."""
+    queue = pytest.importorskip("langgraph_runtime_inmem.queue")
+    async with AsyncSqliteCancelSaver.from_conn_string(":memory:") as saver:
+        await saver.setup()
+        assert async_twin_of(saver.ledger) is None  # the graph's ledger calls go to threads
+        model = scripted(calls(("w1", "a", "s1")), "done")
+        tool = counting_tool(log, "w1", "irreversible")
+        graph = cancellable(agent_builder(model, EffectToolNode([tool])), saver)
+        thread_id = new_thread()
+        detector = queue._enable_blockbuster()
+        try:
+            out = await graph.ainvoke({"messages": [HumanMessage("go")]}, config_for(thread_id))
+        finally:
+            detector.deactivate()
+        assert out["messages"][-1].content == "done"
+        record = saver.ledger.find_effect(thread_id, "s1")
+        assert record is not None and record.status is EffectStatus.COMMITTED
 
 
 async def test_async_seed_scenario(async_saver: Any, providers_path: str) -> None:

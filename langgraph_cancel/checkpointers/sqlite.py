@@ -150,7 +150,8 @@ class AsyncSqliteCancelSaver(NotesSavedCheckpoints, AsyncSqliteSaver, LedgerOwne
             off_the_loop(ledger.setup)
         self.path = path
         self.ledger = ledger
-        #: The ledger the graph's loop awaits (opened by ``setup()``).
+        #: The async ledger on the same database (opened by ``setup()``); the graph's loop
+        #: awaits it, except in memory, where the graph's ledger calls go to threads.
         self.async_ledger: AsyncLedger | None = None
         self._ledger_lock = asyncio.Lock()
 
@@ -183,7 +184,11 @@ class AsyncSqliteCancelSaver(NotesSavedCheckpoints, AsyncSqliteSaver, LedgerOwne
                 await self.conn.execute("PRAGMA busy_timeout = 30000")
                 await self.conn.execute("PRAGMA synchronous = NORMAL")
             twin = await AsyncLedger.twin_of(self.ledger)
-            bind_async_twin(self.ledger, twin)
+            if twin.loop is not None:
+                # An in-memory twin runs its statements on the loop, which a server's
+                # blocking-call detector (``langgraph dev``) refuses: the graph's ledger
+                # calls go to threads through the sync ledger instead.
+                bind_async_twin(self.ledger, twin)
             self.async_ledger = twin
 
     async def aclose_ledger(self) -> None:
