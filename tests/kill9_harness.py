@@ -34,6 +34,7 @@ from typing import Any
 import pytest
 
 import recovery_worker as rw
+from fork_server import ensure_fork_server
 from langgraph_cancel import EffectStatus, Ledger, get_report
 from langgraph_cancel.demo.services import Providers
 from langgraph_cancel.demo.tools import compensation_key
@@ -63,24 +64,9 @@ SETTLED_OK = {
 # ---------------------------------------------------------------------------- harness
 @pytest.fixture(scope="module", autouse=True)
 def _fork_server() -> Iterator[None]:
-    """Start the fork server with the worker module (and LangGraph) imported once.
-
-    Python 3.11's fork server ignores the parent's ``sys.path`` when it preloads
-    (the preload then fails silently and every worker pays the imports again),
-    so it is started with ``PYTHONPATH`` naming the tests and the repository.
-    """
-    from multiprocessing import forkserver
-
-    old = os.environ.get("PYTHONPATH")
-    paths = [str(HERE), str(HERE.parent), *([old] if old else [])]
-    os.environ["PYTHONPATH"] = os.pathsep.join(paths)
-    try:
-        forkserver.ensure_running()
-    finally:
-        if old is None:
-            del os.environ["PYTHONPATH"]
-        else:
-            os.environ["PYTHONPATH"] = old
+    """Start the fork server with the worker module (and LangGraph) imported once
+    (``fork_server``)."""
+    ensure_fork_server()
     yield
 
 

@@ -57,6 +57,7 @@ from chaos_harness import (
     open_saver,
 )
 from chaos_strategies import call_specs, chaos, decisions_strategy, faults_strategy, turns_strategy
+from fork_server import ensure_fork_server
 from hypothesis_profiles import examples
 from langgraph_cancel import EffectKind, EffectStatus, Ledger
 from langgraph_cancel.errors import DispatchRefusedError
@@ -323,26 +324,12 @@ CTX = multiprocessing.get_context("forkserver")
 
 @pytest.fixture(scope="module")
 def fork_server() -> Iterator[None]:
-    """A fork server with the harness (and so LangGraph) imported once.
+    """A fork server with the harness (and so LangGraph) imported once (``fork_server``).
 
-    Python 3.11's fork server ignores the parent's ``sys.path`` when it
-    preloads, so it starts with ``PYTHONPATH`` naming the tests and the repo.
     Another module may have started it already; it is shared then.
     """
-    from multiprocessing import forkserver
-
     CTX.set_forkserver_preload(["chaos_harness", "recovery_worker"])
-    old = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = os.pathsep.join(
-        [str(HERE), str(HERE.parent), *([old] if old else [])]
-    )
-    try:
-        forkserver.ensure_running()
-    finally:
-        if old is None:
-            del os.environ["PYTHONPATH"]
-        else:
-            os.environ["PYTHONPATH"] = old
+    ensure_fork_server()
     yield
 
 

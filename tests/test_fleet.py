@@ -41,6 +41,7 @@ import psycopg
 import pytest
 
 import fleet_worker as fw
+from fork_server import ensure_fork_server
 from langgraph_cancel import EffectStatus, Ledger, get_report
 from langgraph_cancel.demo.services import Providers
 from langgraph_cancel.demo.tools import compensation_key
@@ -79,20 +80,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.timeout(600)]
 
 @pytest.fixture(scope="module", autouse=True)
 def _fork_server() -> Iterator[None]:
-    """The fork server, with the tests and the repository on its path (see the kill -9
-    suite: Python 3.11's fork server ignores the parent's ``sys.path`` when it preloads)."""
-    from multiprocessing import forkserver
-
-    old = os.environ.get("PYTHONPATH")
-    paths = [str(HERE), str(HERE.parent), *([old] if old else [])]
-    os.environ["PYTHONPATH"] = os.pathsep.join(paths)
-    try:
-        forkserver.ensure_running()
-    finally:
-        if old is None:
-            del os.environ["PYTHONPATH"]
-        else:
-            os.environ["PYTHONPATH"] = old
+    """The fork server, with the tests and the repository on its path (``fork_server``)."""
+    ensure_fork_server()
     yield
 
 
