@@ -189,7 +189,7 @@ def build_builder(spec: dict[str, Any]) -> Any:
         [scripted_turn(script, fresh_ids=bool(spec.get("fresh_ids")))], on_exhausted="repeat_last"
     )
 
-    def agent(state: dict[str, Any]) -> dict[str, Any]:
+    def agent(state: MessagesState) -> dict[str, Any]:
         return {"messages": [model.invoke(state["messages"])]}
 
     builder = StateGraph(MessagesState)
