@@ -363,13 +363,16 @@ def install_points(points: Points) -> None:
 
     @functools.wraps(plan_many_and_begin)
     def traced_plan_many_and_begin(self: Ledger, **kwargs: Any) -> Any:
-        # A batch's plan carrying its first call's intent: "before" that intent is the
-        # moment before the write; "after" it, the moment after, when it was written.
-        tool_name = next(i.tool for i in kwargs["items"] if i.tool_call_id == kwargs["begin"])
-        points.hit(f"before:dispatched:{tool_name}")
+        # A batch's plan carrying the intents of the calls to go first: "before" each
+        # intent is the moment before the write; "after" it, the moment after, when
+        # it was written.
+        begin = set(kwargs["begin"])
+        tools = [i.tool for i in kwargs["items"] if i.tool_call_id in begin]
+        for tool_name in tools:
+            points.hit(f"before:dispatched:{tool_name}")
         result = plan_many_and_begin(self, **kwargs)
-        if result[1] is not None:
-            points.hit(f"after:dispatched:{tool_name}")
+        for rec in result[1]:
+            points.hit(f"after:dispatched:{rec.tool}")
         return result
 
     @functools.wraps(finish_run)

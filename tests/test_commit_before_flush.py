@@ -110,10 +110,10 @@ class _WritesSeen(Ledger):
         thread_id: str,
         run_id: str,
         items: Sequence[NewEffect],
-        begin: str,
+        begin: str | Sequence[str],
         owner: str | None = None,
         actor: str = "system",
-    ) -> tuple[list[tuple[EffectRecord, bool] | DuplicateIdempotencyKeyError], EffectRecord | None]:
+    ) -> tuple[list[tuple[EffectRecord, bool] | DuplicateIdempotencyKeyError], list[EffectRecord]]:
         self.seen.append(("plan and begin", (), commits_before_flush()))
         return super().plan_many_and_begin(
             thread_id=thread_id, run_id=run_id, items=items, begin=begin, owner=owner, actor=actor

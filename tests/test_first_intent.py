@@ -108,7 +108,7 @@ def test_the_first_intent_goes_with_the_plan(
     # One write plans both calls and sends the first; the first's outcome goes with the
     # second's intent; no intent of its own for the first.
     assert ledger_writes == [
-        ("plan_many_and_begin", (["a", "b"], "a")),
+        ("plan_many_and_begin", (["a", "b"], ["a"])),
         ("transition_many", (S.COMMITTED, S.DISPATCHED)),
         ("transition_many", (S.COMMITTED,)),
     ]
@@ -151,7 +151,7 @@ def test_a_call_recorded_by_an_earlier_attempt_takes_the_usual_way(
             (S.DISPATCHED, S.COMMITTED),
         ]
     plans = [entry for entry in asked if entry[0].startswith("plan")]
-    assert plans == [("plan_many", ["a"]), ("plan_many_and_begin", (["a"], "a"))]
+    assert plans == [("plan_many", ["a"]), ("plan_many_and_begin", (["a"], ["a"]))]
     assert ("transition", (S.DISPATCHED,)) in asked  # the intent, on its own
 
 
@@ -204,16 +204,16 @@ def test_a_stop_before_the_batch_plans_without_an_intent(
     refund = counting_tool(log, "refund")
     model = scripted(calls(("refund", "a", "a"), ("refund", "b", "b")), "stopped", strict=False)
     thread = new_thread()
-    first_to_go = NodeClass._first_to_go
+    to_begin = NodeClass._to_begin
 
     with open_saver(db_url) as saver:
         ledger: Ledger = saver.ledger
 
         def stop_first(self: NodeClass, *args: Any) -> Any:
             assert ledger.request_cancel(thread, reason="stop", requested_by="user").accepted
-            return first_to_go(self, *args)
+            return to_begin(self, *args)
 
-        monkeypatch.setattr(NodeClass, "_first_to_go", stop_first)
+        monkeypatch.setattr(NodeClass, "_to_begin", stop_first)
         graph = cancellable(agent_builder(model, EffectToolNode([refund])), saver)
         graph.invoke({"messages": [HumanMessage("two refunds")]}, config_for(thread))
         assert log.attempts("refund") == 0

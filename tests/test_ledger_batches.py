@@ -337,7 +337,7 @@ def test_a_plan_with_its_first_intent_records_both_as_the_two_writes_would(
 ) -> None:
     thread, run = _thread(ledger)
     items = [_new("a", seq=0), _new("b", seq=1)]
-    entries, begun = ledger.plan_many_and_begin(
+    entries, (begun,) = ledger.plan_many_and_begin(
         thread_id=thread, run_id=run, items=items, begin="a", owner="w", actor="w"
     )
     first_id, second_id = derive_effect_id(thread, "a"), derive_effect_id(thread, "b")
@@ -375,7 +375,7 @@ def test_a_record_from_before_is_not_begun(ledger: Ledger) -> None:
         thread_id=thread, run_id=run, items=items, begin="a"
     )
     # The call's record was there (an earlier attempt): its intent goes its own way.
-    assert begun is None
+    assert begun == []
     assert [e[1] for e in entries if isinstance(e, tuple)] == [False, True]
     assert ledger.get_effect(derive_effect_id(thread, "a")).status is S.PLANNED
     assert len(ledger.history(derive_effect_id(thread, "a"))) == 1
@@ -387,7 +387,7 @@ def test_a_stopped_run_plans_but_does_not_begin(ledger: Ledger) -> None:
     entries, begun = ledger.plan_many_and_begin(
         thread_id=thread, run_id=run, items=[_new("a")], begin="a"
     )
-    assert begun is None
+    assert begun == []
     ((rec, created),) = [e for e in entries if isinstance(e, tuple)]
     assert created and rec.status is S.PLANNED
     assert ledger.get_effect(rec.effect_id).status is S.PLANNED
@@ -400,9 +400,9 @@ def test_a_taken_key_plans_the_rest_and_begins_nothing(ledger: Ledger) -> None:
     )
     items = [_new("a", seq=0), _new("b", seq=1, idempotency_key="refund-7")]
     entries, begun = ledger.plan_many_and_begin(
-        thread_id=thread, run_id=run, items=items, begin="a"
+        thread_id=thread, run_id=run, items=items, begin=["a"]
     )
-    assert begun is None
+    assert begun == []
     assert isinstance(entries[0], tuple) and entries[0][0].status is S.PLANNED
     assert isinstance(entries[1], DuplicateIdempotencyKeyError)
 
@@ -414,7 +414,48 @@ def test_begin_must_name_a_planned_call_of_the_batch(ledger: Ledger) -> None:
     done = _new("d", status=S.COMMITTED, result={"content": "ok"})
     with pytest.raises(ValueError, match="no planned item"):
         ledger.plan_many_and_begin(thread_id=thread, run_id=run, items=[done], begin="d")
+    with pytest.raises(ValueError, match="no call to begin"):
+        ledger.plan_many_and_begin(thread_id=thread, run_id=run, items=[_new("a")], begin=[])
     assert ledger.find_effects(thread, ["a", "d"]) == {}
+
+
+def test_a_plan_begins_several_calls_at_once(ledger: Ledger) -> None:
+    # Calls that go out together: each intent is written with the plan, in one write,
+    # each with its own audit row; a call not named stays planned.
+    thread, run = _thread(ledger)
+    items = [_new("a", seq=0), _new("b", seq=1), _new("c", seq=2)]
+    entries, begun = ledger.plan_many_and_begin(
+        thread_id=thread, run_id=run, items=items, begin=["b", "a", "b"], owner="w", actor="w"
+    )
+    assert [rec.tool_call_id for rec in begun] == ["b", "a"]
+    assert all(rec.status is S.DISPATCHED and rec.dispatched_at is not None for rec in begun)
+    assert [e[0].status for e in entries if isinstance(e, tuple)] == [
+        S.DISPATCHED,
+        S.DISPATCHED,
+        S.PLANNED,
+    ]
+    for rec in begun:
+        assert ledger.get_effect(rec.effect_id) == rec
+        history = ledger.history(rec.effect_id)
+        assert [(t.from_status, t.to_status) for t in history] == [
+            (None, S.PLANNED),
+            (S.PLANNED, S.DISPATCHED),
+        ]
+        assert history[1].detail == {"idempotency_key": rec.idempotency_key}
+    assert ledger.get_effect(derive_effect_id(thread, "c")).status is S.PLANNED
+
+
+def test_a_plan_begins_only_the_calls_it_records(ledger: Ledger) -> None:
+    thread, run = _thread(ledger)
+    items = [_new("a", seq=0), _new("b", seq=1)]
+    ledger.plan_many(thread_id=thread, run_id=run, items=items[1:])
+    entries, begun = ledger.plan_many_and_begin(
+        thread_id=thread, run_id=run, items=items, begin=["a", "b"]
+    )
+    # "b" was planned before (an earlier attempt): only "a" begins here.
+    assert [rec.tool_call_id for rec in begun] == ["a"]
+    assert [e[1] for e in entries if isinstance(e, tuple)] == [True, False]
+    assert ledger.get_effect(derive_effect_id(thread, "b")).status is S.PLANNED
 
 
 @pytest.mark.postgres
@@ -426,30 +467,45 @@ def test_a_retried_plan_finds_its_own_intent(pg_url: str) -> None:
         thread, run = _thread(ledger)
         backend = ledger.backend
         unique = {"a": _new("a"), "b": _new("b", seq=1)}
-        intent = _dispatch(derive_effect_id(thread, "a"))
+        intents = [_dispatch(derive_effect_id(thread, call)) for call in ("a", "b")]
 
-        def attempt() -> tuple[dict[str, tuple[EffectRecord, bool]], EffectRecord | None]:
+        def attempt() -> tuple[dict[str, tuple[EffectRecord, bool]], list[EffectRecord]]:
             operation = backend.insert_effects_beginning(
-                thread, run, unique, owner="w", actor="w", intent=intent, token="tok-1"
+                thread, run, unique, owner="w", actor="w", intents=intents[:1], token="tok-1"
             )
             return run_operation(backend, operation)
 
         first_found, first_begun = attempt()
         again_found, again_begun = attempt()
-        assert first_begun is not None and again_begun == first_begun
-        assert again_found["a"] == (first_begun, True)
+        assert len(first_begun) == 1 and again_begun == first_begun
+        assert again_found["a"] == (first_begun[0], True)
         assert again_found["b"] == (first_found["b"][0], False)
-        assert len(ledger.history(intent.effect_id)) == 2
+        assert len(ledger.history(intents[0].effect_id)) == 2
+        # A retry of a write that began both calls finds both its own.
+        other, other_run = _thread(ledger)
+        both = [_dispatch(derive_effect_id(other, "a")), _dispatch(derive_effect_id(other, "b"))]
+        results = [
+            run_operation(
+                backend,
+                backend.insert_effects_beginning(
+                    other, other_run, unique, owner="w", actor="w", intents=both, token="tok-2"
+                ),
+            )
+            for _ in range(2)
+        ]
+        assert [rec.tool_call_id for rec in results[1][1]] == ["a", "b"]
+        assert results[1][1] == results[0][1]
+        assert all(created for _rec, created in results[1][0].values())
     finally:
         ledger.close()
 
 
 async def test_the_async_twin_plans_and_begins(ledger: Ledger) -> None:
     thread, run = _thread(ledger)
-    entries, begun = await ledger.aplan_many_and_begin(
+    entries, (begun,) = await ledger.aplan_many_and_begin(
         thread_id=thread, run_id=run, items=[_new("a")], begin="a"
     )
-    assert begun is not None and begun.status is S.DISPATCHED
+    assert begun.status is S.DISPATCHED
     assert entries == [(begun, True)]
     assert ledger.get_effect(begun.effect_id) == begun
 

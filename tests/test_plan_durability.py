@@ -246,6 +246,54 @@ def test_a_side_effect_waits_for_the_model_steps_checkpoint(
         assert report.dispatched_after_cancel == 0
 
 
+@pytest.mark.parametrize("stop", [False, True], ids=["saved", "stopped"])
+@pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])
+def test_side_effects_sent_at_once_all_wait_for_the_checkpoint(
+    durable_url: str, log: ExecutionLog, use_async: bool, stop: bool
+) -> None:
+    # With effect_concurrency, the intents of the calls that go out together are
+    # written with the batch's plan while the save is held; each call waits for the
+    # save, and a stop before it sends none of them.
+    hold = _Hold()
+    refund = counting_tool(log, "refund", EffectKind.IRREVERSIBLE)
+    model = scripted(calls(*(("refund", f"r-{i}", f"c{i}") for i in range(3))), "done")
+    thread = new_thread()
+    with _held_saver(durable_url, hold) as saver:
+        node = EffectToolNode([refund], effect_concurrency=3)
+        graph = _graph(saver, hold, node, model, use_async=use_async)
+        sent = _nothing_sent(log, "refund")
+
+        def meanwhile() -> None:
+            sent()
+            records = saver.ledger.effects(thread)
+            assert [record.status for record in records] == [EffectStatus.DISPATCHED] * 3
+            if stop:
+                answer = request_cancel(
+                    saver, thread, reason="user pressed stop", requested_by="ann"
+                )
+                assert answer.accepted
+
+        _run_held(graph, hold, thread, meanwhile, use_async=use_async)
+        records = saver.ledger.effects(thread)
+        if not stop:
+            assert log.attempts("refund") == 3 and log.applied("refund") == 3
+            assert {record.status for record in records} == {EffectStatus.COMMITTED}
+            return
+        assert log.attempts("refund") == 0
+        for record in records:
+            assert record.status is EffectStatus.DROPPED
+            trail = saver.ledger.history(record.effect_id)
+            assert [(row.from_status, row.to_status) for row in trail[-2:]] == [
+                (EffectStatus.DISPATCHED, EffectStatus.NOT_APPLIED),
+                (EffectStatus.NOT_APPLIED, EffectStatus.DROPPED),
+            ]
+            assert trail[-2].detail["never_sent"] is True
+        report = get_report(saver, thread)
+        assert report.status == "cancelled"
+        assert len(report.not_run) == 3 and report.permanent == [] and report.unknown == []
+        assert report.dispatched_after_cancel == 0
+
+
 @pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])
 def test_a_read_does_not_wait(durable_url: str, log: ExecutionLog, use_async: bool) -> None:
     hold = _Hold()

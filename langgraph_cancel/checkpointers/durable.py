@@ -7,7 +7,7 @@ those calls, the resumed run asks the model again, and a refund keyed by its
 tool-call id would be a new refund. So a side-effecting dispatch first waits for
 the checkpoint its task was prepared from (LangGraph names it in the task's
 ``checkpoint_map``). It was submitted before the task started; the tool node
-plans its calls (and records the first call's intent) while it is being saved,
+plans its calls (and records the first intents) while it is being saved,
 and the call waits only for what is left of that commit.
 
 Our savers note the checkpoints they save or load (``SavedCheckpoints``), so the

@@ -9,8 +9,9 @@ itself goes once its step's checkpoint is saved and the stop checked again
 read-only outcomes are kept and written together once the reads are back
 (nothing outside changed, so no intent is owed before they run), and each side
 effect's outcome waits to go in the same round trip as the next call's intent.
-With ``effect_concurrency`` above 1 the intents and outcomes of calls in flight
-together share their writes (``group.py``).
+With ``effect_concurrency`` above 1 the plan carries the intents of the calls that go
+out together, and the intents and outcomes of calls in flight together share their
+writes (``group.py``).
 
 A call that reaches the interceptor on its own (``create_agent``'s tool node, a
 node with a wrapper of the user's that may rewrite calls) gets a batch of its
@@ -20,6 +21,7 @@ own that writes at once.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, cast
 
@@ -90,8 +92,8 @@ class Batch:
         self.reads: dict[int, NewEffect] = {}
         #: The last side effect's success, to be written with the next intent.
         self.outcome: TransitionRequest | None = None
-        #: Effects whose intent went with the batch's plan (``prepare``), not yet sent:
-        #: each is taken once, by its call's dispatch.
+        #: Effects whose intents went with the batch's plan (``prepare``), not yet
+        #: sent: each is taken once, by its call's dispatch.
         self.begun: set[str] = set()
 
     @property
@@ -132,15 +134,16 @@ class Batch:
         return plan, rec
 
     def prepare(
-        self, reads: list[CallPlan], effects: list[CallPlan], *, begin: CallPlan | None = None
+        self, reads: list[CallPlan], effects: list[CallPlan], *, begin: Sequence[CallPlan] = ()
     ) -> Protocol[None]:
         """Before the calls run: what the ledger holds for the reads (one read), and
         every side effect planned (one write).
 
-        ``begin``: the side effect to go out first, when nothing stands between this
-        write and its dispatch but its step's checkpoint (the run not stopped, no
-        review, no read before it). Its intent goes in the plan's write when that
-        write creates its record; its dispatch then takes it (``take_begun``), and
+        ``begin``: the side effects to go out first (one, or with ``effect_concurrency``
+        those that go at once), when nothing stands between this write and their
+        dispatch but their step's checkpoint (the run not stopped, no review, no read
+        before them). Their intents go in the plan's write when that write creates
+        their records; each call's dispatch then takes its own (``take_begun``), and
         sends it once the checkpoint is saved and the run still not stopped, or
         records it never sent.
 
@@ -163,18 +166,17 @@ class Batch:
                     plan = plan.under_own_id(scope.thread_id, own)
                 self.prepared.setdefault(plan.call_id, Prepared(plan, rec))
         todo = list(effects)
-        if begin is not None and todo:
+        if begin and todo:
             entries, begun = yield from ledger_call(
                 Ledger.plan_many_and_begin,
                 thread_id=scope.thread_id,
                 run_id=scope.run_id,
                 items=[plan.new_effect() for plan in todo],
-                begin=begin.ledger_id,
+                begin=[plan.ledger_id for plan in begin],
                 owner=scope.owner,
                 actor=scope.owner,
             )
-            if begun is not None:
-                self.begun.add(begun.effect_id)
+            self.begun.update(rec.effect_id for rec in begun)
             todo = yield from self._prepared_effects(todo, entries)
         while todo:
             # Nothing leaves the process before the first intent, whose commit waits for

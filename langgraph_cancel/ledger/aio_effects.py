@@ -95,18 +95,19 @@ class AsyncEffectLedger(AsyncTransitionLedger):
         thread_id: str,
         run_id: str,
         items: Sequence[NewEffect],
-        begin: str,
+        begin: str | Sequence[str],
         owner: str | None = None,
         actor: str = "system",
-    ) -> tuple[list[tuple[EffectRecord, bool] | DuplicateIdempotencyKeyError], EffectRecord | None]:
-        """``Ledger.plan_many_and_begin``: a batch's plan with its first intent.
+    ) -> tuple[list[tuple[EffectRecord, bool] | DuplicateIdempotencyKeyError], list[EffectRecord]]:
+        """``Ledger.plan_many_and_begin``: a batch's plan with the intents of the calls
+        to go out first.
 
         Returns:
-            ``aplan_many``'s entries, and the record moved to ``dispatched`` (or None).
+            ``aplan_many``'s entries, and the records moved to ``dispatched``.
 
         Raises:
             IllegalTransitionError: An item's status is not an initial one.
-            ValueError: ``begin`` names no planned item of the batch.
+            ValueError: ``begin`` is empty, or names no planned item of the batch.
         """
         return await arun(
             self.backend,

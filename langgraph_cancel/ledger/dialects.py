@@ -113,33 +113,39 @@ class DialectStatements:
         *,
         owner: str | None,
         actor: str,
-        intent: TransitionRequest,
+        intents: Sequence[TransitionRequest],
         token: str,
-    ) -> Operation[tuple[dict[str, tuple[EffectRecord, bool]], EffectRecord | None]]:
-        """``insert_effects`` with ``read_back``, then ``intent`` (``dispatched``) applied
-        to the row it names when that insert created it and its run is running.
+    ) -> Operation[tuple[dict[str, tuple[EffectRecord, bool]], list[EffectRecord]]]:
+        """``insert_effects`` with ``read_back``, then each of ``intents`` (``dispatched``)
+        applied to the row it names when that insert created it and its run is running.
 
         PostgreSQL does both in one statement; this default, a write after the other.
 
         Returns:
-            Every item's ``(record, created)`` by tool-call id, and the record moved to
-            ``dispatched`` (or None).
+            Every item's ``(record, created)`` by tool-call id, and the records moved to
+            ``dispatched``, in the order of ``intents``.
         """
         found = yield from self.insert_effects(
             thread_id, run_id, unique, owner=owner, actor=actor, read_back=True
         )
-        planned = next(
-            (rec for rec, new in found.values() if new and rec.effect_id == intent.effect_id),
-            None,
-        )
-        if planned is None or planned.status is not EffectStatus.PLANNED:
-            return found, None
-        job = (intent, decisions.checked(intent), token)
-        moved, _current = yield from self.compare_and_set(job)
-        if moved is None:
-            return found, None
-        begun = effect_record(moved, self)
-        found[begun.tool_call_id] = (begun, True)
+        created = {
+            rec.effect_id
+            for rec, new in found.values()
+            if new and rec.status is EffectStatus.PLANNED
+        }
+        jobs = [
+            (intent, decisions.checked(intent), token)
+            for intent in intents
+            if intent.effect_id in created
+        ]
+        if not jobs:
+            return found, []
+        begun: list[EffectRecord] = []
+        for moved, _current in (yield from self.compare_and_set_many(jobs)):
+            if moved is not None:
+                rec = effect_record(moved, self)
+                found[rec.tool_call_id] = (rec, True)
+                begun.append(rec)
         return found, begun
 
     def effect_rows(self, effect_ids: list[str]) -> Operation[list[Row]]:
@@ -360,37 +366,34 @@ class PostgresStatements(DialectStatements):
         *,
         owner: str | None,
         actor: str,
-        intent: TransitionRequest,
+        intents: Sequence[TransitionRequest],
         token: str,
-    ) -> Operation[tuple[dict[str, tuple[EffectRecord, bool]], EffectRecord | None]]:
+    ) -> Operation[tuple[dict[str, tuple[EffectRecord, bool]], list[EffectRecord]]]:
         rows, params = self._batch_params(thread_id, run_id, unique, owner=owner, actor=actor)
-        params.update(
-            begin_id=intent.effect_id,
-            token=token,
-            intent_detail=self.json_in(intent.detail or {}),
-        )
+        params.update(begin_ids=[intent.effect_id for intent in intents], token=token)
         return (yield from within("statement", self._insert_beginning(rows, params)))
 
     def _insert_beginning(
         self, rows: list[Row], params: Row
-    ) -> Generator[Step, Any, tuple[dict[str, tuple[EffectRecord, bool]], EffectRecord | None]]:
+    ) -> Generator[Step, Any, tuple[dict[str, tuple[EffectRecord, bool]], list[EffectRecord]]]:
         found: dict[str, tuple[EffectRecord, bool]] = {}
-        begun: EffectRecord | None = None
+        begin_ids: list[str] = params["begin_ids"]
+        begun: dict[str, EffectRecord] = {}
         for row in (yield Execute(ledger_sql.PG_INSERT_EFFECTS_BEGINNING, params, "all")):
             rec = effect_record(row, self)
             found[row["tool_call_id"]] = (rec, True)
-            if rec.effect_id == params["begin_id"] and rec.status is EffectStatus.DISPATCHED:
-                begun = rec
+            if rec.effect_id in begin_ids and rec.status is EffectStatus.DISPATCHED:
+                begun[rec.effect_id] = rec
         missing = [r["effect_id"] for r in rows if r["tool_call_id"] not in found]
         if missing:
             for row in (yield Execute(ledger_sql.PG_SELECT_EFFECTS_ANY, {"ids": missing}, "all")):
                 rec = effect_record(row, self)
                 # This statement's own intent, its acknowledgement lost and the write retried.
-                own = (row["effect_id"], row["last_token"]) == (params["begin_id"], params["token"])
+                own = row["effect_id"] in begin_ids and row["last_token"] == params["token"]
                 found[row["tool_call_id"]] = (rec, own)
                 if own and rec.status is EffectStatus.DISPATCHED:
-                    begun = rec
-        return found, begun
+                    begun[rec.effect_id] = rec
+        return found, [begun[effect_id] for effect_id in begin_ids if effect_id in begun]
 
     def effect_rows(self, effect_ids: list[str]) -> Operation[list[Row]]:
         rows: list[Row] = yield read(ledger_sql.PG_SELECT_EFFECTS_ANY, {"ids": effect_ids}, "all")

@@ -157,30 +157,40 @@ def plan_many_and_begin(
     items: Sequence[NewEffect],
     owner: str | None,
     actor: str,
-    begin: str,
-) -> Operation[tuple[list[Planned | DuplicateIdempotencyKeyError], EffectRecord | None]]:
-    """``plan_many``, and the intent of the call ``begin`` (a tool-call id of ``items``)
-    in the same write: its record is ``dispatched`` when this write created it and the
-    run is running; otherwise it stays as ``plan_many`` leaves it.
+    begin: str | Sequence[str],
+) -> Operation[tuple[list[Planned | DuplicateIdempotencyKeyError], list[EffectRecord]]]:
+    """``plan_many``, and the intents of the calls ``begin`` (tool-call ids of ``items``)
+    in the same write: each of their records is ``dispatched`` when this write created
+    it and the run is running; otherwise it stays as ``plan_many`` leaves it.
 
     Returns:
-        ``plan_many``'s entries, and the record moved to ``dispatched`` (or None).
+        ``plan_many``'s entries, and the records moved to ``dispatched``, in the order
+        of ``begin``.
 
     Raises:
         IllegalTransitionError: An item's status is not an initial one.
-        ValueError: ``begin`` names no item, or one that does not start ``planned``.
+        ValueError: ``begin`` is empty, or names no item, or one that does not start
+            ``planned``.
     """
     decisions.check_initial(items)
-    item = next((i for i in items if i.tool_call_id == begin), None)
-    if item is None or item.status is not EffectStatus.PLANNED:
-        raise ValueError(f"plan_many_and_begin: no planned item {begin!r} in the batch")
-    intent = TransitionRequest(
-        effect_id=derive_effect_id(thread_id, begin),
-        to=EffectStatus.DISPATCHED,
-        actor=actor,
-        owner=owner,
-        detail={"idempotency_key": decisions.planned_key(thread_id, item)},
-    )
+    calls = [begin] if isinstance(begin, str) else list(begin)
+    if not calls:
+        raise ValueError("plan_many_and_begin: no call to begin")
+    by_call = {item.tool_call_id: item for item in reversed(items)}
+    intents: list[TransitionRequest] = []
+    for call_id in dict.fromkeys(calls):
+        item = by_call.get(call_id)
+        if item is None or item.status is not EffectStatus.PLANNED:
+            raise ValueError(f"plan_many_and_begin: no planned item {call_id!r} in the batch")
+        intents.append(
+            TransitionRequest(
+                effect_id=derive_effect_id(thread_id, call_id),
+                to=EffectStatus.DISPATCHED,
+                actor=actor,
+                owner=owner,
+                detail={"idempotency_key": decisions.planned_key(thread_id, item)},
+            )
+        )
     unique: dict[str, NewEffect] = {}
     for each in items:
         unique.setdefault(each.tool_call_id, each)
@@ -188,14 +198,14 @@ def plan_many_and_begin(
     try:
         found, begun_now = yield Retry(
             lambda: backend.insert_effects_beginning(
-                thread_id, run_id, unique, owner=owner, actor=actor, intent=intent, token=token
+                thread_id, run_id, unique, owner=owner, actor=actor, intents=intents, token=token
             )
         )
     except Exception as exc:
         if not _key_clash(exc):
             raise
-        # A key is taken: the calls go one at a time, and the intent its own way after.
-        return (yield from _plan_each(backend, thread_id, run_id, items, owner, actor)), None
+        # A key is taken: the calls go one at a time, and the intents their own way after.
+        return (yield from _plan_each(backend, thread_id, run_id, items, owner, actor)), []
     entries = decisions.first_created_once(items, [found[each.tool_call_id] for each in items])
     return entries, begun_now
 

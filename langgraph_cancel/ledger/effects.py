@@ -105,25 +105,26 @@ class EffectLedger(TransitionLedger):
         thread_id: str,
         run_id: str,
         items: Sequence[NewEffect],
-        begin: str,
+        begin: str | Sequence[str],
         owner: str | None = None,
         actor: str = "system",
-    ) -> tuple[list[tuple[EffectRecord, bool] | DuplicateIdempotencyKeyError], EffectRecord | None]:
-        """``plan_many``, with the intent of the first call to go out in the same write.
+    ) -> tuple[list[tuple[EffectRecord, bool] | DuplicateIdempotencyKeyError], list[EffectRecord]]:
+        """``plan_many``, with the intents of the calls to go out first in the same write.
 
-        The call ``begin`` (a tool-call id of ``items``, planned) is recorded
-        ``dispatched`` with its plan when this write creates its record and the run
-        is running: one commit, waiting for the disk, makes the batch's plan and that
-        intent durable together. A record found from before, a refused run or a
-        taken key leave it as ``plan_many`` would; its intent is then written the
-        usual way, if at all.
+        Each call of ``begin`` (tool-call ids of ``items``, planned; one id or several)
+        is recorded ``dispatched`` with its plan when this write creates its record
+        and the run is running: one commit, waiting for the disk, makes the batch's
+        plan and those intents durable together. A record found from before, a
+        refused run or a taken key leave it as ``plan_many`` would; its intent is then
+        written the usual way, if at all.
 
         Returns:
-            ``plan_many``'s entries, and the record moved to ``dispatched`` (or None).
+            ``plan_many``'s entries, and the records moved to ``dispatched`` (in the
+            order of ``begin``; none when the run is not running).
 
         Raises:
             IllegalTransitionError: An item's status is not an initial one.
-            ValueError: ``begin`` names no planned item of the batch.
+            ValueError: ``begin`` is empty, or names no planned item of the batch.
         """
         return drive(
             self.backend,

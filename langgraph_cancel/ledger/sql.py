@@ -490,15 +490,16 @@ WITH new AS (
 )
 SELECT * FROM ins"""
 
-# PostgreSQL: a batch planned as PG_INSERT_EFFECTS plans it, except that one new row
-# (%(begin_id)s) goes in already dispatched, its intent's audit row after its plan's,
-# when its run is running: the plan and the first call's intent in one commit. A row
-# recorded before is left alone, so only a call this statement records starts here.
+# PostgreSQL: a batch planned as PG_INSERT_EFFECTS plans it, except that the new rows
+# named in %(begin_ids)s go in already dispatched, each intent's audit row after its
+# plan's, when their run is running: the plan and the intents of the calls to go out
+# first in one commit. A row recorded before is left alone, so only a call this
+# statement records starts here.
 PG_INSERT_EFFECTS_BEGINNING = f"""
 WITH new AS (
     {_PG_NEW_EFFECT_ROWS}
 ), go AS (
-    SELECT %(begin_id)s::text AS effect_id
+    SELECT DISTINCT b.effect_id FROM unnest(%(begin_ids)s::text[]) AS b(effect_id)
     WHERE (SELECT r.status FROM lgc_runs r WHERE r.run_id = %(run_id)s) = 'running'
 ), ins AS (
     INSERT INTO lgc_effects (effect_id, thread_id, run_id, tool_call_id, tool, kind, status,
@@ -519,7 +520,8 @@ WITH new AS (
     SELECT ins.effect_id, NULL, new.status, %(now)s, %(actor)s, new.detail
     FROM ins JOIN new ON new.effect_id = ins.effect_id
     UNION ALL
-    SELECT ins.effect_id, new.status, ins.status, %(now)s, %(actor)s, %(intent_detail)s
+    SELECT ins.effect_id, new.status, ins.status, %(now)s, %(actor)s,
+        jsonb_build_object('idempotency_key', ins.idempotency_key)
     FROM ins JOIN new ON new.effect_id = ins.effect_id
     WHERE ins.status <> new.status
 )

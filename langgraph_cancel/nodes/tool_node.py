@@ -9,7 +9,8 @@ defaults, injection of state, store and runtime, ``Command`` outputs, a tool's o
 What needs the whole batch is this node's: the order (read-only calls first,
 concurrently; then reversible, then irreversible ones, one at a time unless
 ``effect_concurrency`` says otherwise), and the batch's ledger writes (one read
-and one planning write before the calls, outcomes folded into the next intents,
+and one planning write before the calls, carrying the intents of the calls to
+go first, outcomes folded into the next intents,
 the reads' outcomes written together).
 """
 
@@ -323,42 +324,51 @@ class EffectToolNode(ToolNode):
         return _Sorted(reads, [index for _, index in effects], plans)
 
     def _prepare(self, batch: Batch, phases: _Sorted, config: RunnableConfig) -> None:
-        """The batch planned (``Batch.prepare``), with its first side effect's intent when
-        that call may go first and the run is not stopped.
+        """The batch planned (``Batch.prepare``), with the intents of the side effects to
+        go out first when they may and the run is not stopped.
 
         The write does not wait for the step's checkpoint: LangGraph saves it while
-        this step runs, and the two commits overlap. The begun call goes out only once
+        this step runs, and the two commits overlap. A begun call goes out only once
         that checkpoint is saved and the stop checked again (``dispatch``).
         """
         scope = batch.scope
-        begin = self._first_to_go(phases, config, scope)
-        if begin is not None and scope.cancel_called():
-            begin = None
+        begin = self._to_begin(phases, config, scope)
+        if begin and scope.cancel_called():
+            begin = []
         drive_ledger(scope.ledger, batch.prepare(*self._planned(phases), begin=begin))
 
     async def _aprepare(self, batch: Batch, phases: _Sorted, config: RunnableConfig) -> None:
         """``_prepare`` on the event loop."""
         scope = batch.scope
-        begin = self._first_to_go(phases, config, scope)
-        if begin is not None and await scope.signal.acancel_called():
-            begin = None
+        begin = self._to_begin(phases, config, scope)
+        if begin and await scope.signal.acancel_called():
+            begin = []
         await adrive_ledger(scope.ledger, batch.prepare(*self._planned(phases), begin=begin))
 
-    def _first_to_go(
-        self, phases: _Sorted, config: RunnableConfig, scope: RunScope
-    ) -> CallPlan | None:
-        """The side effect whose intent may go with the batch's plan: the first to go out
-        when the side effects go one at a time, no read runs before it, it is neither
-        reviewed nor held first, and no limit of the run has to count the batch's calls
-        before any of them leaves."""
-        if phases.reads or not phases.effects or self._concurrent(phases, config):
-            return None
-        if scope.limits is not None:
-            return None
-        plan = phases.plans.get(phases.effects[0])
-        if plan is None or plan.needs_review or plan.spec.held:
-            return None
-        return plan
+    def _to_begin(self, phases: _Sorted, config: RunnableConfig, scope: RunScope) -> list[CallPlan]:
+        """The side effects whose intents may go with the batch's plan: the first to go
+        out (one at a time: the first call; at once: as many as may run together), when
+        no read runs before them, none of the batch's side effects is reviewed or held,
+        no limit of the run has to count the batch's calls before any of them leaves,
+        and (at once) no tool-call id repeats, so each intent is its own call's."""
+        if phases.reads or not phases.effects or scope.limits is not None:
+            return []
+        plans = [phases.plans.get(index) for index in phases.effects]
+        if any(plan is None or plan.needs_review or plan.spec.held for plan in plans):
+            return []
+        ready = [plan for plan in plans if plan is not None]
+        if not self._concurrent(phases, config):
+            return ready[:1]
+        if len({plan.call_id for plan in ready}) < len(ready):
+            return []
+        return ready[: self._concurrency_limit(config)]
+
+    def _concurrency_limit(self, config: RunnableConfig) -> int:
+        """Side effects that may run at once: ``effect_concurrency``, or the run's
+        ``max_concurrency`` when it is lower."""
+        return min(
+            self.effect_concurrency, config.get("max_concurrency") or self.effect_concurrency
+        )
 
     @staticmethod
     def _planned(phases: _Sorted) -> tuple[list[CallPlan], list[CallPlan]]:
@@ -473,9 +483,7 @@ class EffectToolNode(ToolNode):
         group = ThreadGroupCommit(batch.scope.ledger)
         batch.group, batch.defer = group, False
         unique, copies = _twins(phases, calls)
-        limit = min(
-            self.effect_concurrency, config.get("max_concurrency") or self.effect_concurrency
-        )
+        limit = self._concurrency_limit(config)
         with ContextThreadPoolExecutor(max_workers=limit) as pool:
 
             def run(index: int) -> Any:
@@ -510,9 +518,7 @@ class EffectToolNode(ToolNode):
             return
         group = AsyncGroupCommit(ledger)
         batch.group, batch.defer = group, False
-        limit = min(
-            self.effect_concurrency, config.get("max_concurrency") or self.effect_concurrency
-        )
+        limit = self._concurrency_limit(config)
         slots = asyncio.Semaphore(limit)
 
         async def bounded(index: int) -> Any:
