@@ -27,7 +27,7 @@ from langgraph_cancel.checkpointers.memory import MemoryCancelSaver
 from langgraph_cancel.checkpointers.sqlite import AsyncSqliteCancelSaver, SqliteCancelSaver
 from langgraph_cancel.errors import UnknownThreadError
 from langgraph_cancel.ledger import Ledger
-from langgraph_cancel.ledger.sql import POSTGRES_MIGRATIONS, SQLITE_MIGRATIONS
+from langgraph_cancel.ledger.schema import POSTGRES_MIGRATIONS, SQLITE_MIGRATIONS
 from langgraph_cancel.types import EffectKind, EffectStatus, RunStatus
 
 SaverFactory = Callable[[], AbstractAsyncContextManager[BaseCheckpointSaver[Any]]]

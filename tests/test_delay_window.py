@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from langgraph_cancel.ledger import Ledger
-from langgraph_cancel.ledger.sql import POSTGRES_MIGRATIONS, SQLITE_MIGRATIONS
+from langgraph_cancel.ledger.schema import POSTGRES_MIGRATIONS, SQLITE_MIGRATIONS
 from langgraph_cancel.report import BUCKETS, bucket_of, build_report
 from langgraph_cancel.types import (
     EFFECT_TRANSITIONS,

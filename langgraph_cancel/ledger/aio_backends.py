@@ -26,6 +26,7 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
+from langgraph_cancel.ledger import schema
 from langgraph_cancel.ledger import sql as ledger_sql
 from langgraph_cancel.ledger.backends import Dialect, SqliteBackend
 from langgraph_cancel.ledger.dialects import DialectStatements, SqliteStatements
@@ -128,7 +129,7 @@ class _SqliteDialect(SqliteStatements, AsyncBackend):
 
     @property
     def migrations(self) -> list[list[str]]:
-        return ledger_sql.SQLITE_MIGRATIONS
+        return schema.SQLITE_MIGRATIONS
 
     def ts_in(self, value: datetime | None) -> Any:
         return None if value is None else value.isoformat(timespec="microseconds")

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
+from langgraph_cancel.ledger import schema
 from langgraph_cancel.ledger import sql as ledger_sql
 from langgraph_cancel.ledger.aio_backends import AsyncBackend, AsyncCursor
 from langgraph_cancel.ledger.backends import Dialect
@@ -79,7 +80,7 @@ class AsyncPostgresBackend(PostgresStatements, AsyncBackend):
 
     @property
     def migrations(self) -> list[list[str]]:
-        return ledger_sql.POSTGRES_MIGRATIONS
+        return schema.POSTGRES_MIGRATIONS
 
     def json_in(self, value: Any) -> Any:
         if value is None:

@@ -26,6 +26,7 @@ from tenacity import (
     wait_random,
 )
 
+from langgraph_cancel.ledger import schema
 from langgraph_cancel.ledger import sql as ledger_sql
 from langgraph_cancel.ledger.dialects import DialectStatements, SqliteStatements, json_text
 from langgraph_cancel.ledger.retry import is_transient, raise_transient, transient_retry
@@ -177,7 +178,7 @@ class SqliteBackend(SqliteStatements, Backend):
 
     @property
     def migrations(self) -> list[list[str]]:
-        return ledger_sql.SQLITE_MIGRATIONS
+        return schema.SQLITE_MIGRATIONS
 
     def sql(self, statement: str) -> str:
         cached = self._sql_cache.get(statement)

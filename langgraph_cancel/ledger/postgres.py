@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, cast
 
+from langgraph_cancel.ledger import schema
 from langgraph_cancel.ledger import sql as ledger_sql
 from langgraph_cancel.ledger.backends import Backend, Cursor, Dialect
 from langgraph_cancel.ledger.dialects import PostgresStatements, json_text
@@ -68,7 +69,7 @@ class PostgresBackend(PostgresStatements, Backend):
 
     @property
     def migrations(self) -> list[list[str]]:
-        return ledger_sql.POSTGRES_MIGRATIONS
+        return schema.POSTGRES_MIGRATIONS
 
     def json_in(self, value: Any) -> Any:
         if value is None:
