@@ -13,7 +13,14 @@ from typing import Any, TypeVar
 
 from langgraph_cancel.ledger import Ledger
 from langgraph_cancel.ledger.aio import AsyncLedger
-from langgraph_cancel.types import EFFECT_TRANSITIONS, EffectKind, EffectRecord, EffectStatus
+from langgraph_cancel.types import (
+    EFFECT_TRANSITIONS,
+    EffectKind,
+    EffectRecord,
+    EffectStatus,
+    NewEffect,
+    TransitionRequest,
+)
 
 T = TypeVar("T")
 
@@ -96,6 +103,43 @@ def integrity_errors() -> tuple[type[BaseException], ...]:
 def new_id(prefix: str) -> str:
     """A short unique id for threads, runs and tool calls."""
     return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+def batch_item(
+    call_id: str,
+    *,
+    kind: str = "irreversible",
+    seq: int = 0,
+    status: EffectStatus = EffectStatus.PLANNED,
+    idempotency_key: str | None = None,
+    result: object = None,
+    error: str | None = None,
+    detail: dict[str, object] | None = None,
+) -> NewEffect:
+    """A ``refund`` call for a batch write, in ``status`` (planned unless told)."""
+    return NewEffect(
+        tool_call_id=call_id,
+        tool="refund",
+        kind=EffectKind(kind),
+        args={"n": call_id},
+        idempotency_key=idempotency_key,
+        seq=seq,
+        status=status,
+        result=result,
+        error=error,
+        detail=detail,
+    )
+
+
+def running_thread(ledger: Ledger) -> tuple[str, str]:
+    """A new thread with a running run: ``(thread_id, run_id)``."""
+    thread = new_id("t")
+    return thread, ledger.start_run(thread).run_id
+
+
+def dispatch_request(effect_id: str) -> TransitionRequest:
+    """The intent of ``effect_id`` as a batch write asks for it."""
+    return TransitionRequest(effect_id=effect_id, to=EffectStatus.DISPATCHED, actor="w", owner="w")
 
 
 class BlockingAsyncLedger:

@@ -20,7 +20,6 @@ from langgraph_cancel.errors import (
     UnknownEffectError,
 )
 from langgraph_cancel.ledger import Ledger, derive_effect_id, derive_idempotency_key
-from langgraph_cancel.ledger.steps import run as run_operation
 from langgraph_cancel.types import (
     EffectKind,
     EffectRecord,
@@ -28,49 +27,19 @@ from langgraph_cancel.types import (
     NewEffect,
     TransitionRequest,
 )
-from ledger_util import new_id
+from ledger_util import batch_item, dispatch_request, running_thread
 
 S = EffectStatus
 
 
-def _new(
-    call_id: str,
-    *,
-    kind: str = "irreversible",
-    seq: int = 0,
-    status: EffectStatus = EffectStatus.PLANNED,
-    idempotency_key: str | None = None,
-    result: object = None,
-    error: str | None = None,
-    detail: dict[str, object] | None = None,
-) -> NewEffect:
-    return NewEffect(
-        tool_call_id=call_id,
-        tool="refund",
-        kind=EffectKind(kind),
-        args={"n": call_id},
-        idempotency_key=idempotency_key,
-        seq=seq,
-        status=status,
-        result=result,
-        error=error,
-        detail=detail,
-    )
-
-
-def _thread(ledger: Ledger) -> tuple[str, str]:
-    thread = new_id("t")
-    return thread, ledger.start_run(thread).run_id
-
-
 # ------------------------------------------------------------------------ plan_many
 def test_plan_many_records_each_call_with_its_audit_row(ledger: Ledger) -> None:
-    thread, run = _thread(ledger)
+    thread, run = running_thread(ledger)
     items = [
-        _new("a", seq=0),
-        _new("b", seq=1, idempotency_key="refund:o-1"),
-        _new("c", seq=2, kind="read_only", status=S.COMMITTED, result={"content": "42"}),
-        _new("d", seq=3, status=S.FAILED, error="bad args", detail={"malformed": True}),
+        batch_item("a", seq=0),
+        batch_item("b", seq=1, idempotency_key="refund:o-1"),
+        batch_item("c", seq=2, kind="read_only", status=S.COMMITTED, result={"content": "42"}),
+        batch_item("d", seq=3, status=S.FAILED, error="bad args", detail={"malformed": True}),
     ]
     out = ledger.plan_many(thread_id=thread, run_id=run, items=items, owner="w1", actor="w1")
     assert all(isinstance(entry, tuple) and entry[1] for entry in out)
@@ -89,8 +58,8 @@ def test_plan_many_records_each_call_with_its_audit_row(ledger: Ledger) -> None:
 
 
 def test_plan_many_again_returns_the_records_as_they_are(ledger: Ledger) -> None:
-    thread, run = _thread(ledger)
-    items = [_new("a"), _new("b")]
+    thread, run = running_thread(ledger)
+    items = [batch_item("a"), batch_item("b")]
     ledger.plan_many(thread_id=thread, run_id=run, items=items)
     moved = ledger.transition(derive_effect_id(thread, "a"), S.DISPATCHED, owner="w")
     again = ledger.plan_many(thread_id=thread, run_id=run, items=items)
@@ -105,9 +74,9 @@ def test_plan_many_again_returns_the_records_as_they_are(ledger: Ledger) -> None
 def test_plan_many_and_find_effects_beyond_one_in_list(ledger: Ledger) -> None:
     # SQLite reads a batch back in IN-lists of 500 ids: a batch of 1,201 calls, 300 of
     # them already recorded, spans three lists; each call is still answered once.
-    thread, run = _thread(ledger)
-    ledger.plan_many(thread_id=thread, run_id=run, items=[_new(f"c{i}") for i in range(300)])
-    items = [_new(f"c{i}", seq=i) for i in range(1201)]
+    thread, run = running_thread(ledger)
+    ledger.plan_many(thread_id=thread, run_id=run, items=[batch_item(f"c{i}") for i in range(300)])
+    items = [batch_item(f"c{i}", seq=i) for i in range(1201)]
     out = ledger.plan_many(thread_id=thread, run_id=run, items=items)
     created = [e[1] for e in out if isinstance(e, tuple)]
     assert created == [False] * 300 + [True] * 901
@@ -119,8 +88,10 @@ def test_plan_many_and_find_effects_beyond_one_in_list(ledger: Ledger) -> None:
 
 
 def test_plan_many_repeated_call_id_is_created_once(ledger: Ledger) -> None:
-    thread, run = _thread(ledger)
-    out = ledger.plan_many(thread_id=thread, run_id=run, items=[_new("x"), _new("x"), _new("y")])
+    thread, run = running_thread(ledger)
+    out = ledger.plan_many(
+        thread_id=thread, run_id=run, items=[batch_item("x"), batch_item("x"), batch_item("y")]
+    )
     assert [(e[0].tool_call_id, e[1]) for e in out if isinstance(e, tuple)] == [
         ("x", True),
         ("x", False),
@@ -130,7 +101,7 @@ def test_plan_many_repeated_call_id_is_created_once(ledger: Ledger) -> None:
 
 
 def test_plan_many_key_clash_costs_only_its_own_slot(ledger: Ledger) -> None:
-    other, other_run = _thread(ledger)
+    other, other_run = running_thread(ledger)
     ledger.plan(
         thread_id=other,
         run_id=other_run,
@@ -140,12 +111,12 @@ def test_plan_many_key_clash_costs_only_its_own_slot(ledger: Ledger) -> None:
         args={},
         idempotency_key="refund:o-7",
     )
-    thread, run = _thread(ledger)
+    thread, run = running_thread(ledger)
     items = [
-        _new("a"),
-        _new("b", idempotency_key="refund:o-7"),  # held by another thread's effect
-        _new("c", idempotency_key="refund:o-8"),
-        _new("d", idempotency_key="refund:o-8"),  # clashes inside the batch
+        batch_item("a"),
+        batch_item("b", idempotency_key="refund:o-7"),  # held by another thread's effect
+        batch_item("c", idempotency_key="refund:o-8"),
+        batch_item("d", idempotency_key="refund:o-8"),  # clashes inside the batch
     ]
     out = ledger.plan_many(thread_id=thread, run_id=run, items=items)
     assert isinstance(out[0], tuple) and isinstance(out[2], tuple)
@@ -162,9 +133,9 @@ def test_a_key_held_by_a_call_that_never_left_goes_to_the_next_call(
 ) -> None:
     # Dropped before dispatch or rejected at approval: the external system never saw
     # the key, so a later call asking for the same effect gets it (and runs once).
-    thread, run = _thread(ledger)
+    thread, run = running_thread(ledger)
     (held,) = ledger.plan_many(
-        thread_id=thread, run_id=run, items=[_new("first", idempotency_key="refund:o-2")]
+        thread_id=thread, run_id=run, items=[batch_item("first", idempotency_key="refund:o-2")]
     )
     assert isinstance(held, tuple)
     first = held[0]
@@ -172,7 +143,7 @@ def test_a_key_held_by_a_call_that_never_left_goes_to_the_next_call(
         ledger.transition(first.effect_id, S.PENDING_APPROVAL)
     ledger.transition(first.effect_id, unsent)
     history = ledger.history(first.effect_id)
-    later, _run = _thread(ledger)
+    later, _run = running_thread(ledger)
     rec, created = ledger.plan(
         thread_id=later,
         run_id=_run,
@@ -193,7 +164,7 @@ def test_a_key_held_by_a_call_that_never_left_goes_to_the_next_call(
     out = ledger.plan_many(
         thread_id=thread,
         run_id=run,
-        items=[_new("b1"), _new("b2", idempotency_key="refund:o-2")],
+        items=[batch_item("b1"), batch_item("b2", idempotency_key="refund:o-2")],
     )
     assert all(isinstance(e, tuple) for e in out)
     assert ledger.effect_by_key("refund:o-2").tool_call_id == "b2"  # type: ignore[union-attr]
@@ -203,8 +174,10 @@ def test_a_key_whose_call_was_not_applied_goes_to_the_next_call(ledger: Ledger) 
     # The external system has no record of the call (a transient fault reconciled,
     # a cancelled call settled): the model asking again gets the key, and the holder
     # is dropped first, so it can never go out again under a key it gave away.
-    thread, run = _thread(ledger)
-    ledger.plan_many(thread_id=thread, run_id=run, items=[_new("first", idempotency_key="k:na")])
+    thread, run = running_thread(ledger)
+    ledger.plan_many(
+        thread_id=thread, run_id=run, items=[batch_item("first", idempotency_key="k:na")]
+    )
     holder = derive_effect_id(thread, "first")
     ledger.transition(holder, S.DISPATCHED, owner="w")
     ledger.transition(holder, S.NOT_APPLIED)
@@ -233,8 +206,10 @@ def test_a_key_whose_call_was_not_applied_goes_to_the_next_call(ledger: Ledger) 
 def test_a_key_that_may_have_left_stays_with_its_holder(
     ledger: Ledger, status: EffectStatus
 ) -> None:
-    thread, run = _thread(ledger)
-    ledger.plan_many(thread_id=thread, run_id=run, items=[_new("first", idempotency_key="k:1")])
+    thread, run = running_thread(ledger)
+    ledger.plan_many(
+        thread_id=thread, run_id=run, items=[batch_item("first", idempotency_key="k:1")]
+    )
     holder = derive_effect_id(thread, "first")
     path = {
         S.PLANNED: [],
@@ -257,9 +232,9 @@ def test_a_key_that_may_have_left_stays_with_its_holder(
 
 
 def test_plan_many_refuses_a_status_no_record_starts_in(ledger: Ledger) -> None:
-    thread, run = _thread(ledger)
+    thread, run = running_thread(ledger)
     with pytest.raises(IllegalTransitionError):
-        ledger.plan_many(thread_id=thread, run_id=run, items=[_new("a", status=S.DISPATCHED)])
+        ledger.plan_many(thread_id=thread, run_id=run, items=[batch_item("a", status=S.DISPATCHED)])
     assert ledger.effects(thread) == []
     assert ledger.plan_many(thread_id=thread, run_id=run, items=[]) == []
 
@@ -267,7 +242,7 @@ def test_plan_many_refuses_a_status_no_record_starts_in(ledger: Ledger) -> None:
 def test_plan_many_returns_exactly_the_records_the_ledger_holds(ledger: Ledger) -> None:
     # SQLite builds new records from the rows it inserted instead of reading them
     # back: they must equal a fresh read, JSON normalisation and timestamps included.
-    thread, run = _thread(ledger)
+    thread, run = running_thread(ledger)
     odd = NewEffect(
         tool_call_id="odd",
         tool="refund",
@@ -275,11 +250,11 @@ def test_plan_many_returns_exactly_the_records_the_ledger_holds(ledger: Ledger) 
         args={"pair": (1, 2), "nested": {"b": 1, "a": [None, 1.5, "é"]}},
         seq=7,
     )
-    ledger.plan_many(thread_id=thread, run_id=run, items=[_new("old")])
+    ledger.plan_many(thread_id=thread, run_id=run, items=[batch_item("old")])
     items = [
         odd,
-        _new("old"),
-        _new("r", kind="read_only", status=S.COMMITTED, result={"content": "42"}),
+        batch_item("old"),
+        batch_item("r", kind="read_only", status=S.COMMITTED, result={"content": "42"}),
     ]
     out = ledger.plan_many(thread_id=thread, run_id=run, items=items, owner="w1", actor="w1")
     returned = [entry[0] for entry in out if isinstance(entry, tuple)]
@@ -290,18 +265,18 @@ def test_plan_many_returns_exactly_the_records_the_ledger_holds(ledger: Ledger) 
 
 
 def test_record_many_writes_what_plan_many_would_without_reading_back(ledger: Ledger) -> None:
-    other, other_run = _thread(ledger)
+    other, other_run = running_thread(ledger)
     ledger.plan_many(
-        thread_id=other, run_id=other_run, items=[_new("held", idempotency_key="k:held")]
+        thread_id=other, run_id=other_run, items=[batch_item("held", idempotency_key="k:held")]
     )
-    thread, run = _thread(ledger)
-    ledger.plan_many(thread_id=thread, run_id=run, items=[_new("before")])
+    thread, run = running_thread(ledger)
+    ledger.plan_many(thread_id=thread, run_id=run, items=[batch_item("before")])
     moved = ledger.transition(derive_effect_id(thread, "before"), S.DISPATCHED, owner="w")
     items = [
-        _new("r1", kind="read_only", status=S.COMMITTED, result={"content": "1"}),
-        _new("r2", kind="read_only", status=S.COMMITTED, idempotency_key="k:held"),
-        _new("r3", kind="read_only", status=S.FAILED, error="boom", detail={"why": "x"}),
-        _new("before"),  # recorded before: left as it is
+        batch_item("r1", kind="read_only", status=S.COMMITTED, result={"content": "1"}),
+        batch_item("r2", kind="read_only", status=S.COMMITTED, idempotency_key="k:held"),
+        batch_item("r3", kind="read_only", status=S.FAILED, error="boom", detail={"why": "x"}),
+        batch_item("before"),  # recorded before: left as it is
     ]
     out = ledger.record_many(thread_id=thread, run_id=run, items=items, owner="w1", actor="w1")
     assert out[0] is None and out[2] is None and out[3] is None
@@ -315,15 +290,17 @@ def test_record_many_writes_what_plan_many_would_without_reading_back(ledger: Le
     (audit,) = ledger.history(derive_effect_id(thread, "r3"))
     assert audit.to_status is S.FAILED and audit.actor == "w1" and audit.detail == {"why": "x"}
     with pytest.raises(IllegalTransitionError):
-        ledger.record_many(thread_id=thread, run_id=run, items=[_new("z", status=S.DISPATCHED)])
+        ledger.record_many(
+            thread_id=thread, run_id=run, items=[batch_item("z", status=S.DISPATCHED)]
+        )
     assert ledger.record_many(thread_id=thread, run_id=run, items=[]) == []
 
 
 def test_find_effects_answers_in_one_read(ledger: Ledger) -> None:
-    thread, run = _thread(ledger)
-    ledger.plan_many(thread_id=thread, run_id=run, items=[_new("a"), _new("b")])
-    other, other_run = _thread(ledger)
-    ledger.plan_many(thread_id=other, run_id=other_run, items=[_new("c")])
+    thread, run = running_thread(ledger)
+    ledger.plan_many(thread_id=thread, run_id=run, items=[batch_item("a"), batch_item("b")])
+    other, other_run = running_thread(ledger)
+    ledger.plan_many(thread_id=other, run_id=other_run, items=[batch_item("c")])
     found = ledger.find_effects(thread, ["a", "b", "c", "never", "a"])
     assert sorted(found) == ["a", "b"]
     assert found["a"] == ledger.find_effect(thread, "a")
@@ -331,188 +308,9 @@ def test_find_effects_answers_in_one_read(ledger: Ledger) -> None:
 
 
 # ------------------------------------------------------------------ transition_many
-# ------------------------------------------------------------- plan_many_and_begin
-def test_a_plan_with_its_first_intent_records_both_as_the_two_writes_would(
-    ledger: Ledger,
-) -> None:
-    thread, run = _thread(ledger)
-    items = [_new("a", seq=0), _new("b", seq=1)]
-    entries, (begun,) = ledger.plan_many_and_begin(
-        thread_id=thread, run_id=run, items=items, begin="a", owner="w", actor="w"
-    )
-    first_id, second_id = derive_effect_id(thread, "a"), derive_effect_id(thread, "b")
-    assert isinstance(begun, EffectRecord) and begun.effect_id == first_id
-    assert begun.status is S.DISPATCHED and begun.dispatched_at is not None
-    assert begun.owner == "w" and begun.idempotency_key == derive_idempotency_key(thread, "a")
-    assert [(e[0].effect_id, e[1]) for e in entries if isinstance(e, tuple)] == [
-        (first_id, True),
-        (second_id, True),
-    ]
-    assert entries[0] == (begun, True)
-    assert ledger.get_effect(first_id) == begun
-    assert ledger.get_effect(second_id).status is S.PLANNED
-    history = ledger.history(first_id)
-    assert [(t.from_status, t.to_status, t.actor) for t in history] == [
-        (None, S.PLANNED, "w"),
-        (S.PLANNED, S.DISPATCHED, "w"),
-    ]
-    assert history[1].detail == {"idempotency_key": begun.idempotency_key}
-    assert [(t.from_status, t.to_status) for t in ledger.history(second_id)] == [(None, S.PLANNED)]
-    # What the two writes leave, field by field (timestamps and tokens aside).
-    other, _ = _thread(ledger)
-    ledger.plan_many(thread_id=other, run_id=_, items=items, owner="w", actor="w")
-    two = ledger.transition(derive_effect_id(other, "a"), S.DISPATCHED, actor="w", owner="w")
-    varying = {"effect_id", "thread_id", "run_id", "idempotency_key", "last_token"}
-    times = {"created_at", "updated_at", "dispatched_at"}
-    assert begun.model_dump(exclude=varying | times) == two.model_dump(exclude=varying | times)
-
-
-def test_a_record_from_before_is_not_begun(ledger: Ledger) -> None:
-    thread, run = _thread(ledger)
-    items = [_new("a"), _new("b", seq=1)]
-    ledger.plan_many(thread_id=thread, run_id=run, items=items[:1])
-    entries, begun = ledger.plan_many_and_begin(
-        thread_id=thread, run_id=run, items=items, begin="a"
-    )
-    # The call's record was there (an earlier attempt): its intent goes its own way.
-    assert begun == []
-    assert [e[1] for e in entries if isinstance(e, tuple)] == [False, True]
-    assert ledger.get_effect(derive_effect_id(thread, "a")).status is S.PLANNED
-    assert len(ledger.history(derive_effect_id(thread, "a"))) == 1
-
-
-def test_a_stopped_run_plans_but_does_not_begin(ledger: Ledger) -> None:
-    thread, run = _thread(ledger)
-    assert ledger.request_cancel(thread, reason="stop", requested_by="user").accepted
-    entries, begun = ledger.plan_many_and_begin(
-        thread_id=thread, run_id=run, items=[_new("a")], begin="a"
-    )
-    assert begun == []
-    ((rec, created),) = [e for e in entries if isinstance(e, tuple)]
-    assert created and rec.status is S.PLANNED
-    assert ledger.get_effect(rec.effect_id).status is S.PLANNED
-
-
-def test_a_taken_key_plans_the_rest_and_begins_nothing(ledger: Ledger) -> None:
-    thread, run = _thread(ledger)
-    ledger.plan_many(
-        thread_id=thread, run_id=run, items=[_new("holder", idempotency_key="refund-7")]
-    )
-    items = [_new("a", seq=0), _new("b", seq=1, idempotency_key="refund-7")]
-    entries, begun = ledger.plan_many_and_begin(
-        thread_id=thread, run_id=run, items=items, begin=["a"]
-    )
-    assert begun == []
-    assert isinstance(entries[0], tuple) and entries[0][0].status is S.PLANNED
-    assert isinstance(entries[1], DuplicateIdempotencyKeyError)
-
-
-def test_begin_must_name_a_planned_call_of_the_batch(ledger: Ledger) -> None:
-    thread, run = _thread(ledger)
-    with pytest.raises(ValueError, match="no planned item"):
-        ledger.plan_many_and_begin(thread_id=thread, run_id=run, items=[_new("a")], begin="z")
-    done = _new("d", status=S.COMMITTED, result={"content": "ok"})
-    with pytest.raises(ValueError, match="no planned item"):
-        ledger.plan_many_and_begin(thread_id=thread, run_id=run, items=[done], begin="d")
-    with pytest.raises(ValueError, match="no call to begin"):
-        ledger.plan_many_and_begin(thread_id=thread, run_id=run, items=[_new("a")], begin=[])
-    assert ledger.find_effects(thread, ["a", "d"]) == {}
-
-
-def test_a_plan_begins_several_calls_at_once(ledger: Ledger) -> None:
-    # Calls that go out together: each intent is written with the plan, in one write,
-    # each with its own audit row; a call not named stays planned.
-    thread, run = _thread(ledger)
-    items = [_new("a", seq=0), _new("b", seq=1), _new("c", seq=2)]
-    entries, begun = ledger.plan_many_and_begin(
-        thread_id=thread, run_id=run, items=items, begin=["b", "a", "b"], owner="w", actor="w"
-    )
-    assert [rec.tool_call_id for rec in begun] == ["b", "a"]
-    assert all(rec.status is S.DISPATCHED and rec.dispatched_at is not None for rec in begun)
-    assert [e[0].status for e in entries if isinstance(e, tuple)] == [
-        S.DISPATCHED,
-        S.DISPATCHED,
-        S.PLANNED,
-    ]
-    for rec in begun:
-        assert ledger.get_effect(rec.effect_id) == rec
-        history = ledger.history(rec.effect_id)
-        assert [(t.from_status, t.to_status) for t in history] == [
-            (None, S.PLANNED),
-            (S.PLANNED, S.DISPATCHED),
-        ]
-        assert history[1].detail == {"idempotency_key": rec.idempotency_key}
-    assert ledger.get_effect(derive_effect_id(thread, "c")).status is S.PLANNED
-
-
-def test_a_plan_begins_only_the_calls_it_records(ledger: Ledger) -> None:
-    thread, run = _thread(ledger)
-    items = [_new("a", seq=0), _new("b", seq=1)]
-    ledger.plan_many(thread_id=thread, run_id=run, items=items[1:])
-    entries, begun = ledger.plan_many_and_begin(
-        thread_id=thread, run_id=run, items=items, begin=["a", "b"]
-    )
-    # "b" was planned before (an earlier attempt): only "a" begins here.
-    assert [rec.tool_call_id for rec in begun] == ["a"]
-    assert [e[1] for e in entries if isinstance(e, tuple)] == [True, False]
-    assert ledger.get_effect(derive_effect_id(thread, "b")).status is S.PLANNED
-
-
-@pytest.mark.postgres
-def test_a_retried_plan_finds_its_own_intent(pg_url: str) -> None:
-    # The statement committed but its answer was lost: the retry (same token) finds
-    # the call dispatched by its own write, and nothing is written twice.
-    ledger = Ledger.from_url(pg_url)
-    try:
-        thread, run = _thread(ledger)
-        backend = ledger.backend
-        unique = {"a": _new("a"), "b": _new("b", seq=1)}
-        intents = [_dispatch(derive_effect_id(thread, call)) for call in ("a", "b")]
-
-        def attempt() -> tuple[dict[str, tuple[EffectRecord, bool]], list[EffectRecord]]:
-            operation = backend.insert_effects_beginning(
-                thread, run, unique, owner="w", actor="w", intents=intents[:1], token="tok-1"
-            )
-            return run_operation(backend, operation)
-
-        first_found, first_begun = attempt()
-        again_found, again_begun = attempt()
-        assert len(first_begun) == 1 and again_begun == first_begun
-        assert again_found["a"] == (first_begun[0], True)
-        assert again_found["b"] == (first_found["b"][0], False)
-        assert len(ledger.history(intents[0].effect_id)) == 2
-        # A retry of a write that began both calls finds both its own.
-        other, other_run = _thread(ledger)
-        both = [_dispatch(derive_effect_id(other, "a")), _dispatch(derive_effect_id(other, "b"))]
-        results = [
-            run_operation(
-                backend,
-                backend.insert_effects_beginning(
-                    other, other_run, unique, owner="w", actor="w", intents=both, token="tok-2"
-                ),
-            )
-            for _ in range(2)
-        ]
-        assert [rec.tool_call_id for rec in results[1][1]] == ["a", "b"]
-        assert results[1][1] == results[0][1]
-        assert all(created for _rec, created in results[1][0].values())
-    finally:
-        ledger.close()
-
-
-async def test_the_async_twin_plans_and_begins(ledger: Ledger) -> None:
-    thread, run = _thread(ledger)
-    entries, (begun,) = await ledger.aplan_many_and_begin(
-        thread_id=thread, run_id=run, items=[_new("a")], begin="a"
-    )
-    assert begun.status is S.DISPATCHED
-    assert entries == [(begun, True)]
-    assert ledger.get_effect(begun.effect_id) == begun
-
-
 def _planned(ledger: Ledger, count: int) -> tuple[str, str, list[str]]:
-    thread, run = _thread(ledger)
-    items = [_new(f"c{i}", seq=i) for i in range(count)]
+    thread, run = running_thread(ledger)
+    items = [batch_item(f"c{i}", seq=i) for i in range(count)]
     ledger.plan_many(thread_id=thread, run_id=run, items=items)
     return thread, run, [derive_effect_id(thread, f"c{i}") for i in range(count)]
 
@@ -527,14 +325,10 @@ def _commit(effect_id: str) -> TransitionRequest:
     )
 
 
-def _dispatch(effect_id: str) -> TransitionRequest:
-    return TransitionRequest(effect_id=effect_id, to=S.DISPATCHED, actor="w", owner="w")
-
-
 def test_outcome_and_next_intent_in_one_call(ledger: Ledger) -> None:
     _thread_id, _run, (first_id, second_id) = _planned(ledger, 2)
     ledger.transition(first_id, S.DISPATCHED, owner="w")
-    done, begun = ledger.transition_many([_commit(first_id), _dispatch(second_id)])
+    done, begun = ledger.transition_many([_commit(first_id), dispatch_request(second_id)])
     assert isinstance(done, EffectRecord) and done.status is S.COMMITTED
     assert done.result == {"content": "ok"} and done.settled_at is not None
     assert isinstance(begun, EffectRecord) and begun.status is S.DISPATCHED
@@ -556,7 +350,12 @@ def test_each_request_fails_on_its_own(ledger: Ledger) -> None:
     ledger.transition(first_id, S.DISPATCHED, owner="w")
     ledger.transition(second_id, S.DROPPED)  # a cancel got there first
     out = ledger.transition_many(
-        [_commit(first_id), _dispatch(second_id), _dispatch(third_id), _dispatch("no-such-effect")]
+        [
+            _commit(first_id),
+            dispatch_request(second_id),
+            dispatch_request(third_id),
+            dispatch_request("no-such-effect"),
+        ]
     )
     assert isinstance(out[0], EffectRecord) and out[0].status is S.COMMITTED
     assert isinstance(out[1], IllegalTransitionError)
@@ -570,7 +369,7 @@ def test_the_run_guard_refuses_the_intent_but_keeps_the_outcome(ledger: Ledger) 
     thread, _run, (first_id, second_id) = _planned(ledger, 2)
     ledger.transition(first_id, S.DISPATCHED, owner="w")
     assert ledger.request_cancel(thread, reason="stop", requested_by="user").accepted
-    done, refused = ledger.transition_many([_commit(first_id), _dispatch(second_id)])
+    done, refused = ledger.transition_many([_commit(first_id), dispatch_request(second_id)])
     # What happened outside is recorded whatever the run's state; nothing new leaves.
     assert isinstance(done, EffectRecord) and done.status is S.COMMITTED
     assert isinstance(refused, DispatchRefusedError)
@@ -582,7 +381,7 @@ def test_a_retry_recognises_its_own_write(ledger: Ledger) -> None:
     # lost) answers with the records, and applies nothing twice.
     _thread_id, _run, (first_id, second_id) = _planned(ledger, 2)
     ledger.transition(first_id, S.DISPATCHED, owner="w")
-    requests = [_commit(first_id), _dispatch(second_id)]
+    requests = [_commit(first_id), dispatch_request(second_id)]
     checked = [(frozenset({S.DISPATCHED}), False), (frozenset({S.PLANNED}), True)]
     first = ledger._transition_many(requests, checked, ["tok-a", "tok-b"])
     again = ledger._transition_many(requests, checked, ["tok-a", "tok-b"])
@@ -697,7 +496,7 @@ def test_two_writers_batching_the_same_effects_in_opposite_orders(
             order = [first_id, second_id] if name == "fwd" else [second_id, first_id]
             barrier.wait()
             try:
-                results[name].extend(ledger.transition_many([_dispatch(e) for e in order]))
+                results[name].extend(ledger.transition_many([dispatch_request(e) for e in order]))
             except Exception as exc:  # pragma: no cover - what the test looks for
                 results[name].append(exc)
 
@@ -725,7 +524,7 @@ def test_transition_many_rejects_what_transition_rejects(ledger: Ledger) -> None
             [TransitionRequest(effect_id=first_id, to=S.COMMITTED, expected=frozenset({S.PLANNED}))]
         )
     with pytest.raises(ValueError, match="one request per effect"):
-        ledger.transition_many([_dispatch(first_id), _dispatch(first_id)])
+        ledger.transition_many([dispatch_request(first_id), dispatch_request(first_id)])
     assert ledger.transition_many([]) == []
     assert (
         ledger.get_effect(first_id).status is S.PLANNED
@@ -734,13 +533,15 @@ def test_transition_many_rejects_what_transition_rejects(ledger: Ledger) -> None
 
 
 async def test_async_twins(ledger: Ledger) -> None:
-    thread, run = _thread(ledger)
-    out = await ledger.aplan_many(thread_id=thread, run_id=run, items=[_new("a")])
+    thread, run = running_thread(ledger)
+    out = await ledger.aplan_many(thread_id=thread, run_id=run, items=[batch_item("a")])
     assert isinstance(out[0], tuple) and out[0][1]
     found = await ledger.afind_effects(thread, ["a"])
-    (begun,) = await ledger.atransition_many([_dispatch(found["a"].effect_id)])
+    (begun,) = await ledger.atransition_many([dispatch_request(found["a"].effect_id)])
     assert isinstance(begun, EffectRecord) and begun.status is S.DISPATCHED
-    assert await ledger.arecord_many(thread_id=thread, run_id=run, items=[_new("b")]) == [None]
+    assert await ledger.arecord_many(thread_id=thread, run_id=run, items=[batch_item("b")]) == [
+        None
+    ]
     assert (await ledger.afind_effects(thread, ["b"]))["b"].status is S.PLANNED
 
 
@@ -760,13 +561,15 @@ def test_a_batched_write_probes_the_primary_key_whatever_the_ledger_holds(pg_url
 
     ledger = Ledger.from_url(pg_url)
     try:
-        thread, run = _thread(ledger)
+        thread, run = running_thread(ledger)
         ledger.record_many(
             thread_id=thread,
             run_id=run,
-            items=[_new(f"r{i}", status=S.COMMITTED, result={"c": i}) for i in range(5000)],
+            items=[batch_item(f"r{i}", status=S.COMMITTED, result={"c": i}) for i in range(5000)],
         )
-        ledger.plan_many(thread_id=thread, run_id=run, items=[_new("a"), _new("b", seq=1)])
+        ledger.plan_many(
+            thread_id=thread, run_id=run, items=[batch_item("a"), batch_item("b", seq=1)]
+        )
         first_id, second_id = (derive_effect_id(thread, c) for c in ("a", "b"))
         rows = [
             {"n": n, "effect_id": e, "to": "dispatched", "token": f"tok-{n}"}
