@@ -9,7 +9,9 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from subprocess import CompletedProcess
 from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -148,3 +150,41 @@ def json_error(proc: subprocess.CompletedProcess[str]) -> dict[str, str]:
 def sqlite_url(path: Path) -> str:
     """``sqlite:////abs/path``."""
     return "sqlite:///" + str(path.resolve())
+
+
+THREAD = "refund-demo"
+
+
+def read(proc: CompletedProcess[str]) -> str:
+    """What a successful command printed, its wrapped lines read as one."""
+    return flat(ok(proc))
+
+
+@dataclass
+class Demo:
+    """A directory where the default demo ran."""
+
+    workdir: Path
+    db: str
+    providers: Path
+    report: dict[str, Any]
+
+    def cli(self, *args: str, subprocess: bool = False) -> CompletedProcess[str]:
+        """Run a command on this database: in-process, or as a real subprocess."""
+        run = run_cli if subprocess else run_main
+        return run(
+            [*args, "--db", self.db],
+            self.workdir,
+            env={"REFUND_AGENT_PROVIDERS_DB": str(self.providers)},
+        )
+
+
+def run_demo(workdir: Path, db: str | None = None) -> Demo:
+    """Run the default demo in ``workdir`` (on ``db``, a SQLite file there by default)."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    db = db or str(workdir / "agent.db")  # a bare path is accepted as a SQLite file
+    providers = workdir / "providers.db"
+    report = ok_json(
+        run_cli(["demo", "--json", "--db", db, "--providers-db", str(providers)], workdir)
+    )
+    return Demo(workdir, db, providers, report)
