@@ -11,6 +11,7 @@ cancel request, and the parameters of each statement. Rows become records in
 from __future__ import annotations
 
 import enum
+import functools
 import hashlib
 import sqlite3
 from collections.abc import Sequence
@@ -466,11 +467,19 @@ def cas_statement(
     its parameters, the audit row's included."""
     names = sorted(s.value for s in allowed)
     params: dict[str, Any] = {f"s{i}": v for i, v in enumerate(names)}
-    statuses = ", ".join(f"%(s{i})s" for i in range(len(names))) or "NULL"
     params.update(cas_params(req, token, now, codec))
     params.update({"actor": req.actor, "detail": codec.json_in(req.detail or {})})
-    sql = template.format(statuses=statuses, guard=ledger_sql.RUN_ACTIVE_GUARD if guard else "")
-    return sql, params
+    return _cas_sql(template, len(names), guard), params
+
+
+@functools.lru_cache(maxsize=256)
+def _cas_sql(template: str, statuses: int, guard: bool) -> str:
+    """``template`` with ``statuses`` placeholders and the run guard if asked: the text
+    depends on nothing else, so each shape is formatted once."""
+    placeholders = ", ".join(f"%(s{i})s" for i in range(statuses)) or "NULL"
+    return template.format(
+        statuses=placeholders, guard=ledger_sql.RUN_ACTIVE_GUARD if guard else ""
+    )
 
 
 def pg_transition_rows(jobs: Sequence[CasJob]) -> list[dict[str, Any]]:
