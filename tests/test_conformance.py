@@ -288,3 +288,10 @@ def test_a_version_0_ledger_is_migrated_and_keeps_its_rows(tmp_path: Path) -> No
             cur.execute("SELECT v FROM lgc_migrations ORDER BY v")
             versions = [r["v"] for r in cur.fetchall()]
     assert versions == list(range(len(SQLITE_MIGRATIONS)))
+
+
+def test_the_migrations_are_importable_where_they_were() -> None:
+    from langgraph_cancel.ledger import schema, sql
+
+    assert sql.POSTGRES_MIGRATIONS is schema.POSTGRES_MIGRATIONS
+    assert sql.SQLITE_MIGRATIONS is schema.SQLITE_MIGRATIONS
