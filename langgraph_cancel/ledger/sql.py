@@ -9,16 +9,10 @@ from __future__ import annotations
 
 import re
 
-from langgraph_cancel.ledger.schema import (  # noqa: F401 - the migrations: see below
-    POSTGRES_MIGRATIONS,
-    SQLITE_MIGRATIONS,
-    TERMINAL_RUN_SQL,
-    UNSETTLED_SQL,
-    V0_EFFECT_COLUMNS,
-)
-
-# ``POSTGRES_MIGRATIONS`` and ``SQLITE_MIGRATIONS`` stay importable from this module,
-# where version 0.1.0 kept them.
+# The migrations are importable from this module too, where version 0.1.0 kept them.
+from langgraph_cancel.ledger.schema import POSTGRES_MIGRATIONS as POSTGRES_MIGRATIONS
+from langgraph_cancel.ledger.schema import SQLITE_MIGRATIONS as SQLITE_MIGRATIONS
+from langgraph_cancel.ledger.schema import TERMINAL_RUN_SQL, UNSETTLED_SQL, V0_EFFECT_COLUMNS
 
 # A write that need not wait for its WAL to reach the disk (``langgraph_cancel.ledger.
 # flush``) turns ``synchronous_commit`` off for its own transaction (is_local): the
