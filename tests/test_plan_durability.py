@@ -59,75 +59,30 @@ def log(tmp_path: Any) -> ExecutionLog:
     return ExecutionLog(str(tmp_path / "providers.db"))
 
 
+@pytest.mark.parametrize("at_once", [1, 3], ids=["one_call", "three_at_once"])
 @pytest.mark.parametrize("stop", [False, True], ids=["saved", "stopped"])
 @pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])
 def test_a_side_effect_waits_for_the_model_steps_checkpoint(
-    durable_url: str, log: ExecutionLog, use_async: bool, stop: bool
+    durable_url: str, log: ExecutionLog, use_async: bool, stop: bool, at_once: int
 ) -> None:
     # The intent is written while the save is held (the two commits overlap); the call
-    # itself waits for the save. A stop that comes before the save: the call never
-    # leaves, and its record and the report say so.
+    # itself waits for the save. With effect_concurrency, the intents of the calls that
+    # go out together are all written with the batch's plan, and each call waits. A
+    # stop that comes before the save: no call leaves, and the records and the report
+    # say so.
     hold = Hold()
     refund = counting_tool(log, "refund", EffectKind.IRREVERSIBLE)
-    model = scripted(calls(("refund", "r-1", "c1")), "done")
+    model = scripted(calls(*(("refund", f"r-{i}", f"c{i}") for i in range(at_once))), "done")
     thread = new_thread()
     with held_saver(durable_url, hold) as saver:
-        graph = held_graph(saver, hold, EffectToolNode([refund]), model, use_async=use_async)
-        sent = nothing_sent(log, "refund")
-
-        def meanwhile() -> None:
-            sent()
-            assert statuses(saver.ledger, thread).get("refund") is EffectStatus.DISPATCHED
-            if stop:
-                answer = request_cancel(
-                    saver, thread, reason="user pressed stop", requested_by="ann"
-                )
-                assert answer.accepted
-
-        run_held(graph, hold, thread, meanwhile, use_async=use_async)
-        if not stop:
-            assert log.attempts("refund") == 1
-            assert statuses(saver.ledger, thread)["refund"] is EffectStatus.COMMITTED
-            return
-        assert log.attempts("refund") == 0
-        [refund_record] = saver.ledger.effects(thread)
-        assert refund_record.status is EffectStatus.DROPPED
-        trail = [
-            (row.from_status, row.to_status)
-            for row in saver.ledger.history(refund_record.effect_id)
-        ]
-        assert trail[-2:] == [
-            (EffectStatus.DISPATCHED, EffectStatus.NOT_APPLIED),
-            (EffectStatus.NOT_APPLIED, EffectStatus.DROPPED),
-        ]
-        report = get_report(saver, thread)
-        assert report.status == "cancelled"
-        assert [effect.tool for effect in report.not_run] == ["refund"]
-        assert report.permanent == [] and report.unknown == []
-        assert report.dispatched_after_cancel == 0
-
-
-@pytest.mark.parametrize("stop", [False, True], ids=["saved", "stopped"])
-@pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])
-def test_side_effects_sent_at_once_all_wait_for_the_checkpoint(
-    durable_url: str, log: ExecutionLog, use_async: bool, stop: bool
-) -> None:
-    # With effect_concurrency, the intents of the calls that go out together are
-    # written with the batch's plan while the save is held; each call waits for the
-    # save, and a stop before it sends none of them.
-    hold = Hold()
-    refund = counting_tool(log, "refund", EffectKind.IRREVERSIBLE)
-    model = scripted(calls(*(("refund", f"r-{i}", f"c{i}") for i in range(3))), "done")
-    thread = new_thread()
-    with held_saver(durable_url, hold) as saver:
-        node = EffectToolNode([refund], effect_concurrency=3)
+        node = EffectToolNode([refund], effect_concurrency=at_once)
         graph = held_graph(saver, hold, node, model, use_async=use_async)
         sent = nothing_sent(log, "refund")
 
         def meanwhile() -> None:
             sent()
             records = saver.ledger.effects(thread)
-            assert [record.status for record in records] == [EffectStatus.DISPATCHED] * 3
+            assert [record.status for record in records] == [EffectStatus.DISPATCHED] * at_once
             if stop:
                 answer = request_cancel(
                     saver, thread, reason="user pressed stop", requested_by="ann"
@@ -137,7 +92,7 @@ def test_side_effects_sent_at_once_all_wait_for_the_checkpoint(
         run_held(graph, hold, thread, meanwhile, use_async=use_async)
         records = saver.ledger.effects(thread)
         if not stop:
-            assert log.attempts("refund") == 3 and log.applied("refund") == 3
+            assert log.attempts("refund") == at_once and log.applied("refund") == at_once
             assert {record.status for record in records} == {EffectStatus.COMMITTED}
             return
         assert log.attempts("refund") == 0
@@ -151,7 +106,8 @@ def test_side_effects_sent_at_once_all_wait_for_the_checkpoint(
             assert trail[-2].detail["never_sent"] is True
         report = get_report(saver, thread)
         assert report.status == "cancelled"
-        assert len(report.not_run) == 3 and report.permanent == [] and report.unknown == []
+        assert [effect.tool for effect in report.not_run] == ["refund"] * at_once
+        assert report.permanent == [] and report.unknown == []
         assert report.dispatched_after_cancel == 0
 
 
