@@ -35,6 +35,7 @@ import pytest
 
 import recovery_worker as rw
 from fork_server import ensure_fork_server
+from kill_points import Points
 from langgraph_cancel import EffectStatus, Ledger, get_report
 from langgraph_cancel.demo.services import Providers
 from langgraph_cancel.demo.tools import compensation_key
@@ -93,7 +94,7 @@ class Job:
         self, point: str, suffix: str = "reached", timeout: float = MARKER_TIMEOUT
     ) -> None:
         """Poll for the point's marker file (the worker is blocked or paused there)."""
-        marker = self.world.tmp / rw.Points.file_name(self.name, point, suffix)
+        marker = self.world.tmp / Points.file_name(self.name, point, suffix)
         deadline = time.monotonic() + timeout
         while not marker.exists():
             if not self.proc.is_alive():
@@ -107,7 +108,7 @@ class Job:
 
     def go(self, point: str) -> None:
         """Let a paused worker continue."""
-        (self.world.tmp / rw.Points.file_name(self.name, point, "go")).write_text("go")
+        (self.world.tmp / Points.file_name(self.name, point, "go")).write_text("go")
 
     def kill9(self) -> None:
         """SIGKILL the worker and make sure it died of it."""
