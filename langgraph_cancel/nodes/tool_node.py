@@ -8,10 +8,10 @@ defaults, injection of state, store and runtime, ``Command`` outputs, a tool's o
 
 What needs the whole batch is this node's: the order (read-only calls first,
 concurrently; then reversible, then irreversible ones, one at a time unless
-``effect_concurrency`` says otherwise), and the batch's ledger writes (one read
-and one planning write before the calls, carrying the intents of the calls to
-go first, outcomes folded into the next intents,
-the reads' outcomes written together).
+``effect_concurrency`` says otherwise: ``execution/schedule.py``), and the batch's
+ledger writes (one read and one planning write before the calls, carrying the
+intents of the calls to go first, outcomes folded into the next intents, the
+reads' outcomes written together: ``execution/batch.py``).
 """
 
 from __future__ import annotations
@@ -20,9 +20,7 @@ import asyncio
 import concurrent.futures
 import inspect
 import logging
-from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, Literal
 
 from langchain_core.messages import AnyMessage, ToolCall, ToolMessage
@@ -40,7 +38,7 @@ from langgraph_cancel.execution.answers import ABANDONED_READ
 from langgraph_cancel.execution.batch import Batch
 from langgraph_cancel.execution.drive import adrive_ledger, drive_ledger
 from langgraph_cancel.execution.group import AsyncGroupCommit, ThreadGroupCommit
-from langgraph_cancel.execution.identity import as_tool_call, call_turn, canonical, history_of
+from langgraph_cancel.execution.identity import as_tool_call, history_of
 from langgraph_cancel.execution.interceptor import (
     DEFAULT_CANCEL_TIMEOUT,
     Carried,
@@ -48,19 +46,27 @@ from langgraph_cancel.execution.interceptor import (
     compose_async,
     compose_sync,
 )
-from langgraph_cancel.execution.plan import CallPlan, classify
+from langgraph_cancel.execution.plan import CallPlan
+from langgraph_cancel.execution.schedule import (
+    Phases,
+    answer_copies,
+    concurrency_limit,
+    goes_at_once,
+    sort_calls,
+    to_begin,
+    twins,
+)
 from langgraph_cancel.execution.served import Classification, ServedEffects, effect_seam
 from langgraph_cancel.execution.supervision import InFlight, Supervisor, supervise
 from langgraph_cancel.ledger import Ledger
 from langgraph_cancel.runtime import RunScope
-from langgraph_cancel.types import CancelPolicy, EffectKind, EffectStatus
+from langgraph_cancel.types import CancelPolicy, EffectStatus
 
 logger = logging.getLogger("langgraph_cancel.tools")
 
 InputType = Literal["list", "dict", "tool_calls"]
 HandleToolErrors = bool | str | Callable[..., str] | type[Exception] | tuple[type[Exception], ...]
 
-_KIND_ORDER = {EffectKind.READ_ONLY: 0, EffectKind.REVERSIBLE: 1, EffectKind.IRREVERSIBLE: 2}
 #: ``ToolNode``'s own default for ``handle_tool_errors`` (invalid arguments become a
 #: message for the model; a tool's own exception propagates).
 TOOLNODE_HANDLE_TOOL_ERRORS: Any = (
@@ -69,19 +75,10 @@ TOOLNODE_HANDLE_TOOL_ERRORS: Any = (
 _READ_POLL = 0.05
 
 
-@dataclass(frozen=True, slots=True)
-class _Sorted:
-    """A batch's calls by phase, as positions in the batch."""
-
-    reads: list[int]
-    effects: list[int]
-    plans: dict[int, CallPlan]
-
-
 def _abandon_reads(
     pending: set[concurrent.futures.Future[Any]],
     futures: dict[concurrent.futures.Future[Any], int],
-    phases: _Sorted,
+    phases: Phases,
     outputs: list[Any],
     batch: Batch,
 ) -> set[concurrent.futures.Future[Any]]:
@@ -289,41 +286,18 @@ class EffectToolNode(ToolNode):
             )
         return runtimes
 
-    def _sort(self, calls: list[ToolCall], scope: RunScope, history: Sequence[Any]) -> _Sorted:
-        """The phases: read-only calls (and calls no tool of this node runs), then side
-        effects in plan order (reversible before irreversible, then batch order).
+    def _sort(self, calls: list[ToolCall], scope: RunScope, history: Sequence[Any]) -> Phases:
+        """The batch's phases (``schedule.sort_calls``) for this node's tools."""
+        return sort_calls(
+            calls,
+            tools_by_name=self.tools_by_name,
+            specs=self.specs,
+            wrapped=self.wrapped,
+            thread_id=scope.thread_id,
+            history=history,
+        )
 
-        ``history``: the messages of the node's input, to tell a call from the same
-        id asked in an earlier turn."""
-        reads: list[int] = []
-        effects: list[tuple[int, int]] = []
-        plans: dict[int, CallPlan] = {}
-        for index, call in enumerate(calls):
-            name = call.get("name")
-            tool = self.tools_by_name.get(name) if isinstance(name, str) else None
-            if tool is None:
-                # No tool of this node: a wrapper of the user's may serve it, so it counts
-                # as a side effect (fail safe); without one, ToolNode answers it.
-                if self.wrapped:
-                    effects.append((_KIND_ORDER[EffectKind.IRREVERSIBLE], index))
-                else:
-                    reads.append(index)
-                continue
-            spec = self.specs[tool.name]
-            turn = call_turn(history, str(call.get("id")))
-            plan = classify(index, call, tool, spec, scope.thread_id, turn=turn)
-            if not isinstance(plan, CallPlan):
-                reads.append(index)  # answered without running anything
-                continue
-            plans[index] = plan
-            if plan.fast_read:
-                reads.append(index)
-            else:
-                effects.append((_KIND_ORDER[spec.kind], index))
-        effects.sort()
-        return _Sorted(reads, [index for _, index in effects], plans)
-
-    def _prepare(self, batch: Batch, phases: _Sorted, config: RunnableConfig) -> None:
+    def _prepare(self, batch: Batch, phases: Phases, config: RunnableConfig) -> None:
         """The batch planned (``Batch.prepare``), with the intents of the side effects to
         go out first when they may and the run is not stopped.
 
@@ -335,50 +309,23 @@ class EffectToolNode(ToolNode):
         begin = self._to_begin(phases, config, scope)
         if begin and scope.cancel_called():
             begin = []
-        drive_ledger(scope.ledger, batch.prepare(*self._planned(phases), begin=begin))
+        drive_ledger(scope.ledger, batch.prepare(*phases.planned(), begin=begin))
 
-    async def _aprepare(self, batch: Batch, phases: _Sorted, config: RunnableConfig) -> None:
+    async def _aprepare(self, batch: Batch, phases: Phases, config: RunnableConfig) -> None:
         """``_prepare`` on the event loop."""
         scope = batch.scope
         begin = self._to_begin(phases, config, scope)
         if begin and await scope.signal.acancel_called():
             begin = []
-        await adrive_ledger(scope.ledger, batch.prepare(*self._planned(phases), begin=begin))
+        await adrive_ledger(scope.ledger, batch.prepare(*phases.planned(), begin=begin))
 
-    def _to_begin(self, phases: _Sorted, config: RunnableConfig, scope: RunScope) -> list[CallPlan]:
-        """The side effects whose intents may go with the batch's plan: the first to go
-        out (one at a time: the first call; at once: as many as may run together), when
-        no read runs before them, none of the batch's side effects is reviewed or held,
-        no limit of the run has to count the batch's calls before any of them leaves,
-        and (at once) no tool-call id repeats, so each intent is its own call's."""
-        if phases.reads or not phases.effects or scope.limits is not None:
-            return []
-        plans = [phases.plans.get(index) for index in phases.effects]
-        if any(plan is None or plan.needs_review or plan.spec.held for plan in plans):
-            return []
-        ready = [plan for plan in plans if plan is not None]
-        if not self._concurrent(phases, config):
-            return ready[:1]
-        if len({plan.call_id for plan in ready}) < len(ready):
-            return []
-        return ready[: self._concurrency_limit(config)]
-
-    def _concurrency_limit(self, config: RunnableConfig) -> int:
-        """Side effects that may run at once: ``effect_concurrency``, or the run's
-        ``max_concurrency`` when it is lower."""
-        return min(
-            self.effect_concurrency, config.get("max_concurrency") or self.effect_concurrency
-        )
-
-    @staticmethod
-    def _planned(phases: _Sorted) -> tuple[list[CallPlan], list[CallPlan]]:
-        reads = [phases.plans[index] for index in phases.reads if index in phases.plans]
-        effects = [phases.plans[index] for index in phases.effects if index in phases.plans]
-        return reads, effects
+    def _to_begin(self, phases: Phases, config: RunnableConfig, scope: RunScope) -> list[CallPlan]:
+        """The side effects whose intents go with the batch's plan (``schedule.to_begin``)."""
+        return to_begin(phases, config, self.effect_concurrency, limited=scope.limits is not None)
 
     def _reads(
         self,
-        phases: _Sorted,
+        phases: Phases,
         calls: list[ToolCall],
         runtimes: list[ToolRuntime[Any, Any]],
         input_type: InputType,
@@ -424,7 +371,7 @@ class EffectToolNode(ToolNode):
 
     def _effects(
         self,
-        phases: _Sorted,
+        phases: Phases,
         calls: list[ToolCall],
         runtimes: list[ToolRuntime[Any, Any]],
         input_type: InputType,
@@ -434,10 +381,10 @@ class EffectToolNode(ToolNode):
     ) -> None:
         """A sync graph's side effects: one at a time in a supervised worker, or at once."""
         ledger = batch.scope.ledger
-        if self._concurrent(phases, config):
+        if goes_at_once(phases, config, self.effect_concurrency):
             self._effects_at_once(phases, calls, runtimes, input_type, outputs, batch, config)
             return
-        order, copies = _twins(phases, calls)
+        order, copies = twins(phases, calls)
         supervisor = Supervisor()
         batch.supervisor = supervisor
 
@@ -458,21 +405,11 @@ class EffectToolNode(ToolNode):
             supervise(work, take_over, supervisor)
         finally:
             drive_ledger(ledger, batch.flush_outcome())
-        _answer_copies(outputs, copies)
-
-    def _concurrent(self, phases: _Sorted, config: RunnableConfig) -> bool:
-        """Whether the side effects go out at once: ``effect_concurrency`` above 1, and no
-        call waits for a review (the questions must come one at a time, in plan order)."""
-        if self.effect_concurrency == 1 or config.get("max_concurrency") == 1:
-            return False
-        return not any(
-            (plan := phases.plans.get(index)) is None or plan.needs_review
-            for index in phases.effects
-        )
+        answer_copies(outputs, copies)
 
     def _effects_at_once(
         self,
-        phases: _Sorted,
+        phases: Phases,
         calls: list[ToolCall],
         runtimes: list[ToolRuntime[Any, Any]],
         input_type: InputType,
@@ -482,8 +419,8 @@ class EffectToolNode(ToolNode):
     ) -> None:
         group = ThreadGroupCommit(batch.scope.ledger)
         batch.group, batch.defer = group, False
-        unique, copies = _twins(phases, calls)
-        limit = self._concurrency_limit(config)
+        unique, copies = twins(phases, calls)
+        limit = concurrency_limit(config, self.effect_concurrency)
         with ContextThreadPoolExecutor(max_workers=limit) as pool:
 
             def run(index: int) -> Any:
@@ -494,11 +431,11 @@ class EffectToolNode(ToolNode):
             futures = [(index, pool.submit(run, index)) for index in unique]
             for index, future in futures:
                 outputs[index] = future.result()
-        _answer_copies(outputs, copies)
+        answer_copies(outputs, copies)
 
     async def _aeffects(
         self,
-        phases: _Sorted,
+        phases: Phases,
         calls: list[ToolCall],
         runtimes: list[ToolRuntime[Any, Any]],
         input_type: InputType,
@@ -507,18 +444,18 @@ class EffectToolNode(ToolNode):
         config: RunnableConfig,
     ) -> None:
         ledger = batch.scope.ledger
-        unique, copies = _twins(phases, calls)
-        if not self._concurrent(phases, config):
+        unique, copies = twins(phases, calls)
+        if not goes_at_once(phases, config, self.effect_concurrency):
             try:
                 for index in unique:
                     outputs[index] = await self._arun_one(calls[index], input_type, runtimes[index])
             finally:
                 await adrive_ledger(ledger, batch.flush_outcome())
-            _answer_copies(outputs, copies)
+            answer_copies(outputs, copies)
             return
         group = AsyncGroupCommit(ledger)
         batch.group, batch.defer = group, False
-        limit = self._concurrency_limit(config)
+        limit = concurrency_limit(config, self.effect_concurrency)
         slots = asyncio.Semaphore(limit)
 
         async def bounded(index: int) -> Any:
@@ -532,35 +469,7 @@ class EffectToolNode(ToolNode):
         answers = await asyncio.gather(*(bounded(index) for index in unique))
         for index, answer in zip(unique, answers, strict=True):
             outputs[index] = answer
-        _answer_copies(outputs, copies)
-
-
-def _twins(phases: _Sorted, calls: list[ToolCall]) -> tuple[list[int], list[tuple[int, int]]]:
-    """The same call twice in a batch (same id, tool and arguments) is one step: run it
-    once and give each copy its answer, instead of letting the copy find its twin in
-    flight, or act on the record as the batch found it before its twin moved it."""
-    ids = Counter(str(calls[index].get("id")) for index in phases.effects)
-    first: dict[tuple[str, str, str], int] = {}
-    unique: list[int] = []
-    copies: list[tuple[int, int]] = []
-    for index in phases.effects:
-        call = calls[index]
-        call_id = str(call.get("id"))
-        if ids[call_id] > 1:  # only a shared id can be a copy: compare the arguments
-            identity = (call_id, str(call.get("name")), canonical(call.get("args")))
-            twin = first.setdefault(identity, index)
-            if twin != index:
-                copies.append((index, twin))
-                continue
-        unique.append(index)
-    return unique, copies
-
-
-def _answer_copies(outputs: list[Any], copies: list[tuple[int, int]]) -> None:
-    """Each copy of a call gets its own copy of its twin's answer."""
-    for index, twin in copies:
-        answer = outputs[twin]
-        outputs[index] = answer.model_copy() if isinstance(answer, ToolMessage) else answer
+        answer_copies(outputs, copies)
 
 
 __all__ = ["TOOLNODE_HANDLE_TOOL_ERRORS", "Classification", "EffectToolNode", "ServedEffects"]
