@@ -111,6 +111,63 @@ def test_a_side_effect_waits_for_the_model_steps_checkpoint(
         assert report.dispatched_after_cancel == 0
 
 
+@pytest.mark.parametrize("at_once", [1, 3], ids=["one_call", "three_at_once"])
+def test_a_task_cancelled_while_begun_calls_wait_records_them_never_sent(
+    durable_url: str, log: ExecutionLog, at_once: int
+) -> None:
+    # A server's runs.cancel cancels the run's asyncio task. Cancelled while the begun
+    # calls wait for the save, none leaves, and each record says it was never sent (no
+    # reconcile hook needed to find out); the next invocation finishes the stop with
+    # all of them under "never ran", none unknown.
+    hold = Hold()
+    refund = counting_tool(log, "refund", EffectKind.IRREVERSIBLE, reconcile=False)
+    model = scripted(calls(*(("refund", f"r-{i}", f"c{i}") for i in range(at_once))), "done")
+    thread = new_thread()
+    config = {"configurable": {"thread_id": thread}}
+    with held_saver(durable_url, hold) as saver:
+        node = EffectToolNode([refund], effect_concurrency=at_once)
+        graph = held_graph(saver, hold, node, model, use_async=True)
+
+        def records() -> list[Any]:
+            return list(saver.ledger.effects(thread))
+
+        async def cancel_while_held() -> None:
+            task = asyncio.ensure_future(graph.ainvoke({"messages": [HumanMessage("go")]}, config))
+            deadline = time.monotonic() + 20
+            while [r.status for r in records()] != [EffectStatus.DISPATCHED] * at_once:
+                assert time.monotonic() < deadline and not task.done(), records()
+                await asyncio.sleep(0.02)
+            task.cancel()
+            # LangGraph lets the node's task go on until the step's save is over.
+            await asyncio.sleep(0.2)
+            hold.release.set()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+
+        try:
+            asyncio.run(cancel_while_held())
+        finally:
+            hold.release.set()
+        assert log.attempts("refund") == 0
+        for record in records():
+            assert record.status in (EffectStatus.NOT_APPLIED, EffectStatus.DROPPED)
+            trail = [
+                (row.from_status, row.to_status, row.detail)
+                for row in saver.ledger.history(record.effect_id)
+            ]
+            assert (
+                EffectStatus.DISPATCHED,
+                EffectStatus.NOT_APPLIED,
+                {"never_sent": True, "reason": "the run's task was cancelled"},
+            ) in trail, trail
+        asyncio.run(graph.ainvoke(None, config))
+        report = get_report(saver, thread)
+        assert report.status == "cancelled"
+        assert [effect.tool for effect in report.not_run] == ["refund"] * at_once
+        assert report.unknown == [] and report.permanent == []
+        assert log.attempts("refund") == 0
+
+
 @pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])
 def test_a_read_does_not_wait(durable_url: str, log: ExecutionLog, use_async: bool) -> None:
     hold = Hold()

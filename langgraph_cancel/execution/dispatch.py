@@ -42,6 +42,7 @@ from langgraph_cancel.execution.steps import (
     AwaitPlanSaved,
     CancelCheck,
     DispatchCancelled,
+    PlanWaitCancelled,
     Protocol,
     SettleWhenReturned,
     StoppedWaiting,
@@ -98,12 +99,16 @@ def _begun_may_go(ctx: CallContext, plan: CallPlan, rec: EffectRecord) -> Protoc
     Raises:
         CheckpointNotSavedError: The step's checkpoint was not saved in time.
         BatchSuperseded: The node's thread took the batch over.
+        PlanWaitCancelled: The run's asyncio task was cancelled meanwhile.
     """
     try:
         ctx.batch.check_supervisor()
         yield AwaitPlanSaved(ctx.config, ctx.checkpoint_timeout)
     except (CheckpointNotSavedError, BatchSuperseded) as stopped:
         yield from mark_never_sent_steps(rec, ctx.owner, str(stopped))
+        raise
+    except PlanWaitCancelled:
+        yield from mark_never_sent_steps(rec, ctx.owner, "the run's task was cancelled")
         raise
     if not (yield CancelCheck()):
         return None

@@ -52,6 +52,7 @@ from langgraph_cancel.execution.steps import (
     LedgerCall,
     Observe,
     Pause,
+    PlanWaitCancelled,
     Protocol,
     Reconcile,
     SettleWhenReturned,
@@ -237,7 +238,14 @@ class AsyncDriver:
         if isinstance(step, Reconcile):
             return await call_reconcile(step.spec, step.key, step.args)
         if isinstance(step, AwaitPlanSaved):
-            await await_plan(step.config, step.timeout)
+            try:
+                await await_plan(step.config, step.timeout)
+            except asyncio.CancelledError:
+                # The run's task was cancelled (a server's runs.cancel) before the call
+                # left: a stop like any other, and what the call writes next is shielded.
+                self.cancelled = True
+                await self.scope.atask_cancelled()
+                raise PlanWaitCancelled from None
             return None
         if isinstance(step, Pause):
             await asyncio.sleep(step.seconds)

@@ -154,6 +154,16 @@ class Abandoned(Exception):
     """A read-only call given up on because the run was cancelled."""
 
 
+class PlanWaitCancelled(asyncio.CancelledError):
+    """The run's asyncio task was cancelled while a call waited for its step's
+    checkpoint, before it left the process.
+
+    The driver raised it in the cancelled task's place, with the stop noted and
+    every later step shielded, so that a call whose intent went with its batch's
+    plan can record that it was never sent before the cancellation goes on.
+    """
+
+
 class DispatchCancelled(asyncio.CancelledError):
     """The run's asyncio task was cancelled while a call was in flight.
 
@@ -277,6 +287,7 @@ __all__ = [
     "LedgerCall",
     "Observe",
     "Pause",
+    "PlanWaitCancelled",
     "Protocol",
     "Reconcile",
     "SettleWhenReturned",
