@@ -370,6 +370,9 @@ class PostgresStatements(DialectStatements):
         token: str,
     ) -> Operation[tuple[dict[str, tuple[EffectRecord, bool]], list[EffectRecord]]]:
         rows, params = self._batch_params(thread_id, run_id, unique, owner=owner, actor=actor)
+        # Only the ids travel: each intent's audit detail is its row's idempotency key,
+        # which the statement writes from the row itself (``plan_many_and_begin``
+        # builds every intent's detail from the same key).
         params.update(begin_ids=[intent.effect_id for intent in intents], token=token)
         return (yield from within("statement", self._insert_beginning(rows, params)))
 
