@@ -35,6 +35,7 @@ from langgraph.types import Command
 from langgraph_cancel.errors import IllegalTransitionError
 from langgraph_cancel.ledger import Ledger
 from langgraph_cancel.ledger.aio import async_twin_of
+from langgraph_cancel.ledger.flush import commit_before_flush
 from langgraph_cancel.limits import LimitGuard
 from langgraph_cancel.nodes.cancel import DRAIN_REASON, finalize_cancel
 from langgraph_cancel.nodes.settings import CancellationSettings
@@ -218,9 +219,10 @@ class Invocation:
         if twin is None or self.graph.checkpointer is None or self.watch.paused:
             return False
         try:
-            closed = await twin.afinish_run(
-                self.scope.run_id, RunStatus.COMPLETED, release_lease=self.owner
-            )
+            with commit_before_flush():  # see ``_complete``
+                closed = await twin.afinish_run(
+                    self.scope.run_id, RunStatus.COMPLETED, release_lease=self.owner
+                )
         except IllegalTransitionError:
             return False
         if not closed:
@@ -366,9 +368,14 @@ class Invocation:
             return False
         try:
             # The lease goes back in the same round trip when this call ends the run.
-            self._released = self.ledger.finish_run(
-                self.scope.run_id, RunStatus.COMPLETED, release_lease=self.owner
-            )
+            # Its commit need not wait for the disk: the run's last checkpoint is there
+            # already, and a completion lost with the database leaves the run live, as
+            # a worker that died before this write does; the thread's next input
+            # continues it.
+            with commit_before_flush():
+                self._released = self.ledger.finish_run(
+                    self.scope.run_id, RunStatus.COMPLETED, release_lease=self.owner
+                )
         except IllegalTransitionError:
             return False
         return self._released

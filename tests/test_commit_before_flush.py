@@ -1,12 +1,12 @@
 """Which ledger writes may commit before their WAL is on disk, and which never do.
 
 An intent (``dispatched``) must be durable before its call leaves (I1), so its commit
-waits for the disk; so does a run's end (a returned invoke's run is over). A run's
-start, the planned rows of a batch, the outcome of its last call and the records of
-its reads need not wait: no side effect leaves the process on their strength before a
-later write that waits for the disk (the next intent, the step's checkpoint) has made
-them durable, a lost outcome leaves its record dispatched, for reconciliation, and a
-lost read is read again.
+waits for the disk. A run's start, the planned rows of a batch, the outcome of its
+last call, the records of its reads and the run's completion need not wait: no side
+effect leaves the process on their strength before a later write that waits for the
+disk (the next intent, the step's checkpoint) has made them durable, a lost outcome
+leaves its record dispatched, for reconciliation, a lost read is read again, and a
+lost completion leaves the run live, as a worker that died before writing it does.
 """
 
 from __future__ import annotations
@@ -146,9 +146,7 @@ def log(tmp_path: Path) -> ExecutionLog:
     return ExecutionLog(str(tmp_path / "providers.db"))
 
 
-def test_only_the_run_start_and_the_last_outcome_commit_before_the_flush(
-    pg_url: str, log: ExecutionLog
-) -> None:
+def test_only_the_intents_wait_for_the_flush(pg_url: str, log: ExecutionLog) -> None:
     refund = counting_tool(log, "refund")
     model = scripted(calls(("refund", "a"), ("refund", "b"), ("refund", "c")))
     with psycopg.Connection.connect(
@@ -168,15 +166,14 @@ def test_only_the_run_start_and_the_last_outcome_commit_before_the_flush(
     assert log.applied("refund") == 3
     # The run's start, the batch's plan with the first intent (its commit waits: the
     # call leaves right after), then each outcome beside the next intent, then the last
-    # outcome on its own, and the run's end, whose commit waits: a returned invoke's
-    # run is durably over.
+    # outcome on its own, and the run's completion, after the last checkpoint.
     assert ledger.seen == [
         ("start", (), True),
         ("plan and begin", (), False),
         ("transition", (EffectStatus.COMMITTED, EffectStatus.DISPATCHED), False),
         ("transition", (EffectStatus.COMMITTED, EffectStatus.DISPATCHED), False),
         ("transition", (EffectStatus.COMMITTED,), True),
-        ("finish", (), False),
+        ("finish", (), True),
     ]
 
 
@@ -216,7 +213,7 @@ def test_the_records_of_reads_commit_before_the_flush(pg_url: str, log: Executio
         ("plan", (), True),
         ("record", (EffectStatus.COMMITTED,), True),
         ("transition", (EffectStatus.COMMITTED,), True),
-        ("finish", (), False),
+        ("finish", (), True),
     ]
 
 
@@ -361,7 +358,8 @@ class _CountingPipelines(psycopg.Connection[dict[str, Any]]):
 
 
 @pytest.mark.parametrize(
-    "write", ["plan one", "plan two", "record", "transition", "two transitions"]
+    "write",
+    ["plan one", "plan two", "record", "transition", "two transitions", "start", "finish"],
 )
 def test_the_ledgers_writes_before_the_flush_make_the_setting_themselves(
     pg_url: str, write: str
@@ -387,6 +385,7 @@ def test_the_ledgers_writes_before_the_flush_make_the_setting_themselves(
         ids = [entry[0].effect_id for entry in planned if isinstance(entry, tuple)]
         for effect_id in ids:
             ledger.transition(effect_id, EffectStatus.DISPATCHED, actor="w")
+        leased = [ledger.start_run(new_thread(), owner="w", lease_ttl=30) for _ in range(2)]
 
         def run(inside: bool) -> None:
             done = [
@@ -416,6 +415,11 @@ def test_the_ledgers_writes_before_the_flush_make_the_setting_themselves(
                 )
             elif write == "transition":
                 ledger.transition_many(done[inside : inside + 1])
+            elif write == "start":
+                ledger.start_run_and_unsettled(new_thread(), owner="w", lease_ttl=30)
+            elif write == "finish":
+                finished = leased[inside].run_id
+                assert ledger.finish_run(finished, RunStatus.COMPLETED, release_lease="w")
             else:
                 ledger.transition_many(done if inside else [])
 

@@ -252,6 +252,24 @@ def test_lost_acknowledgement_of_a_run_write_is_recognised(
         assert ledger.get_run(run.run_id).status is RunStatus.CANCELLED
 
 
+def test_a_finish_that_lost_its_acknowledgement_still_gives_the_lease_back(
+    db_url: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The finish and the lease's release committed together, then the ack was lost:
+    the retry says this call ended the run, and the lease is gone."""
+    caplog.set_level(logging.WARNING, logger=LOGGER)
+    with Ledger.from_url(db_url) as ledger:
+        thread = new_id("t")
+        run = ledger.start_run(thread, owner="w1", lease_ttl=30)
+        spy = spy_on(ledger, monkeypatch)
+        spy.after_commit = transient_error_for(ledger)
+        assert ledger.finish_run(run.run_id, RunStatus.COMPLETED, release_lease="w1") is True
+        monkeypatch.undo()
+        assert len(retry_logs(caplog)) == 1
+        assert ledger.lease(thread) is None
+        assert ledger.get_run(run.run_id).status is RunStatus.COMPLETED
+
+
 # -------------------------------------------------------------------------- SQLite
 
 

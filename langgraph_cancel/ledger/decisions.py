@@ -174,6 +174,7 @@ def parse_cancel_notice(payload: str) -> tuple[str, str]:
     return thread_id, run_id
 
 
+@functools.cache
 def finish_statement(target: RunStatus) -> str:
     """``FINISH_RUN`` for ``target``: the compare-and-set from its legal predecessors.
 

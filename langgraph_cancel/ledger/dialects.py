@@ -10,6 +10,7 @@ for them and never branches on the dialect.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Generator, Sequence
 from datetime import datetime
@@ -24,6 +25,7 @@ from langgraph_cancel.ledger.steps import (
     Execute,
     ExecuteMany,
     Operation,
+    Pipeline,
     Step,
     Unit,
     in_order,
@@ -46,6 +48,11 @@ SETUP_LOCK_KEY = 7231900118
 Body = Generator[Step, Any, None]
 
 Row = dict[str, Any]
+
+#: What a leased start wrote and read: whether the lease is ours, the run row it
+#: created (None when the thread has a live run), the thread's unsettled effects'
+#: rows (None unless asked for).
+LeasedStart = tuple[bool, Row | None, list[Row] | None]
 
 
 def json_text(value: Any) -> str:
@@ -78,6 +85,37 @@ class DialectStatements:
         """Tell listeners elsewhere that a cancel was requested (a body; PostgreSQL:
         ``NOTIFY``)."""
         return nothing()
+
+    def start_leased_run(
+        self, run: Row, lease: Row, with_unsettled: bool
+    ) -> Operation[LeasedStart]:
+        """Take the thread's lease, then insert the run if the lease is ours, and read
+        the thread's unsettled effects when asked, in one round trip.
+
+        Args:
+            run: ``INSERT_RUN_LEASED``'s parameters.
+            lease: ``ACQUIRE_LEASE``'s parameters.
+            with_unsettled: Read the thread's unsettled effects too.
+        """
+        statements = [(ledger_sql.ACQUIRE_LEASE, lease), (ledger_sql.INSERT_RUN_LEASED, run)]
+        if with_unsettled:
+            statements.append((ledger_sql.SELECT_UNSETTLED, {"thread_id": run["thread_id"]}))
+        results = yield Pipeline(statements)
+        created = results[1][0] if results[1] else None
+        return bool(results[0]), created, results[2] if with_unsettled else None
+
+    def finish_releasing(self, finish: str, params: Row) -> Operation[Row | None]:
+        """Run ``finish`` (``FINISH_RUN`` for a target) and let the lease go if it or an
+        earlier attempt with the same token finished the run, in one round trip.
+
+        Returns:
+            The finished run's row, or None if this statement did not finish it.
+        """
+        results = yield Pipeline(
+            [(finish, params), (ledger_sql.RELEASE_LEASE_AFTER_FINISH, params)]
+        )
+        finished: Row | None = results[0][0] if results[0] else None
+        return finished
 
     def insert_effect(self, params: Row) -> Operation[tuple[Row, bool]]:
         """Insert a planned effect (``decisions.plan_params``) with its audit row.
@@ -294,6 +332,32 @@ class PostgresStatements(DialectStatements):
     def announce_cancel(self, thread_id: str, run_id: str) -> Body:
         yield Execute(ledger_sql.NOTIFY_CANCEL, decisions.cancel_notice(thread_id, run_id), "none")
 
+    def start_leased_run(
+        self, run: Row, lease: Row, with_unsettled: bool
+    ) -> Operation[LeasedStart]:
+        """One statement; the unsettled effects are read after it only when it found
+        some (the common new run has none)."""
+        start = Execute(_as_written(ledger_sql.PG_START_RUN_LEASED), {**lease, **run})
+        row: Row | None = yield Unit("statement", in_order(start))
+        if row is None:
+            return False, None, None
+        unsettled_found = row.pop("unsettled_found")
+        created = row if row["run_id"] is not None else None
+        if not with_unsettled:
+            return True, created, None
+        if not unsettled_found:
+            return True, created, []
+        unsettled: list[Row] = yield read(
+            ledger_sql.SELECT_UNSETTLED, {"thread_id": run["thread_id"]}, "all"
+        )
+        return True, created, unsettled
+
+    def finish_releasing(self, finish: str, params: Row) -> Operation[Row | None]:
+        """One statement: the finish and the release in writable CTEs."""
+        statement = _finish_releasing(finish, commits_before_flush())
+        finished: Row | None = yield Unit("statement", in_order(Execute(statement, params)))
+        return finished
+
     def insert_effect(self, params: Row) -> Operation[tuple[Row, bool]]:
         return (yield from within("statement", self._insert_effect(params)))
 
@@ -445,6 +509,14 @@ class PostgresStatements(DialectStatements):
         ]
 
 
+@functools.lru_cache(maxsize=32)
+def _finish_releasing(finish: str, before_flush: bool) -> str:
+    """``PG_FINISH_RUN_RELEASING`` around ``finish``, committing before the WAL flush
+    when asked; formatted once per finish statement."""
+    statement = ledger_sql.PG_FINISH_RUN_RELEASING.format(finish=finish)
+    return ledger_sql.pg_committing_before_flush(statement) if before_flush else statement
+
+
 def _as_written(statement: str) -> str:
     """A hot write's statement, or inside ``commit_before_flush`` its variant that
     commits before the WAL flush (``ledger_sql.PG_COMMITTING_BEFORE_FLUSH``)."""
@@ -457,6 +529,7 @@ __all__ = [
     "SETUP_LOCK_KEY",
     "Body",
     "DialectStatements",
+    "LeasedStart",
     "PostgresStatements",
     "SqliteStatements",
     "json_text",

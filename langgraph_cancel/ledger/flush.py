@@ -6,8 +6,11 @@ run pays one disk flush per ledger write. Only some writes need that wait: an in
 anything another party acts on at once. Others are records whose loss the protocol
 already survives: the ``planned`` rows written before any call goes out, the
 outcome of the last call of a batch, which reconciliation settles when it is missing
-(the same window a worker's ``kill -9`` between the call and its outcome opens), or
-the records of read-only calls (a lost one is read again on resume).
+(the same window a worker's ``kill -9`` between the call and its outcome opens),
+the records of read-only calls (a lost one is read again on resume), a run's start
+(nothing leaves on its strength before a commit that waits) and its completion (a
+lost one leaves the run live, as a worker that died before writing it does, and the
+thread's next input continues it).
 
 Inside :func:`commit_before_flush`, a backend that can lets such a write commit
 before its WAL reaches the disk: PostgreSQL's ``synchronous_commit=off`` for that

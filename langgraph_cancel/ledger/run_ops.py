@@ -32,7 +32,7 @@ CancelListener = Callable[[str, str], None]
 
 
 def start_run(
-    codec: Codec,
+    codec: DialectStatements,
     thread_id: str,
     run_id: str | None,
     owner: str | None,
@@ -57,7 +57,7 @@ def start_run(
     # Insert first: new input on a finished thread (the common case) is one
     # statement. The partial unique index turns it into a no-op when the thread
     # has a live run, which is then read.
-    statements = [(ledger_sql.INSERT_RUN, params)]
+    unsettled_rows: list[dict[str, Any]] | None = None
     if lease_ttl is not None:
         if owner is None:
             raise ValueError("start_run: a lease needs an owner")
@@ -67,21 +67,27 @@ def start_run(
             "now": params["now"],
             "expires_at": codec.ts_in(now + timedelta(seconds=lease_ttl)),
         }
-        statements = [(ledger_sql.ACQUIRE_LEASE, lease), (ledger_sql.INSERT_RUN_LEASED, params)]
-    if with_unsettled:
-        statements.append((ledger_sql.SELECT_UNSETTLED, {"thread_id": thread_id}))
-    results = yield Pipeline(statements)
-    if lease_ttl is not None and not results[0]:
-        # Held by another owner, or let go in between: acquire_lease tells which.
-        yield from lease_ops.acquire_lease(codec, thread_id, owner or "", lease_ttl)
-        return (
-            yield from start_run(
-                codec, thread_id, run_id, owner, parent_run_id, None, with_unsettled
-            )
+        leased, row, unsettled_rows = yield from codec.start_leased_run(
+            params, lease, with_unsettled
         )
-    created = results[1 if lease_ttl is not None else 0]
-    unsettled = [effect_record(r, codec) for r in results[-1]] if with_unsettled else None
-    row = created[0] if created else None
+        if not leased:
+            # Held by another owner, or let go in between: acquire_lease tells which.
+            yield from lease_ops.acquire_lease(codec, thread_id, owner, lease_ttl)
+            return (
+                yield from start_run(
+                    codec, thread_id, run_id, owner, parent_run_id, None, with_unsettled
+                )
+            )
+    else:
+        statements = [(ledger_sql.INSERT_RUN, params)]
+        if with_unsettled:
+            statements.append((ledger_sql.SELECT_UNSETTLED, {"thread_id": thread_id}))
+        results = yield Pipeline(statements)
+        row = results[0][0] if results[0] else None
+        unsettled_rows = results[1] if with_unsettled else None
+    unsettled = (
+        None if unsettled_rows is None else [effect_record(r, codec) for r in unsettled_rows]
+    )
     if row is None:  # the thread's live run (or a run id clash)
         row = yield read(ledger_sql.SELECT_ACTIVE_RUN, {"thread_id": thread_id})
         if row is None:
@@ -220,7 +226,7 @@ def _observe(run_id: str, now: Any) -> Generator[Step, Any, dict[str, Any]]:
 
 
 def finish_run(
-    codec: Codec,
+    codec: DialectStatements,
     run_id: str,
     target: RunStatus,
     *,
@@ -254,10 +260,7 @@ def finish_run(
         if release_lease is None:
             finished = yield Unit("statement", in_order(Execute(finish, params)))
         else:  # the release is a no-op unless this finish wrote the run's status
-            results = yield Pipeline(
-                [(finish, params), (ledger_sql.RELEASE_LEASE_AFTER_FINISH, params)]
-            )
-            finished = results[0][0] if results[0] else None
+            finished = yield from codec.finish_releasing(finish, params)
         if finished is not None:
             return True
         row = yield read(ledger_sql.SELECT_RUN, {"run_id": run_id})

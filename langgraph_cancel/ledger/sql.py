@@ -340,17 +340,6 @@ WITH new AS (
 )
 SELECT * FROM ins"""
 
-# The ledger's hot writes, each beside its variant that commits before the WAL flush.
-PG_COMMITTING_BEFORE_FLUSH: dict[str, str] = {
-    statement: pg_committing_before_flush(statement)
-    for statement in (
-        PG_INSERT_EFFECT,
-        PG_INSERT_EFFECTS,
-        PG_TRANSITION_EFFECT,
-        PG_TRANSITION_EFFECTS,
-    )
-}
-
 RUN_ACTIVE_GUARD = """AND (
     SELECT r.status FROM lgc_runs r WHERE r.run_id = lgc_effects.run_id) = 'running'"""
 
@@ -362,7 +351,7 @@ SELECT_TRANSITIONS = """
 SELECT effect_id, from_status, to_status, at, actor, detail FROM lgc_transitions
 WHERE effect_id = %(effect_id)s ORDER BY id"""
 
-ACQUIRE_LEASE = """
+_TAKE_LEASE = """
 INSERT INTO lgc_leases (thread_id, owner, acquired_at, heartbeat_at, expires_at)
 VALUES (%(thread_id)s, %(owner)s, %(now)s, %(now)s, %(expires_at)s)
 ON CONFLICT (thread_id) DO UPDATE SET
@@ -371,7 +360,8 @@ ON CONFLICT (thread_id) DO UPDATE SET
                        ELSE excluded.acquired_at END,
     heartbeat_at = excluded.heartbeat_at,
     expires_at = excluded.expires_at
-WHERE lgc_leases.owner = excluded.owner OR lgc_leases.expires_at < excluded.heartbeat_at
+WHERE lgc_leases.owner = excluded.owner OR lgc_leases.expires_at < excluded.heartbeat_at"""
+ACQUIRE_LEASE = f"""{_TAKE_LEASE}
 RETURNING thread_id, owner, acquired_at, heartbeat_at, expires_at"""
 
 SELECT_LEASE = """
@@ -388,6 +378,39 @@ RELEASE_LEASE = "DELETE FROM lgc_leases WHERE thread_id = %(thread_id)s AND owne
 RELEASE_LEASE_AFTER_FINISH = """
 DELETE FROM lgc_leases WHERE owner = %(lease_owner)s AND thread_id = (
     SELECT thread_id FROM lgc_runs WHERE run_id = %(run_id)s AND last_token = %(token)s)"""
+
+# PostgreSQL: new input's lease, its run and whether the thread has unsettled effects,
+# in one statement. The run is written only if the lease is ours (``lease`` returned its
+# row); the statement returns no row when another owner holds the lease, and the run's
+# columns empty when the thread already has a live run.
+PG_START_RUN_LEASED = f"""
+WITH lease AS ({_TAKE_LEASE}
+RETURNING thread_id
+), run AS (
+    INSERT INTO lgc_runs (run_id, thread_id, status, created_at, updated_at, owner,
+        parent_run_id)
+    SELECT %(run_id)s, %(thread_id)s, 'running', %(now)s, %(now)s, %(owner)s, %(parent_run_id)s
+    FROM lease
+    ON CONFLICT DO NOTHING
+    RETURNING {RUN_COLUMNS}
+)
+SELECT run.*, EXISTS (
+    SELECT 1 FROM lgc_effects WHERE thread_id = %(thread_id)s AND status IN {UNSETTLED_SQL}
+) AS unsettled_found
+FROM lease LEFT JOIN run ON true"""
+
+# PostgreSQL: FINISH_RUN (``{finish}``, its statuses filled in) and
+# RELEASE_LEASE_AFTER_FINISH in one statement. The lease goes when this statement
+# finishes the run, or when an earlier attempt with the same token did.
+PG_FINISH_RUN_RELEASING = """
+WITH finished AS ({finish}
+), released AS (
+    DELETE FROM lgc_leases WHERE owner = %(lease_owner)s AND thread_id IN (
+        SELECT thread_id FROM finished
+        UNION ALL
+        SELECT thread_id FROM lgc_runs WHERE run_id = %(run_id)s AND last_token = %(token)s)
+)
+SELECT * FROM finished"""
 
 # A lease taken from a holder known to be gone: only if that holder still has it.
 TAKE_OVER_LEASE = """
@@ -416,6 +439,19 @@ DELETE_THREAD_EFFECTS = "DELETE FROM lgc_effects WHERE thread_id = %(thread_id)s
 DELETE_THREAD_RUNS = "DELETE FROM lgc_runs WHERE thread_id = %(thread_id)s"
 
 NOTIFY_CANCEL = "SELECT pg_notify('lgc_cancel', %(payload)s)"
+
+# The ledger's hot writes and a run's start, each beside its variant that commits
+# before the WAL flush.
+PG_COMMITTING_BEFORE_FLUSH: dict[str, str] = {
+    statement: pg_committing_before_flush(statement)
+    for statement in (
+        PG_INSERT_EFFECT,
+        PG_INSERT_EFFECTS,
+        PG_TRANSITION_EFFECT,
+        PG_TRANSITION_EFFECTS,
+        PG_START_RUN_LEASED,
+    )
+}
 
 _PARAM = re.compile(r"%\((\w+)\)s")
 
