@@ -112,19 +112,34 @@ def test_a_side_effect_waits_for_the_model_steps_checkpoint(
 
 
 @pytest.mark.parametrize("at_once", [1, 3], ids=["one_call", "three_at_once"])
+@pytest.mark.parametrize("moment", ["waiting_for_the_save", "writing_the_plan"])
 def test_a_task_cancelled_while_begun_calls_wait_records_them_never_sent(
-    durable_url: str, log: ExecutionLog, at_once: int
+    durable_url: str,
+    log: ExecutionLog,
+    at_once: int,
+    moment: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # A server's runs.cancel cancels the run's asyncio task. Cancelled while the begun
-    # calls wait for the save, none leaves, and each record says it was never sent (no
-    # reconcile hook needed to find out); the next invocation finishes the stop with
-    # all of them under "never ran", none unknown.
+    # calls wait for the save, or while the plan that began them is still being written
+    # (committed, its answer not back), none leaves, and each record says it was never
+    # sent (no reconcile hook needed to find out); the next invocation finishes the stop
+    # with all of them under "never ran", none unknown.
     hold = Hold()
     refund = counting_tool(log, "refund", EffectKind.IRREVERSIBLE, reconcile=False)
     model = scripted(calls(*(("refund", f"r-{i}", f"c{i}") for i in range(at_once))), "done")
     thread = new_thread()
     config = {"configurable": {"thread_id": thread}}
     with held_saver(durable_url, hold) as saver:
+        if moment == "writing_the_plan":
+            written = saver.ledger.aplan_many_and_begin
+
+            async def slow_to_answer(**kwargs: Any) -> Any:
+                answer = await written(**kwargs)
+                await asyncio.sleep(0.5)
+                return answer
+
+            monkeypatch.setattr(saver.ledger, "aplan_many_and_begin", slow_to_answer)
         node = EffectToolNode([refund], effect_concurrency=at_once)
         graph = held_graph(saver, hold, node, model, use_async=True)
 
@@ -150,11 +165,11 @@ def test_a_task_cancelled_while_begun_calls_wait_records_them_never_sent(
             hold.release.set()
         assert log.attempts("refund") == 0
         for record in records():
-            assert record.status in (EffectStatus.NOT_APPLIED, EffectStatus.DROPPED)
             trail = [
                 (row.from_status, row.to_status, row.detail)
                 for row in saver.ledger.history(record.effect_id)
             ]
+            assert record.status in (EffectStatus.NOT_APPLIED, EffectStatus.DROPPED), trail
             assert (
                 EffectStatus.DISPATCHED,
                 EffectStatus.NOT_APPLIED,

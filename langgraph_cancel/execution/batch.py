@@ -37,6 +37,7 @@ from langgraph_cancel.errors import (
 from langgraph_cancel.execution.group import GroupCommit
 from langgraph_cancel.execution.identity import canonical, own_record_steps
 from langgraph_cancel.execution.plan import CallPlan
+from langgraph_cancel.execution.settlement import never_sent_steps
 from langgraph_cancel.execution.steps import (
     GroupWrite,
     Protocol,
@@ -287,6 +288,13 @@ class Batch:
             return False
         self.begun.discard(rec.effect_id)
         return True
+
+    def abandon_begun(self, reason: str) -> Protocol[None]:
+        """Record never sent (``not_applied``) the begun calls no dispatch has taken:
+        their run's task was cancelled before they could go."""
+        untaken, self.begun = sorted(self.begun), set()
+        for effect_id in untaken:
+            yield from never_sent_steps(effect_id, self.scope.owner, reason)
 
     def begin(self, plan: CallPlan, rec: EffectRecord) -> Protocol[EffectRecord | Exception]:
         """The durable intent (``dispatched``), or the ledger's refusal.

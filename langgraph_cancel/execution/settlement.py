@@ -96,10 +96,15 @@ def mark_never_sent_steps(
     ``not_applied`` (droppable, or dispatchable again under its key). None when another
     writer moved it first, or the ledger could not be reached (it stays in flight for
     reconciliation to settle)."""
+    return (yield from never_sent_steps(rec.effect_id, actor, reason))
+
+
+def never_sent_steps(effect_id: str, actor: str, reason: str) -> Protocol[EffectRecord | None]:
+    """``mark_never_sent_steps`` for the effect with this id."""
     try:
         moved: EffectRecord = yield from ledger_call(
             Ledger.transition,
-            rec.effect_id,
+            effect_id,
             EffectStatus.NOT_APPLIED,
             expected=[EffectStatus.DISPATCHED],
             actor=actor,
@@ -188,6 +193,7 @@ __all__ = [
     "mark_never_sent_steps",
     "mark_unknown",
     "mark_unknown_steps",
+    "never_sent_steps",
     "record_late_outcome",
     "running",
     "running_here",

@@ -20,8 +20,8 @@ import asyncio
 import concurrent.futures
 import inspect
 import logging
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from typing import Any, Literal, TypeVar
 
 from langchain_core.messages import AnyMessage, ToolCall, ToolMessage
 from langchain_core.runnables import RunnableConfig
@@ -61,6 +61,8 @@ from langgraph_cancel.execution.supervision import InFlight, Supervisor, supervi
 from langgraph_cancel.ledger import Ledger
 from langgraph_cancel.runtime import RunScope
 from langgraph_cancel.types import CancelPolicy, EffectStatus
+
+T = TypeVar("T")
 
 logger = logging.getLogger("langgraph_cancel.tools")
 
@@ -242,10 +244,10 @@ class EffectToolNode(ToolNode):
         config = batch.attach(config)
         runtimes = self._runtimes(input, config, runtime, calls)
         phases = self._sort(calls, scope, history_of(input, self.history_key))
-        if not self.wrapped:
-            await self._aprepare(batch, phases, config)
         outputs: list[Any] = [None] * len(calls)
         try:
+            if not self.wrapped:
+                await self._aprepare(batch, phases, config)
             if phases.reads:
                 try:
                     answers = await asyncio.gather(
@@ -262,7 +264,20 @@ class EffectToolNode(ToolNode):
                 await self._aeffects(phases, calls, runtimes, input_type, outputs, batch, config)
         except Carried as failure:
             raise failure.error from failure.error.__cause__
+        except asyncio.CancelledError:
+            if batch.begun:
+                await _despite_cancel(self._aabandon_begun(batch))
+            raise
         return self._combine_tool_outputs(outputs, input_type)
+
+    @staticmethod
+    async def _aabandon_begun(batch: Batch) -> None:
+        """The run's task was cancelled (a server's ``runs.cancel``) before calls whose
+        intents went with the plan were taken by their dispatch: none of them left, so
+        each is recorded never sent, after the stop is noted."""
+        scope = batch.scope
+        await scope.atask_cancelled()
+        await adrive_ledger(scope.ledger, batch.abandon_begun("the run's task was cancelled"))
 
     # ------------------------------------------------------------- batches
     def _runtimes(
@@ -317,7 +332,11 @@ class EffectToolNode(ToolNode):
         begin = self._to_begin(phases, config, scope)
         if begin and await scope.signal.acancel_called():
             begin = []
-        await adrive_ledger(scope.ledger, batch.prepare(*phases.planned(), begin=begin))
+        # A cancel of the run's task must not cut the write short: the calls it begins
+        # are known only once it has answered, and are then recorded never sent.
+        await _despite_cancel(
+            adrive_ledger(scope.ledger, batch.prepare(*phases.planned(), begin=begin))
+        )
 
     def _to_begin(self, phases: Phases, config: RunnableConfig, scope: RunScope) -> list[CallPlan]:
         """The side effects whose intents go with the batch's plan (``schedule.to_begin``)."""
@@ -470,6 +489,23 @@ class EffectToolNode(ToolNode):
         for index, answer in zip(unique, answers, strict=True):
             outputs[index] = answer
         answer_copies(outputs, copies)
+
+
+async def _despite_cancel(work: Coroutine[Any, Any, T]) -> T:
+    """``work`` run to its end even if this task is cancelled meanwhile (a ledger
+    write, bounded by its own retries); the cancel is raised once it has ended."""
+    task = asyncio.ensure_future(work)
+    cancelled = False
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            cancelled = cancelled or not task.done()
+        except Exception:
+            break
+    if cancelled:
+        raise asyncio.CancelledError from (None if task.cancelled() else task.exception())
+    return task.result()
 
 
 __all__ = ["TOOLNODE_HANDLE_TOOL_ERRORS", "Classification", "EffectToolNode", "ServedEffects"]
