@@ -158,6 +158,12 @@ def statement_summary(rows: list[dict[str, Any]], runs: int) -> dict[str, Any]:
     }
 
 
+#: How many leading characters a statement must share with a constant to be named by
+#: it; a template's text before its first placeholder, at least ``MATCHED_HEAD``.
+MATCHED_START = 60
+MATCHED_HEAD = 15
+
+
 def _shape(text: str) -> str:
     """A statement with its parameters blanked and its spacing made one blank."""
     return " ".join(re.sub(r"%\(\w+\)s|\$\d+", "?", text).lower().split())
@@ -174,8 +180,9 @@ def _common_start(first: str, second: str) -> int:
 def ledger_statement_name(query: str) -> str:
     """The name of the ledger's SQL constant (``ledger/sql.py``) a statement the server
     counted was made from: the constant whose text starts the same way the longest
-    (templates are filled in before they run, so only their beginning is compared).
-    The statement's own beginning when none matches."""
+    (templates are filled in before they run, so only their beginning is compared; a
+    template whose whole text before its first placeholder matches counts as a match
+    however short that text). The statement's own beginning when none matches."""
     from langgraph_cancel.ledger import sql as ledger_sql
 
     shape = _shape(query)
@@ -183,10 +190,13 @@ def ledger_statement_name(query: str) -> str:
     for name, text in vars(ledger_sql).items():
         if not (name.isupper() and isinstance(text, str)):
             continue
-        length = _common_start(shape, _shape(text))
+        template = _shape(text)
+        length = _common_start(shape, template)
+        if "{" in template and length == template.index("{") >= MATCHED_HEAD:
+            length = max(length, MATCHED_START)
         if length > best_length:
             best, best_length = name, length
-    return best if best_length >= 60 else shape[:60]
+    return best if best_length >= MATCHED_START else shape[:MATCHED_START]
 
 
 def server_cpu_s() -> float | None:
