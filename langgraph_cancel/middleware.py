@@ -59,6 +59,7 @@ from langgraph_cancel.execution.identity import dangling_tool_calls
 from langgraph_cancel.execution.interceptor import DEFAULT_CANCEL_TIMEOUT, EffectInterceptor
 from langgraph_cancel.execution.served import Classification, ServedEffects
 from langgraph_cancel.ledger import Ledger
+from langgraph_cancel.ledger.flush import commit_before_flush
 from langgraph_cancel.limits import LimitGuard, Limits, tokens_of
 from langgraph_cancel.nodes.cancel import answer_dangling, finalize_cancel
 from langgraph_cancel.nodes.reconcile import reconcile_thread
@@ -225,7 +226,8 @@ class EffectMiddleware(AgentMiddleware[CancelAgentState, Any, Any]):
         elif not scope.run.terminal and scope.extra.get(TURN_INPUT, marker) != marker:
             # The earlier turn ended where no model call saw it (a middleware's jump,
             # a reply stripped of its calls): it is over.
-            scope.ledger.finish_run(scope.run_id, RunStatus.COMPLETED)
+            with commit_before_flush():  # see ``_complete``
+                scope.ledger.finish_run(scope.run_id, RunStatus.COMPLETED)
             drop_scope(scope)
         scope = self._scope(new_run=True)
         scope.extra[TURN_INPUT] = marker
@@ -296,7 +298,12 @@ class EffectMiddleware(AgentMiddleware[CancelAgentState, Any, Any]):
         scope.enforce(None)
         run = scope.refresh()
         if run.status is RunStatus.RUNNING:
-            scope.ledger.finish_run(run.run_id, RunStatus.COMPLETED)
+            # Its commit need not wait for the disk: this model step's checkpoint,
+            # saved after it with a commit that waits, makes it durable first, and a
+            # completion lost with the database leaves the run live, as a worker that
+            # died before writing it does.
+            with commit_before_flush():
+                scope.ledger.finish_run(run.run_id, RunStatus.COMPLETED)
             scope.refresh()  # the next turn's input starts a run of its own
             return None
         if run.terminal:

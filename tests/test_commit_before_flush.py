@@ -20,7 +20,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from langchain_core.messages import HumanMessage
+from langchain_core.messages import AIMessage, HumanMessage
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
@@ -40,6 +40,7 @@ from langgraph_cancel.errors import DuplicateIdempotencyKeyError, LedgerError
 from langgraph_cancel.ledger import Ledger, PostgresBackend
 from langgraph_cancel.ledger.aio_postgres import AsyncPostgresBackend
 from langgraph_cancel.ledger.flush import commit_before_flush, commits_before_flush
+from langgraph_cancel.testing.fake_model import ScriptedChatModel, tool_call
 from langgraph_cancel.types import (
     EffectRecord,
     NewEffect,
@@ -433,3 +434,35 @@ def test_the_ledgers_writes_before_the_flush_make_the_setting_themselves(
             seen.append((str(row["source"]), conn.pipelines))
     assert seen[0][0] != "session"
     assert seen[1] == ("session", 0)
+
+
+def test_the_create_agent_middlewares_completion_commits_before_the_flush(
+    pg_url: str, log: ExecutionLog
+) -> None:
+    agents = pytest.importorskip("langchain.agents")
+    from langgraph_cancel.middleware import EffectMiddleware
+
+    refund = counting_tool(log, "refund")
+    model = ScriptedChatModel(
+        [AIMessage("", tool_calls=[tool_call("refund", {"item": "a"})]), AIMessage("done")]
+    )
+    with psycopg.Connection.connect(
+        pg_url, autocommit=True, prepare_threshold=0, row_factory=dict_row
+    ) as conn:
+        ledger = _WritesSeen(PostgresBackend(pg_url, max_size=2))
+        try:
+            saver = PostgresCancelSaver(conn, ledger=ledger)
+            saver.setup()
+            agent = agents.create_agent(
+                model, [refund], middleware=[EffectMiddleware(approval=False)], checkpointer=saver
+            )
+            thread = new_thread()
+            out = agent.invoke({"messages": [HumanMessage("refund a")]}, config_for(thread))
+            run = ledger.latest_run(thread)
+        finally:
+            ledger.close()
+    assert out["messages"][-1].content == "done"
+    assert log.applied("refund") == 1
+    assert run is not None and run.status is RunStatus.COMPLETED
+    finishes = [before_flush for write, _, before_flush in ledger.seen if write == "finish"]
+    assert finishes == [True]
