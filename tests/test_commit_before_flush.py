@@ -12,7 +12,7 @@ lost completion leaves the run live, as a worker that died before writing it doe
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import nullcontext
 from datetime import datetime
 from pathlib import Path
@@ -147,9 +147,12 @@ def log(tmp_path: Path) -> ExecutionLog:
     return ExecutionLog(str(tmp_path / "providers.db"))
 
 
-def test_only_the_intents_wait_for_the_flush(pg_url: str, log: ExecutionLog) -> None:
-    refund = counting_tool(log, "refund")
-    model = scripted(calls(("refund", "a"), ("refund", "b"), ("refund", "c")))
+#: A saver on PostgreSQL and its ledger, which notes each write's flush mark.
+SeenSaver = tuple[PostgresCancelSaver, _WritesSeen]
+
+
+@pytest.fixture
+def seen(pg_url: str) -> Iterator[SeenSaver]:
     with psycopg.Connection.connect(
         pg_url, autocommit=True, prepare_threshold=0, row_factory=dict_row
     ) as conn:
@@ -157,12 +160,19 @@ def test_only_the_intents_wait_for_the_flush(pg_url: str, log: ExecutionLog) -> 
         try:
             saver = PostgresCancelSaver(conn, ledger=ledger)
             saver.setup()
-            graph = cancellable(agent_builder(model, EffectToolNode([refund])), saver)
-            thread = new_thread()
-            graph.invoke({"messages": [HumanMessage("refund three")]}, config_for(thread))
-            effects = ledger.effects(thread)
+            yield saver, ledger
         finally:
             ledger.close()
+
+
+def test_only_the_intents_wait_for_the_flush(seen: SeenSaver, log: ExecutionLog) -> None:
+    saver, ledger = seen
+    refund = counting_tool(log, "refund")
+    model = scripted(calls(("refund", "a"), ("refund", "b"), ("refund", "c")))
+    graph = cancellable(agent_builder(model, EffectToolNode([refund])), saver)
+    thread = new_thread()
+    graph.invoke({"messages": [HumanMessage("refund three")]}, config_for(thread))
+    effects = ledger.effects(thread)
     assert sorted(e.status for e in effects) == [EffectStatus.COMMITTED] * 3
     assert log.applied("refund") == 3
     # The run's start, the batch's plan with the first intent (its commit waits: the
@@ -178,26 +188,18 @@ def test_only_the_intents_wait_for_the_flush(pg_url: str, log: ExecutionLog) -> 
     ]
 
 
-def test_the_records_of_reads_commit_before_the_flush(pg_url: str, log: ExecutionLog) -> None:
+def test_the_records_of_reads_commit_before_the_flush(seen: SeenSaver, log: ExecutionLog) -> None:
+    saver, ledger = seen
     lookup = counting_tool(log, "lookup", EffectKind.READ_ONLY)
     refund = counting_tool(log, "refund")
     model = scripted(
         calls(("lookup", "a"), ("lookup", "b")),
         calls(("lookup", "c"), ("refund", "c")),
     )
-    with psycopg.Connection.connect(
-        pg_url, autocommit=True, prepare_threshold=0, row_factory=dict_row
-    ) as conn:
-        ledger = _WritesSeen(PostgresBackend(pg_url, max_size=2))
-        try:
-            saver = PostgresCancelSaver(conn, ledger=ledger)
-            saver.setup()
-            graph = cancellable(agent_builder(model, EffectToolNode([lookup, refund])), saver)
-            thread = new_thread()
-            graph.invoke({"messages": [HumanMessage("look, then refund")]}, config_for(thread))
-            effects = ledger.effects(thread)
-        finally:
-            ledger.close()
+    graph = cancellable(agent_builder(model, EffectToolNode([lookup, refund])), saver)
+    thread = new_thread()
+    graph.invoke({"messages": [HumanMessage("look, then refund")]}, config_for(thread))
+    effects = ledger.effects(thread)
     assert sorted((e.tool, e.status) for e in effects) == [
         ("lookup", EffectStatus.COMMITTED),
         ("lookup", EffectStatus.COMMITTED),
@@ -206,8 +208,8 @@ def test_the_records_of_reads_commit_before_the_flush(pg_url: str, log: Executio
     ]
     assert (log.applied("lookup"), log.applied("refund")) == (3, 1)
     # Reads change nothing outside: their records need not wait for the disk, in a
-    # batch of reads alone as beside a side effect. The run's end still waits (the
-    # refund's intent, through ``transition``, is not in this list).
+    # batch of reads alone as beside a side effect (the refund's intent, through
+    # ``transition``, is not in this list).
     assert ledger.seen == [
         ("start", (), True),
         ("record", (EffectStatus.COMMITTED, EffectStatus.COMMITTED), True),
@@ -437,30 +439,22 @@ def test_the_ledgers_writes_before_the_flush_make_the_setting_themselves(
 
 
 def test_the_create_agent_middlewares_completion_commits_before_the_flush(
-    pg_url: str, log: ExecutionLog
+    seen: SeenSaver, log: ExecutionLog
 ) -> None:
     agents = pytest.importorskip("langchain.agents")
     from langgraph_cancel.middleware import EffectMiddleware
 
+    saver, ledger = seen
     refund = counting_tool(log, "refund")
     model = ScriptedChatModel(
         [AIMessage("", tool_calls=[tool_call("refund", {"item": "a"})]), AIMessage("done")]
     )
-    with psycopg.Connection.connect(
-        pg_url, autocommit=True, prepare_threshold=0, row_factory=dict_row
-    ) as conn:
-        ledger = _WritesSeen(PostgresBackend(pg_url, max_size=2))
-        try:
-            saver = PostgresCancelSaver(conn, ledger=ledger)
-            saver.setup()
-            agent = agents.create_agent(
-                model, [refund], middleware=[EffectMiddleware(approval=False)], checkpointer=saver
-            )
-            thread = new_thread()
-            out = agent.invoke({"messages": [HumanMessage("refund a")]}, config_for(thread))
-            run = ledger.latest_run(thread)
-        finally:
-            ledger.close()
+    agent = agents.create_agent(
+        model, [refund], middleware=[EffectMiddleware(approval=False)], checkpointer=saver
+    )
+    thread = new_thread()
+    out = agent.invoke({"messages": [HumanMessage("refund a")]}, config_for(thread))
+    run = ledger.latest_run(thread)
     assert out["messages"][-1].content == "done"
     assert log.applied("refund") == 1
     assert run is not None and run.status is RunStatus.COMPLETED
