@@ -20,7 +20,7 @@ from langgraph_cancel.cli.render.text import (
 )
 
 if TYPE_CHECKING:
-    from langgraph_cancel.cli.inspection import ThreadState
+    from langgraph_cancel.cli.thread import ThreadState
     from langgraph_cancel.types import (
         CancelRequestResult,
         EffectRecord,
