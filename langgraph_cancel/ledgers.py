@@ -23,25 +23,31 @@ from __future__ import annotations
 import logging
 import os
 import sqlite3
+import threading
 import warnings
+import weakref
 from typing import Any
 
 from langchain_core.runnables import RunnableConfig
 
 from langgraph_cancel.errors import ConfigurationError
 from langgraph_cancel.ledger import Ledger, PostgresBackend, SqliteBackend
-from langgraph_cancel.process import (
-    LEDGERS_BY_SAVER,
-    LEDGERS_BY_URL,
-    LEDGERS_LOCK,
-    WARNED_NOT_DURABLE,
-)
 from langgraph_cancel.urls import ENV_DB
 
 logger = logging.getLogger("langgraph_cancel")
 
 CONFIG_KEY_LEDGER = "langgraph_cancel_ledger"
 _CONFIG_KEY_CHECKPOINTER = "__pregel_checkpointer"
+
+# Process-wide (see ``langgraph_cancel.process``): one ledger, so one connection pool,
+# per database and one per checkpointer, shared by every run that uses it. The ones
+# beside a saver are weak, so they end with their saver.
+#: Guards ``LEDGERS_BY_URL``, ``LEDGERS_BY_SAVER`` and ``WARNED_NOT_DURABLE``.
+LEDGERS_LOCK = threading.Lock()
+LEDGERS_BY_URL: dict[str, Ledger] = {}
+LEDGERS_BY_SAVER: weakref.WeakKeyDictionary[Any, Ledger] = weakref.WeakKeyDictionary()
+#: One warning per process for each in-memory ledger, not one per run.
+WARNED_NOT_DURABLE: set[str] = set()
 
 
 class NotDurableWarning(UserWarning):

@@ -9,26 +9,14 @@ belongs to the process, not to one run:
   library (Celery prefork, gunicorn ``--preload``, a multiprocessing fork server)
   are different workers, and two workers sharing an identity would share a
   thread's lease.
-- ``current_scope``: the run a node or tool of a cancel-aware graph works for. A
-  ``ContextVar``, so each run (each task, each thread LangGraph copies the context
-  into) sees its own; ``is_cancelled()`` in a tool reads it.
 - ``current_idempotency_key``: the key of the call a tool body runs for. A
-  ``ContextVar`` for the same reason; ``idempotency_key()`` reads it.
-- ``commit_before_flush_allowed``: whether the ledger write under way may commit
-  before its WAL is on disk (``ledger.flush``). A ``ContextVar``, since the
-  protocol marks one ledger call and the backend, several calls below, reads it
-  for that call alone.
+  ``ContextVar``, so each call (each task, each thread LangGraph copies the
+  context into) sees its own; ``idempotency_key()`` reads it.
 - ``CLASSIFIED_TOOLS``: every tool classified with ``effect(...)``, by name: where
   the cancel node, the reconciler, the outbox and the command line find the
   hooks of a tool they did not run themselves.
-- ``WARNED_UNCLASSIFIED``, ``WARNED_NOT_DURABLE``: one warning per process for
-  each unclassified tool and each in-memory ledger, not one per call or run.
-- ``LEDGERS_BY_URL``, ``LEDGERS_BY_SAVER``: one ledger (one connection pool) per
-  database and one per checkpointer, shared by every run that uses it; the ones
-  beside a saver are weak, so they end with their saver.
-- ``SCOPES``: the live run of each thread, by ledger URL and thread id, so the
-  nodes of one run (and a request to cancel it from this process) find the same
-  scope and the same cancel signal.
+- ``WARNED_UNCLASSIFIED``: one warning per process for each unclassified tool, not
+  one per call or run.
 - ``RUNNING_CALLS``: the effects whose call is running in this process. A stopped
   wait does not stop the request, so reconciliation (maybe for another run) must
   not call such a call ``not_applied``.
@@ -38,11 +26,20 @@ belongs to the process, not to one run:
   threads behind each run; forgotten in a forked child, whose parent's threads do
   not exist.
 
-Two more process-wide objects are instances of runtime classes, declared beside
-their classes since this layer cannot import them: ``runtime.signal.HUB`` (every
-live cancel signal, fed by same-process requests and PostgreSQL ``LISTEN``
-threads) and ``runtime.leases.LEASES`` (one daemon thread renewing every lease
-this process holds).
+The process-wide state that holds the package's own objects is declared beside
+their classes, since this layer is below them and cannot import them:
+
+- ``ledgers.LEDGERS_BY_URL``, ``ledgers.LEDGERS_BY_SAVER``: one ledger (one
+  connection pool) per database and one per checkpointer, shared by every run that
+  uses it; ``ledgers.WARNED_NOT_DURABLE``: one warning per in-memory ledger;
+- ``runtime.scope.current_scope``: the run a node or tool of a cancel-aware graph
+  works for (a ``ContextVar``); ``runtime.lookup.SCOPES``: the live run of each
+  thread, so the nodes of one run and a request to cancel it find the same scope;
+- ``runtime.signal.HUB``: every live cancel signal, fed by same-process requests
+  and PostgreSQL ``LISTEN`` threads; ``runtime.leases.LEASES``: one daemon thread
+  renewing every lease this process holds;
+- ``ledger.flush``'s mark that the ledger write under way may commit before its
+  WAL is on disk (a ``ContextVar``).
 """
 
 from __future__ import annotations
@@ -51,16 +48,12 @@ import concurrent.futures
 import contextvars
 import os
 import threading
-import weakref
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from langgraph_cancel.workers import new_worker_id
 
 if TYPE_CHECKING:
     from langchain_core.tools import BaseTool
-
-    from langgraph_cancel.ledger import Ledger
-    from langgraph_cancel.runtime import RunScope
 
 # ---------------------------------------------------------- worker identity
 _worker_id = new_worker_id()
@@ -77,30 +70,14 @@ def _renew_worker_id() -> None:
 
 
 # ------------------------------------------------------------- context vars
-current_scope: contextvars.ContextVar[RunScope | None] = contextvars.ContextVar(
-    "langgraph_cancel_scope", default=None
-)
 current_idempotency_key: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "langgraph_cancel_idempotency_key", default=None
 )
 
-commit_before_flush_allowed: contextvars.ContextVar[bool] = contextvars.ContextVar(
-    "langgraph_cancel_commit_before_flush", default=False
-)
 
 # --------------------------------------------------------------- registries
 CLASSIFIED_TOOLS: dict[str, BaseTool] = {}
 WARNED_UNCLASSIFIED: set[str] = set()
-
-#: Guards ``LEDGERS_BY_URL``, ``LEDGERS_BY_SAVER`` and ``WARNED_NOT_DURABLE``.
-LEDGERS_LOCK = threading.Lock()
-LEDGERS_BY_URL: dict[str, Ledger] = {}
-LEDGERS_BY_SAVER: weakref.WeakKeyDictionary[Any, Ledger] = weakref.WeakKeyDictionary()
-WARNED_NOT_DURABLE: set[str] = set()
-
-#: Guards ``SCOPES``.
-SCOPES_LOCK = threading.Lock()
-SCOPES: dict[tuple[str, str], RunScope] = {}
 
 # A set's add, discard and ``in`` are atomic, so threads need no lock.
 RUNNING_CALLS: set[str] = set()
@@ -152,17 +129,10 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 __all__ = [
     "CALL_THREADS",
     "CLASSIFIED_TOOLS",
-    "LEDGERS_BY_SAVER",
-    "LEDGERS_BY_URL",
-    "LEDGERS_LOCK",
     "NODE_THREADS",
     "RUNNING_CALLS",
-    "SCOPES",
-    "SCOPES_LOCK",
-    "WARNED_NOT_DURABLE",
     "WARNED_UNCLASSIFIED",
     "LazyThreadPool",
     "current_idempotency_key",
-    "current_scope",
     "worker_id",
 ]

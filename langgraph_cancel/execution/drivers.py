@@ -62,8 +62,8 @@ from langgraph_cancel.execution.steps import (
 from langgraph_cancel.execution.supervision import InFlight
 from langgraph_cancel.hooks import call_reconcile, run_sync
 from langgraph_cancel.offloop import off_the_loop
-from langgraph_cancel.process import CALL_THREADS, current_scope
-from langgraph_cancel.runtime import RunScope
+from langgraph_cancel.process import CALL_THREADS
+from langgraph_cancel.runtime import RunScope, current_scope
 from langgraph_cancel.types import EffectRecord
 
 logger = logging.getLogger("langgraph_cancel.tools")

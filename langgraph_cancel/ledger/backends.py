@@ -272,34 +272,11 @@ def parse_url(url: str) -> tuple[Literal["memory", "sqlite", "postgres"], str]:
     )
 
 
-def backend_from_url(url: str) -> Backend:
-    """Open the backend a URL names: ``memory://``, ``sqlite:///path``, ``postgresql://...``."""
-    from langgraph_cancel.errors import InvalidURLError
-
-    kind, target = parse_url(url)
-    if kind == "memory":
-        return SqliteBackend(":memory:")
-    if kind == "sqlite":
-        return SqliteBackend(
-            target, url=url if url.startswith("sqlite:///") else f"sqlite:///{url}"
-        )
-    # Imported here: the PostgreSQL backend builds on this module, and needs an extra.
-    try:
-        from langgraph_cancel.ledger.postgres import PostgresBackend
-
-        return PostgresBackend(target)
-    except ImportError as exc:  # pragma: no cover - extra missing
-        raise InvalidURLError(
-            "PostgreSQL support needs the extra: pip install 'langgraph-cancel[postgres]'"
-        ) from exc
-
-
 __all__ = [
     "Backend",
     "Cursor",
     "Dialect",
     "SqliteBackend",
-    "backend_from_url",
     "enable_wal",
     "is_transient",
     "json_text",

@@ -24,7 +24,8 @@ backend (``dialects.py``).
 
 from __future__ import annotations
 
-from langgraph_cancel.ledger.backends import Backend, backend_from_url
+from langgraph_cancel.errors import InvalidURLError
+from langgraph_cancel.ledger.backends import Backend, SqliteBackend, parse_url
 from langgraph_cancel.ledger.decisions import (
     default_owner,
     derive_effect_id,
@@ -34,6 +35,26 @@ from langgraph_cancel.ledger.effects import EffectLedger
 from langgraph_cancel.ledger.retry import transient_retry
 from langgraph_cancel.ledger.steps import run as drive
 from langgraph_cancel.ledger.store import CancelListener, migrate, to_thread
+
+
+def backend_from_url(url: str) -> Backend:
+    """Open the backend a URL names: ``memory://``, ``sqlite:///path``, ``postgresql://...``."""
+    kind, target = parse_url(url)
+    if kind == "memory":
+        return SqliteBackend(":memory:")
+    if kind == "sqlite":
+        return SqliteBackend(
+            target, url=url if url.startswith("sqlite:///") else f"sqlite:///{url}"
+        )
+    # Imported here: the PostgreSQL backend needs an extra.
+    try:
+        from langgraph_cancel.ledger.postgres import PostgresBackend
+
+        return PostgresBackend(target)
+    except ImportError as exc:  # pragma: no cover - extra missing
+        raise InvalidURLError(
+            "PostgreSQL support needs the extra: pip install 'langgraph-cancel[postgres]'"
+        ) from exc
 
 
 class Ledger(EffectLedger):
@@ -96,4 +117,10 @@ class Ledger(EffectLedger):
     asetup = to_thread(setup)
 
 
-__all__ = ["Ledger", "default_owner", "derive_effect_id", "derive_idempotency_key"]
+__all__ = [
+    "Ledger",
+    "backend_from_url",
+    "default_owner",
+    "derive_effect_id",
+    "derive_idempotency_key",
+]

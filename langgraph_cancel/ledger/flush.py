@@ -24,10 +24,16 @@ first. A worker that dies loses nothing that returned.
 
 from __future__ import annotations
 
+import contextvars
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from langgraph_cancel.process import commit_before_flush_allowed
+# Whether the ledger write under way may commit before its WAL is on disk. A
+# ``ContextVar``: the protocol marks one ledger call, and the backend, several calls
+# below, reads it for that call alone.
+_allowed: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "langgraph_cancel_commit_before_flush", default=False
+)
 
 
 @contextmanager
@@ -37,16 +43,16 @@ def commit_before_flush() -> Iterator[None]:
     Only for writes whose loss on a database crash reconciliation settles; never
     around an intent.
     """
-    token = commit_before_flush_allowed.set(True)
+    token = _allowed.set(True)
     try:
         yield
     finally:
-        commit_before_flush_allowed.reset(token)
+        _allowed.reset(token)
 
 
 def commits_before_flush() -> bool:
     """Whether the current block allows commits before the WAL flush."""
-    return commit_before_flush_allowed.get()
+    return _allowed.get()
 
 
 __all__ = ["commit_before_flush", "commits_before_flush"]

@@ -22,7 +22,7 @@ from langgraph_cancel.ledgers import (
     ledger_for_url,
     resolve_ledger,
 )
-from langgraph_cancel.process import current_scope, worker_id
+from langgraph_cancel.process import worker_id
 from langgraph_cancel.runtime.config import check_durability, default_db_url, thread_id_of
 from langgraph_cancel.runtime.leases import LEASES, LeaseKeeper
 from langgraph_cancel.runtime.lookup import (
@@ -34,7 +34,12 @@ from langgraph_cancel.runtime.lookup import (
     peek_scope,
     scope_for,
 )
-from langgraph_cancel.runtime.scope import INTERRUPTED_REASON, RunScope, async_ledger_of
+from langgraph_cancel.runtime.scope import (
+    INTERRUPTED_REASON,
+    RunScope,
+    async_ledger_of,
+    current_scope,
+)
 from langgraph_cancel.runtime.signal import HUB, CancelSignal
 from langgraph_cancel.urls import DEFAULT_DB_URL
 

@@ -4,11 +4,12 @@ Inside an invocation of a cancel-aware graph every node finds the invocation's
 scope; elsewhere (a node run on its own, a tool called directly) the thread's
 live run, or a new run, or, with no checkpointer or no thread, a run with a
 ledger of its own in memory. Scopes are kept per ledger and thread for the
-process (``langgraph_cancel.process.SCOPES``).
+process (``SCOPES``).
 """
 
 from __future__ import annotations
 
+import threading
 import uuid
 from typing import Any
 
@@ -23,11 +24,18 @@ from langgraph_cancel.ledgers import (
     known_saver_ledger,
     resolve_ledger,
 )
-from langgraph_cancel.process import SCOPES, SCOPES_LOCK, current_scope, worker_id
+from langgraph_cancel.process import worker_id
 from langgraph_cancel.runtime.config import thread_id_of
-from langgraph_cancel.runtime.scope import RunScope
+from langgraph_cancel.runtime.scope import RunScope, current_scope
 from langgraph_cancel.runtime.signal import HUB, CancelSignal
 from langgraph_cancel.types import EffectRecord, RunRecord, RunStatus
+
+# Process-wide (see ``langgraph_cancel.process``): the live run of each thread, by
+# ledger URL and thread id, so the nodes of one run (and a request to cancel it from
+# this process) find the same scope and the same cancel signal.
+#: Guards ``SCOPES``.
+SCOPES_LOCK = threading.Lock()
+SCOPES: dict[tuple[str, str], RunScope] = {}
 
 
 def invocation_scope(config: RunnableConfig | None, ledger: Any = None) -> RunScope | None:

@@ -6,6 +6,7 @@ and tool of the run acts through it (``lookup.py`` finds or makes it).
 
 from __future__ import annotations
 
+import contextvars
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -135,10 +136,18 @@ class RunScope:
                 logger.warning("could not show the stop under way", exc_info=True)
 
 
+#: The run a node or tool of a cancel-aware graph works for. A ``ContextVar``, so each
+#: run (each task, each thread LangGraph copies the context into) sees its own;
+#: ``is_cancelled()`` in a tool reads it.
+current_scope: contextvars.ContextVar[RunScope | None] = contextvars.ContextVar(
+    "langgraph_cancel_scope", default=None
+)
+
+
 def async_ledger_of(ledger: Ledger) -> AsyncLedger | Ledger:
     """Where an event loop sends ``ledger``'s ``a*`` calls: its bound ``AsyncLedger``
     (on the loop, no thread), else the ledger itself (its ``a*`` methods use a thread)."""
     return async_twin_of(ledger) or ledger
 
 
-__all__ = ["INTERRUPTED_REASON", "RunScope", "async_ledger_of"]
+__all__ = ["INTERRUPTED_REASON", "RunScope", "async_ledger_of", "current_scope"]
