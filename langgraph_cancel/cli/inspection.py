@@ -15,7 +15,7 @@ from typing import Any
 from langgraph_cancel.cli import render
 from langgraph_cancel.cli.config import LEASE_TTL_NOTE, PROG, Database, resolve_database
 from langgraph_cancel.cli.database import open_ledger, open_saver
-from langgraph_cancel.cli.thread import ThreadState
+from langgraph_cancel.cli.thread import StoredThread
 from langgraph_cancel.errors import CommandLineError, UnknownThreadError
 from langgraph_cancel.types import (
     EffectKind,
@@ -46,7 +46,7 @@ def _peek_checkpoint(saver: Any, thread_id: str) -> tuple[dict[str, Any] | None,
     return info, interrupts
 
 
-def load_thread(db: Database, thread_id: str) -> ThreadState:
+def load_thread(db: Database, thread_id: str) -> StoredThread:
     """Everything ``status`` needs, from the database alone.
 
     Raises:
@@ -58,7 +58,7 @@ def load_thread(db: Database, thread_id: str) -> ThreadState:
             raise UnknownThreadError(thread_id)
         effects = ledger.effects(thread_id)
         lease = ledger.lease(thread_id)
-    state = ThreadState(thread_id, runs, effects, lease)
+    state = StoredThread(thread_id, runs, effects, lease)
     if state.latest.terminal or db.url.is_memory:
         return state
     # An unfinished run: where it stopped, and whether it waits for an answer, is in
@@ -67,10 +67,10 @@ def load_thread(db: Database, thread_id: str) -> ThreadState:
     interrupts: list[Any] = []
     with contextlib.suppress(Exception), open_saver(db) as saver:
         checkpoint, interrupts = _peek_checkpoint(saver, thread_id)
-    return ThreadState(thread_id, runs, effects, lease, interrupts, checkpoint)
+    return StoredThread(thread_id, runs, effects, lease, interrupts, checkpoint)
 
 
-def _unfinished_steps(state: ThreadState, flag: str) -> list[str]:
+def _unfinished_steps(state: StoredThread, flag: str) -> list[str]:
     thread = state.thread_id
     latest = state.latest
     live = lease_is_live(state.lease)
@@ -110,7 +110,7 @@ def _unfinished_steps(state: ThreadState, flag: str) -> list[str]:
     ]
 
 
-def next_steps(state: ThreadState, flag: str) -> list[str]:
+def next_steps(state: StoredThread, flag: str) -> list[str]:
     """What must happen next, from persisted state alone (the seeds' third question).
 
     Args:
@@ -174,7 +174,7 @@ def run_json(run: RunRecord) -> dict[str, Any]:
     return data
 
 
-def status_json(state: ThreadState, flag: str) -> dict[str, Any]:
+def status_json(state: StoredThread, flag: str) -> dict[str, Any]:
     """``status --json``: the runs, the lease and the three questions."""
     lease = state.lease
     return {
@@ -274,7 +274,7 @@ def _buckets(shown: Any) -> dict[str, set[str]]:
 
 
 __all__ = [
-    "ThreadState",
+    "StoredThread",
     "effect_json",
     "effects",
     "load_thread",

@@ -39,7 +39,7 @@ _SIDE_EFFECT_SHOWN = (
 
 
 @dataclass(frozen=True, slots=True)
-class ThreadState:
+class StoredThread:
     """What the database holds about a thread.
 
     Attributes:
@@ -99,4 +99,4 @@ class ThreadState:
         ]
 
 
-__all__ = ["ThreadState"]
+__all__ = ["StoredThread"]

@@ -20,7 +20,7 @@ from langgraph_cancel.cli.render.text import (
 )
 
 if TYPE_CHECKING:
-    from langgraph_cancel.cli.thread import ThreadState
+    from langgraph_cancel.cli.thread import StoredThread
     from langgraph_cancel.types import (
         CancelRequestResult,
         EffectRecord,
@@ -81,7 +81,7 @@ def _verdict(effect: EffectRecord) -> str:
 
 
 def render_status(
-    out: Console, state: ThreadState, steps: Sequence[str], *, lease_live: bool, beat: float | None
+    out: Console, state: StoredThread, steps: Sequence[str], *, lease_live: bool, beat: float | None
 ) -> None:
     """``status`` for people: the runs, the lease, then the three questions."""
     line(out, (f"Thread {state.thread_id}: runs", "bold"))
