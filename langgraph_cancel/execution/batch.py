@@ -35,7 +35,7 @@ from langgraph_cancel.errors import (
     LedgerError,
 )
 from langgraph_cancel.execution.group import GroupCommit
-from langgraph_cancel.execution.identity import canonical, own_record_steps
+from langgraph_cancel.execution.identity import CallTurns, canonical, own_record_steps
 from langgraph_cancel.execution.plan import CallPlan
 from langgraph_cancel.execution.settlement import never_sent_steps
 from langgraph_cancel.execution.steps import (
@@ -96,6 +96,9 @@ class Batch:
         #: Effects whose intents went with the batch's plan (``prepare``), not yet
         #: sent: each is taken once, by its call's dispatch.
         self.begun: set[str] = set()
+        #: The history the batch's calls were asked in, and their turns in it, counted
+        #: once for the batch (a pair, replaced whole: calls read it from threads).
+        self._turns: tuple[Sequence[Any], CallTurns] | None = None
 
     @property
     def node_watches(self) -> bool:
@@ -120,6 +123,13 @@ class Batch:
     def index_of(self, call: ToolCall) -> int:
         """The call's position in the batch (0 for a call on its own)."""
         return self.positions.get(str(call.get("id")), 0)
+
+    def call_turn(self, history: Sequence[Any], call_id: str) -> int:
+        """``identity.call_turn``, with the history counted once for the batch."""
+        turns = self._turns
+        if turns is None or turns[0] is not history:
+            turns = self._turns = (history, CallTurns(history))
+        return turns[1].of(call_id)
 
     def lookup(self, plan: CallPlan) -> Protocol[tuple[CallPlan, EffectRecord | None]]:
         """The call under the id of its own record, and that record if it has one."""

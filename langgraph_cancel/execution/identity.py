@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
@@ -105,13 +106,30 @@ def history_of(state: Any, messages_key: str = "messages") -> Sequence[Any]:
 def call_turn(messages: Sequence[Any], call_id: str) -> int:
     """How many model messages asked for ``call_id`` before the one that asks for it
     now (the last one that does): 0 for a call whose id is new to the history."""
-    asking = [
-        position
-        for position, message in enumerate(messages)
-        if isinstance(message, AIMessage)
-        and any(call.get("id") == call_id for call in message.tool_calls)
-    ]
-    return max(len(asking) - 1, 0)
+    return CallTurns(messages).of(call_id)
+
+
+class CallTurns:
+    """``call_turn`` for every call of a batch, from one pass over the history.
+
+    Args:
+        messages: The history the batch's calls were asked in.
+    """
+
+    __slots__ = ("_asking",)
+
+    def __init__(self, messages: Sequence[Any]) -> None:
+        #: How many model messages ask for each tool-call id (a message that asks
+        #: for one id twice counts once).
+        self._asking: Counter[str] = Counter()
+        for message in messages:
+            if isinstance(message, AIMessage):
+                ids = {call.get("id") for call in message.tool_calls}
+                self._asking.update(call_id for call_id in ids if isinstance(call_id, str))
+
+    def of(self, call_id: str) -> int:
+        """``call_id``'s turn: 0 for an id new to the history."""
+        return max(self._asking[call_id] - 1, 0)
 
 
 def turn_call_id(call_id: str, turn: int) -> str:
@@ -216,6 +234,7 @@ def dangling_tool_calls(messages: Sequence[Any]) -> list[ToolCall]:
 
 
 __all__ = [
+    "CallTurns",
     "as_tool_call",
     "call_turn",
     "canonical",

@@ -46,7 +46,6 @@ from langgraph_cancel.execution.context import CallContext, ReviewMode
 from langgraph_cancel.execution.dispatch import dispatch
 from langgraph_cancel.execution.identity import (
     as_tool_call,
-    call_turn,
     ensure_same_call,
     history_of,
 )
@@ -82,7 +81,7 @@ def intercept(request: ToolCallRequest, ctx: CallContext) -> Protocol[Any]:
         return (yield from unguarded_call(request, ctx, call, EffectKind.IRREVERSIBLE))
     spec = spec_of(tool)
     index = ctx.batch.index_of(call)
-    turn = call_turn(history_of(request.state), str(call["id"]))
+    turn = ctx.batch.call_turn(history_of(request.state), str(call["id"]))
     classified = classify(index, call, tool, spec, ctx.scope.thread_id, turn=turn)
     if isinstance(classified, Malformed):
         answer = yield from malformed_call(request, ctx, call, tool, spec, classified)

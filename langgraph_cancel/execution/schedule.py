@@ -18,7 +18,7 @@ from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import BaseTool
 
 from langgraph_cancel.effects import EffectSpec
-from langgraph_cancel.execution.identity import call_turn, canonical
+from langgraph_cancel.execution.identity import CallTurns, canonical
 from langgraph_cancel.execution.plan import CallPlan, classify
 from langgraph_cancel.types import EffectKind
 
@@ -67,6 +67,7 @@ def sort_calls(
     reads: list[int] = []
     effects: list[tuple[int, int]] = []
     plans: dict[int, CallPlan] = {}
+    turns = CallTurns(history)
     for index, call in enumerate(calls):
         name = call.get("name")
         tool = tools_by_name.get(name) if isinstance(name, str) else None
@@ -79,7 +80,7 @@ def sort_calls(
                 reads.append(index)
             continue
         spec = specs[tool.name]
-        turn = call_turn(history, str(call.get("id")))
+        turn = turns.of(str(call.get("id")))
         plan = classify(index, call, tool, spec, thread_id, turn=turn)
         if not isinstance(plan, CallPlan):
             reads.append(index)  # answered without running anything
