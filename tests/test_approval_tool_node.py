@@ -11,6 +11,9 @@ from typing import Any
 
 import pytest
 from langchain_core.messages import HumanMessage
+from langchain_core.tools import tool
+from langgraph.graph import END, START, MessagesState, StateGraph
+from langgraph.prebuilt import tools_condition
 from langgraph.types import Command
 
 from approval_helpers import (
@@ -26,9 +29,19 @@ from approval_helpers import (
     statuses,
     tool_messages,
 )
-from langgraph_cancel import EffectStatus, get_report
+from langgraph_cancel import (
+    EffectKind,
+    EffectStatus,
+    EffectToolNode,
+    RunStatus,
+    add_cancellation,
+    effect,
+    get_report,
+    idempotency_key,
+    request_cancel,
+)
 from langgraph_cancel.checkpointers.memory import MemoryCancelSaver
-from langgraph_cancel.testing import ScriptedChatModel, tool_calls_turn
+from langgraph_cancel.testing import ScriptedChatModel, tool_call, tool_calls_turn
 
 
 # ------------------------------------------------- the tool node's own refusal
@@ -172,3 +185,52 @@ def test_a_rejected_call_carries_the_mark_langchain_sets() -> None:
     answer = tool_messages(out["messages"])["c-refund"]
     assert answer.additional_kwargs["lc_source"] == "hitl_interrupt_decision"
     assert answer.additional_kwargs["lc_data"] == {"decision": "reject"}
+
+
+# ------------------------------------------------------- a stop before the question
+def test_a_stopped_run_asks_nobody_and_drops_the_call(db_url: str) -> None:
+    # The run is asked to stop while the batch's first call runs; the call behind it
+    # needs approval. A stopped run asks no one: the call is dropped, as a queued one
+    # is, and the run ends cancelled instead of waiting on a question.
+    world = World()
+    stops: list[RunStatus | None] = []
+
+    @effect(EffectKind.IRREVERSIBLE, requires_approval=False)
+    @tool
+    def notify(to: str) -> str:
+        """Notify someone (and, here, press stop meanwhile)."""
+        world.executions.append(("notify", {"to": to}, idempotency_key()))
+        stops.append(
+            request_cancel(
+                ledger, "t-stop-review", reason="stop pressed", requested_by="user"
+            ).status
+        )
+        return f"notified {to}"
+
+    first = tool_call("notify", {"to": "ops"}, id="c-notify")
+    model = ScriptedChatModel([tool_calls_turn(first, BIG_REFUND), "done"])
+    with open_saver(db_url) as saver:
+        ledger = saver.ledger
+        builder = StateGraph(MessagesState)
+        builder.add_node("agent", lambda state: {"messages": [model.invoke(state["messages"])]})
+        builder.add_node("tools", EffectToolNode([*world.tools(), notify]))
+        builder.add_edge(START, "agent")
+        builder.add_conditional_edges("agent", tools_condition, {"tools": "tools", END: END})
+        builder.add_edge("tools", "agent")
+        graph: Any = add_cancellation(builder).compile(checkpointer=saver)
+
+        out = graph.invoke({"messages": [HumanMessage("go")]}, cfg("t-stop-review"))
+
+        assert "__interrupt__" not in out
+        assert stops == [RunStatus.CANCEL_REQUESTED]
+        assert world.executions == [("notify", {"to": "ops"}, world.executions[0][2])]
+        assert statuses(ledger, "t-stop-review") == {
+            "c-notify": "committed",
+            "c-refund": "dropped",
+        }
+        run = ledger.latest_run("t-stop-review")
+        assert run is not None and run.status is RunStatus.CANCELLED
+        assert_every_call_answered_once(out["messages"])
+        report = get_report(saver, "t-stop-review")
+        assert [entry.tool_call_id for entry in report.not_run] == ["c-refund"]
+    assert report.dispatched_after_cancel == 0

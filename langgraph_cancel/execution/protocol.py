@@ -42,6 +42,7 @@ from langgraph_cancel.errors import EffectConflictError
 from langgraph_cancel.execution.answers import replay
 from langgraph_cancel.execution.approval import ask_review, trust_review
 from langgraph_cancel.execution.attempts import FIRST_RETRY_WAIT
+from langgraph_cancel.execution.cancel_check import stopped_before_dispatch
 from langgraph_cancel.execution.context import CallContext, ReviewMode
 from langgraph_cancel.execution.dispatch import dispatch
 from langgraph_cancel.execution.identity import (
@@ -54,7 +55,7 @@ from langgraph_cancel.execution.malformed import Accepted, malformed_call, ungua
 from langgraph_cancel.execution.outcome import settle_in_flight, success_request
 from langgraph_cancel.execution.plan import CallPlan, Malformed, classify
 from langgraph_cancel.execution.reads import run_read
-from langgraph_cancel.execution.steps import DispatchCancelled, Protocol, ledger_call
+from langgraph_cancel.execution.steps import CancelCheck, DispatchCancelled, Protocol, ledger_call
 from langgraph_cancel.ledger import Ledger
 from langgraph_cancel.types import EffectKind, EffectRecord, EffectStatus
 
@@ -145,6 +146,9 @@ def _effect(
     if rec.status in (EffectStatus.PLANNED, EffectStatus.PENDING_APPROVAL):
         unreviewed = rec.status is EffectStatus.PENDING_APPROVAL or plan.needs_review
         if unreviewed and ctx.review(request) == "ask":
+            if (yield CancelCheck()):
+                # A stopped run asks nobody: the call is dropped, as a queued one is.
+                return (yield from stopped_before_dispatch(ctx, plan, rec))
             decided = yield from ask_review(ctx, plan, rec)
             if decided.effect_id != rec.effect_id:
                 plan = replace(plan, own_id=decided.tool_call_id, key=decided.idempotency_key)
