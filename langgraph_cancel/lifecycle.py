@@ -454,10 +454,14 @@ class CancellableGraph(CompiledStateGraph):  # type: ignore[type-arg]
         outer = current_scope.get()
         invocation = await Invocation.aopen(self, input, merged)
         current_scope.set(invocation.scope)
+        enclosing_task = invocation.scope.run_task
+        invocation.scope.run_task = asyncio.current_task()
         ending = RunEnding.FAILED
         try:
             async for chunk in super().astream(input, invocation.watching(config), **kwargs):
                 yield chunk
+                # A server steps the generator from a task per step.
+                invocation.scope.run_task = asyncio.current_task()
             # A task cancel that something inside the run swallowed is still a stop
             # (the task asked now: a server steps the generator from a task per step).
             task = asyncio.current_task()
@@ -475,6 +479,7 @@ class CancellableGraph(CompiledStateGraph):  # type: ignore[type-arg]
             # The caller's context gets its scope back here: the end runs in a task of
             # its own, whose context is a copy.
             current_scope.set(outer)
+            invocation.scope.run_task = enclosing_task
             await asyncio.shield(asyncio.ensure_future(self._aend(invocation, ending)))
 
     @staticmethod

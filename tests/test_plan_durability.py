@@ -14,6 +14,7 @@ what the tool node did meanwhile.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 from typing import Any
@@ -156,7 +157,10 @@ def test_a_task_cancelled_while_begun_calls_wait_records_them_never_sent(
             # LangGraph lets the node's task go on until the step's save is over.
             await asyncio.sleep(0.2)
             hold.release.set()
-            with pytest.raises(asyncio.CancelledError):
+            # The cancel reaches the node's wait and the task ends cancelled, unless
+            # LangGraph caught it first (its step still saving): then the node's stop
+            # check sees the task's pending cancel, and the run ends its stop itself.
+            with contextlib.suppress(asyncio.CancelledError):
                 await task
 
         try:
@@ -170,11 +174,15 @@ def test_a_task_cancelled_while_begun_calls_wait_records_them_never_sent(
                 for row in saver.ledger.history(record.effect_id)
             ]
             assert record.status in (EffectStatus.NOT_APPLIED, EffectStatus.DROPPED), trail
-            assert (
-                EffectStatus.DISPATCHED,
-                EffectStatus.NOT_APPLIED,
-                {"never_sent": True, "reason": "the run's task was cancelled"},
-            ) in trail, trail
+            never_sent = [
+                detail
+                for before, after, detail in trail
+                if (before, after) == (EffectStatus.DISPATCHED, EffectStatus.NOT_APPLIED)
+            ]
+            assert never_sent in (
+                [{"never_sent": True, "reason": "the run's task was cancelled"}],
+                [{"never_sent": True, "reason": "the run was stopped"}],
+            ), trail
         asyncio.run(graph.ainvoke(None, config))
         report = get_report(saver, thread)
         assert report.status == "cancelled"

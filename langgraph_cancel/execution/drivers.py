@@ -225,6 +225,11 @@ class AsyncDriver:
         if isinstance(step, LedgerCall):
             return await acall_ledger(scope.ledger, step)
         if isinstance(step, CancelCheck):
+            if scope.run_task_cancelled():
+                # The run's task was cancelled and the cancel was caught before it
+                # reached this node (LangGraph waits out the step's save): a stop.
+                await scope.atask_cancelled()
+                return True
             return await scope.signal.acancel_called()
         if isinstance(step, Observe):
             await scope.signal.aobserve()

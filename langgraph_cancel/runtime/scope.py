@@ -6,6 +6,7 @@ and tool of the run acts through it (``lookup.py`` finds or makes it).
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import logging
 from collections.abc import Awaitable, Callable
@@ -50,6 +51,10 @@ class RunScope:
     on_task_cancel: Callable[[], Awaitable[None]] | None = None
     #: True once the run's task was cancelled and that was recorded as a stop.
     task_cancelled: bool = False
+    #: The asyncio task an async invocation of the run steps in, while it does (None
+    #: otherwise): a cancel of it that LangGraph caught before it reached a node is
+    #: still seen at the next stop check (``run_task_cancelled``).
+    run_task: asyncio.Task[Any] | None = None
     #: The run's limits while an invocation enforces them (``add_cancellation(limits=...)``).
     limits: LimitGuard | None = None
 
@@ -108,6 +113,12 @@ class RunScope:
         """``refresh`` for event loops (the ledger's async twin on this loop, else a thread)."""
         self.run = await async_ledger_of(self.ledger).aget_run(self.run.run_id)
         return self.run
+
+    def run_task_cancelled(self) -> bool:
+        """Whether the task the run steps in was asked to cancel, even if something
+        inside caught the ``CancelledError`` (``Task.cancelling``)."""
+        task = self.run_task
+        return task is not None and task.cancelling() > 0
 
     async def atask_cancelled(self) -> None:
         """The run's asyncio task was cancelled (a server's ``runs.cancel``, a client
