@@ -231,6 +231,13 @@ class Runner:
         return decision
 
     def approval_answer(self, value: dict[str, Any]) -> dict[str, Any]:
+        """The scripted reviewer's answer to the gate's question about a batch, or to the
+        tool node's own question about one call (a call the gate did not ask about: its
+        key was held by another call of the batch, then freed when that one was
+        rejected or dropped)."""
+        if value.get("type") == "tool_approval":
+            (decision,) = self.approval_answer({"action_requests": [value]})["decisions"]
+            return {**decision, "reviewer": "chaos-reviewer"}
         out: list[dict[str, Any]] = []
         for action in value["action_requests"]:
             kind = self._next_decision()

@@ -345,6 +345,50 @@ async def test_mixed_decisions_async(db_url: str) -> None:
         assert_every_call_answered_once(out["messages"])
 
 
+def test_a_call_whose_key_a_rejected_call_held_is_asked_about_on_its_own(db_url: str) -> None:
+    # The model asks twice for the same refund: one key for both. The gate asks about
+    # the first only (the second can never run while the first holds the key); the
+    # reviewer rejects it, which frees the key, so the tool node asks about the
+    # second in LangChain's per-call shape before anything is sent.
+    world = World()
+    again = tool_call("issue_refund", {"order_id": "o-1", "amount": 150.0}, id="c-refund-again")
+    model = ScriptedChatModel([tool_calls_turn(BIG_REFUND, again), "done"])
+    with open_saver(db_url) as saver:
+        graph = build_graph(world, model, saver)
+        out = graph.invoke({"messages": [HumanMessage("refund o-1")]}, cfg("t-twice"))
+        first = interrupt_value(out)
+        assert [a["tool_call_id"] for a in first["action_requests"]] == ["c-refund"]
+
+        out = graph.invoke(
+            Command(resume={"decisions": [{"type": "reject", "message": "not yet"}]}),
+            cfg("t-twice"),
+        )
+
+        second = interrupt_value(out)
+        assert second["type"] == "tool_approval"
+        assert second["tool_call_id"] == "c-refund-again"
+        assert second["idempotency_key"] == "refund:o-1"
+        assert world.executions == []
+        assert statuses(saver.ledger, "t-twice")["c-refund"] == "rejected"
+
+        out = graph.invoke(Command(resume={"type": "approve", "reviewer": "dana"}), cfg("t-twice"))
+
+        assert "__interrupt__" not in out
+        assert world.executions == [
+            ("issue_refund", {"order_id": "o-1", "amount": 150.0}, "refund:o-1")
+        ]
+        recs = {e.tool_call_id: e for e in saver.ledger.effects("t-twice")}
+        assert {k: r.status.value for k, r in recs.items()} == {
+            "c-refund": "rejected",
+            "c-refund-again": "committed",
+        }
+        assert recs["c-refund-again"].idempotency_key == "refund:o-1"
+        assert recs["c-refund-again"].approval is not None
+        assert recs["c-refund-again"].approval["reviewer"] == "dana"
+        assert_every_call_answered_once(out["messages"])
+        assert tool_messages(out["messages"])["c-refund"].content == "Rejected by reviewer: not yet"
+
+
 # -------------------------------------------------------------------- reviewer
 def test_reviewer_from_the_server_identity() -> None:
     world = World()
