@@ -7,7 +7,9 @@ same database; cancel requests are announced with ``NOTIFY lgc_cancel``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+import weakref
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any
@@ -23,10 +25,31 @@ from langgraph_cancel.checkpointers.base import LedgerOwner, ThreadedAsyncMixin
 from langgraph_cancel.checkpointers.durable import NotesSavedCheckpoints
 from langgraph_cancel.ledger import Ledger, PostgresBackend
 from langgraph_cancel.ledger.aio import AsyncLedger, bind_async_twin, unbind_async_twin
+from langgraph_cancel.ledger.aio_postgres import AsyncPostgresBackend
 
 #: Advisory lock key serializing checkpoint migrations across workers.
 _SETUP_LOCK = 7231900119
 _TRY_LOCK = "SELECT pg_try_advisory_lock(%s)"
+
+
+def _pool_closed_with(saver: object, conn: Any) -> PostgresBackend:
+    """A ledger pool of the saver's own beside the caller's ``conn`` (a connection or an
+    async pool): opened empty (a connection is made at the ledger's first use), and
+    closed with the saver or, once the caller has closed ``conn``, by its cancel
+    listener. A saver built on the caller's connection holds nothing the caller has
+    to close, as LangGraph's own savers do not."""
+    backend = PostgresBackend(_conninfo(conn), min_size=0, max_size=4, follows=conn)
+    weakref.finalize(saver, backend.close)
+    return backend
+
+
+def _close_on_loop(ledger: AsyncLedger, loop: asyncio.AbstractEventLoop) -> None:
+    """Close an async ledger from a finalizer: on its own loop, if that still runs
+    (a loop that has ended took its connections' sockets with it)."""
+    if loop.is_closed():
+        return
+    with contextlib.suppress(RuntimeError):
+        asyncio.run_coroutine_threadsafe(ledger.aclose(), loop)
 
 
 def _conninfo(conn: Any) -> str:
@@ -64,7 +87,7 @@ class PostgresCancelSaver(NotesSavedCheckpoints, ThreadedAsyncMixin, PostgresSav
             backend = (
                 PostgresBackend(conn)
                 if isinstance(conn, ConnectionPool)
-                else PostgresBackend(_conninfo(conn), max_size=4)
+                else _pool_closed_with(self, conn)
             )
             ledger = Ledger(backend)
         self.ledger = ledger
@@ -140,18 +163,33 @@ class AsyncPostgresCancelSaver(NotesSavedCheckpoints, AsyncPostgresSaver, Ledger
         ledger: Ledger | None = None,
     ) -> None:
         super().__init__(conn, pipe=pipe, serde=serde)
-        self.ledger = (
-            ledger if ledger is not None else Ledger(PostgresBackend(_conninfo(conn), max_size=4))
+        #: The caller's pool, which the async ledger shares when the ledger is ours.
+        self._shared_pool = (
+            conn if ledger is None and isinstance(conn, AsyncConnectionPool) else None
         )
+        self.ledger = ledger if ledger is not None else Ledger(_pool_closed_with(self, conn))
         #: The ledger the graph's loop awaits (opened by ``setup()`` or ``aopen_ledger()``).
         self.async_ledger: AsyncLedger | None = None
         self._ledger_lock = asyncio.Lock()
 
     async def aopen_ledger(self) -> AsyncLedger:
-        """Open the async ledger on this loop (once) and bind it to the sync one."""
+        """Open the async ledger on this loop (once) and bind it to the sync one.
+
+        On the caller's ``AsyncConnectionPool`` it uses that pool, as the checkpoints
+        do; otherwise it opens connections of its own, closed by ``aclose_ledger()``
+        (``from_conn_string`` calls it) or, at the latest, with the saver.
+        """
         async with self._ledger_lock:
             if self.async_ledger is None:
-                twin = await AsyncLedger.twin_of(self.ledger)
+                if self._shared_pool is not None:
+                    twin = AsyncLedger(
+                        AsyncPostgresBackend(self._shared_pool, conninfo=_conninfo(self.conn))
+                    )
+                    twin.url = self.ledger.url
+                    await twin.asetup()
+                else:
+                    twin = await AsyncLedger.twin_of(self.ledger)
+                    weakref.finalize(self, _close_on_loop, twin, asyncio.get_running_loop())
                 bind_async_twin(self.ledger, twin)
                 self.async_ledger = twin
             return self.async_ledger

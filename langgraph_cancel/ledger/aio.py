@@ -149,7 +149,10 @@ async def _open_like(backend: Any) -> AsyncBackend:
     if isinstance(backend, SqliteBackend):
         return await AsyncSqliteBackend.open(backend.path, url=backend.url)
     if isinstance(backend, PostgresBackend):
-        return await AsyncPostgresBackend.open(backend.conninfo, max_size=4)
+        min_size = 0 if backend.follows is not None else 1
+        return await AsyncPostgresBackend.open(
+            backend.conninfo, min_size=min_size, max_size=4, follows=backend.follows
+        )
     raise InvalidURLError(f"no async backend for {type(backend).__name__}")
 
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from langgraph_cancel.ledger import schema
 from langgraph_cancel.ledger import sql as ledger_sql
 from langgraph_cancel.ledger.aio_backends import AsyncBackend, AsyncCursor
-from langgraph_cancel.ledger.backends import Dialect
+from langgraph_cancel.ledger.backends import CallersHandle, Dialect
 from langgraph_cancel.ledger.dialects import PostgresStatements, json_text
 from langgraph_cancel.ledger.flush import commits_before_flush
 from langgraph_cancel.ledger.postgres import ledger_session_kwargs
@@ -38,6 +38,8 @@ class AsyncPostgresBackend(PostgresStatements, AsyncBackend):
         conn: An ``AsyncConnectionPool`` or an ``AsyncConnection`` (autocommit).
         conninfo: The connection string (with its password), for side connections.
         owns: Close the pool with the backend.
+        follows: For an own pool, the caller's pool or connection it serves beside:
+            once the caller has closed that, the backend counts as closed.
     """
 
     dialect: Dialect = "postgres"
@@ -48,22 +50,31 @@ class AsyncPostgresBackend(PostgresStatements, AsyncBackend):
         *,
         conninfo: str,
         owns: bool = False,
+        follows: Any = None,
     ) -> None:
         from psycopg_pool import AsyncConnectionPool as _Pool
 
-        self.closed = False
+        # Set by ``aclose``; ``closed`` also reads the caller's pool or connection.
+        self._closed = False
+        #: The caller's pool or connection a pool of this backend's own serves beside.
+        self.follows = follows
         self.conninfo = conninfo
         self.url = conninfo
         self._owns = owns
         self._pool: AsyncConnectionPool[Any] | None = conn if isinstance(conn, _Pool) else None
         self._conn: AsyncConnection[Any] | None = None if isinstance(conn, _Pool) else conn
+        # What the caller closes, and this backend with it (nothing, for an own pool
+        # serving nobody's).
+        used = follows if owns else conn
+        self._callers = CallersHandle(used) if used is not None else None
         self._lock = asyncio.Lock()
 
     @classmethod
     async def open(
-        cls, conninfo: str, *, min_size: int = 1, max_size: int = 8
+        cls, conninfo: str, *, min_size: int = 1, max_size: int = 8, follows: Any = None
     ) -> AsyncPostgresBackend:
-        """A backend with a pool of its own on ``conninfo``."""
+        """A backend with a pool of its own on ``conninfo`` (beside ``follows``, the
+        caller's pool or connection, if given: closed once that is)."""
         from psycopg_pool import AsyncConnectionPool as _Pool
 
         pool: AsyncConnectionPool[Any] = _Pool(
@@ -76,7 +87,13 @@ class AsyncPostgresBackend(PostgresStatements, AsyncBackend):
             name="langgraph-cancel-ledger-async",
         )
         await pool.open()
-        return cls(pool, conninfo=conninfo, owns=True)
+        return cls(pool, conninfo=conninfo, owns=True, follows=follows)
+
+    @property
+    def closed(self) -> bool:
+        """Closed by ``aclose``, or the caller's pool or connection it uses was closed
+        (``listen`` ends then too)."""
+        return self._closed or (self._callers is not None and self._callers.closed)
 
     @property
     def migrations(self) -> list[list[str]]:
@@ -176,9 +193,12 @@ class AsyncPostgresBackend(PostgresStatements, AsyncBackend):
             except psycopg.OperationalError:
                 logger.debug("cancel listener reconnecting", exc_info=True)
                 await asyncio.sleep(0.5)
+        # Closed beside the caller's pool or connection: let the own pool's connections go.
+        if self.follows is not None:
+            await self.aclose()
 
     async def aclose(self) -> None:
-        self.closed = True
+        self._closed = True
         if self._owns and self._pool is not None:
             await self._pool.close()
 

@@ -124,6 +124,27 @@ class Backend(DialectStatements):
         raise NotImplementedError  # pragma: no cover
 
 
+class CallersHandle:
+    """The caller's pool or connection a ledger backend uses or serves beside.
+
+    ``closed`` once it has been seen open and is closed again: a pool made with
+    ``open=False`` and not opened yet is not closed, it is still to come.
+    """
+
+    def __init__(self, target: Any) -> None:
+        self.target = target
+        # Whether ``target`` was ever seen open; only then does its closing count.
+        self._seen_open = False
+
+    @property
+    def closed(self) -> bool:
+        """Whether the caller has closed it (after it was open)."""
+        if not self.target.closed:
+            self._seen_open = True
+            return False
+        return self._seen_open
+
+
 def enable_wal(conn: sqlite3.Connection, *, timeout: float = 30.0) -> None:
     """Put a file database in WAL mode, waiting out other processes doing the same.
 
@@ -274,6 +295,7 @@ def parse_url(url: str) -> tuple[Literal["memory", "sqlite", "postgres"], str]:
 
 __all__ = [
     "Backend",
+    "CallersHandle",
     "Cursor",
     "Dialect",
     "SqliteBackend",

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from langgraph_cancel.ledger import schema
 from langgraph_cancel.ledger import sql as ledger_sql
-from langgraph_cancel.ledger.backends import Backend, Cursor, Dialect
+from langgraph_cancel.ledger.backends import Backend, CallersHandle, Cursor, Dialect
 from langgraph_cancel.ledger.dialects import PostgresStatements, json_text
 from langgraph_cancel.ledger.flush import commits_before_flush
 
@@ -27,7 +27,16 @@ if TYPE_CHECKING:
 
 
 class PostgresBackend(PostgresStatements, Backend):
-    """PostgreSQL through psycopg 3: a pool (preferred), one connection, or a URL."""
+    """PostgreSQL through psycopg 3: a pool (preferred), one connection, or a URL.
+
+    Args:
+        conn: The caller's ``ConnectionPool`` or ``Connection`` (autocommit), used as
+            it is; or a connection string, for a pool of this backend's own.
+        min_size: The own pool's least number of connections (0: none until used).
+        max_size: The own pool's most connections.
+        follows: For an own pool, the caller's pool or connection it serves beside:
+            once the caller has closed that, the backend counts as closed.
+    """
 
     dialect: Dialect = "postgres"
 
@@ -37,12 +46,16 @@ class PostgresBackend(PostgresStatements, Backend):
         *,
         min_size: int = 1,
         max_size: int = 8,
+        follows: Any = None,
     ) -> None:
         from psycopg import Connection as _Connection
         from psycopg_pool import ConnectionPool as _Pool
 
         self._owns = False
-        self.closed = False
+        # Set by ``close``; ``closed`` also reads the caller's pool or connection.
+        self._closed = False
+        #: The caller's pool or connection a pool of this backend's own serves beside.
+        self.follows = follows
         self._lock: threading.RLock | None = None
         if isinstance(conn, str):
             self.url = conn
@@ -66,6 +79,16 @@ class PostgresBackend(PostgresStatements, Backend):
             self._lock = threading.RLock()
             self.url = conn.info.dsn
         self.conninfo = full_conninfo(conn)
+        # What the caller closes, and this backend with it (nothing, for an own pool
+        # serving nobody's).
+        used = follows if self._owns else conn
+        self._callers = CallersHandle(used) if used is not None else None
+
+    @property
+    def closed(self) -> bool:
+        """Closed by ``close``, or the caller's pool or connection it uses was closed
+        (what runs beside it, the cancel listener, ends then too)."""
+        return self._closed or (self._callers is not None and self._callers.closed)
 
     @property
     def migrations(self) -> list[list[str]]:
@@ -158,7 +181,7 @@ class PostgresBackend(PostgresStatements, Backend):
         return [rows(cur) for cur in cursors]
 
     def close(self) -> None:
-        self.closed = True
+        self._closed = True
         if self._owns and self._pool is not None:
             self._pool.close()
 

@@ -230,6 +230,9 @@ def start_pg_listener(ledger: Ledger, on_notify: Callable[[str, str], None]) -> 
             except Exception:
                 logger.debug("cancel listener reconnecting", exc_info=True)
                 time.sleep(0.5)
+        # Closed beside the caller's pool or connection: let the own pool's connections go.
+        if backend.follows is not None:
+            backend.close()
 
     thread = threading.Thread(target=loop, name="langgraph-cancel-listen", daemon=True)
     thread.start()
