@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import sqlite3
+import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
@@ -295,3 +296,22 @@ def test_the_migrations_are_importable_where_they_were() -> None:
 
     assert sql.POSTGRES_MIGRATIONS is schema.POSTGRES_MIGRATIONS
     assert sql.SQLITE_MIGRATIONS is schema.SQLITE_MIGRATIONS
+
+
+def test_opening_savers_draws_no_uuid4(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Tests that make uuid4 deterministic (LangGraph's own do) expect the ids their
+    # graph draws: a saver swapped in must not take one of them.
+    drawn: list[str] = []
+    real_uuid4 = uuid.uuid4
+
+    def counting_uuid4() -> uuid.UUID:
+        drawn.append("drawn")
+        return real_uuid4()
+
+    monkeypatch.setattr(uuid, "uuid4", counting_uuid4)
+    with SqliteCancelSaver.from_conn_string(":memory:") as memory_file:
+        memory_file.setup()
+    with SqliteCancelSaver.from_conn_string(str(tmp_path / "checkpoints.db")) as on_disk:
+        on_disk.setup()
+    MemoryCancelSaver().setup()
+    assert drawn == []

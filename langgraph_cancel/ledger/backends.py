@@ -10,9 +10,9 @@ system database: the ledger asks its backend and never branches on the dialect.
 from __future__ import annotations
 
 import json
+import secrets
 import sqlite3
 import threading
-import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
@@ -181,9 +181,10 @@ class SqliteBackend(SqliteStatements, Backend):
 
     def __init__(self, path: str, *, url: str | None = None, busy_timeout_ms: int = 30_000) -> None:
         self.path = path
-        # Each in-memory database is its own world: give it a URL of its own.
+        # Each in-memory database is its own world: give it a URL of its own. Not from
+        # uuid.uuid4: tests that make it deterministic must see the ids they expect.
         self.url = url or (
-            f"sqlite:///{path}" if path != ":memory:" else f"memory://{uuid.uuid4().hex[:12]}"
+            f"sqlite:///{path}" if path != ":memory:" else f"memory://{secrets.token_hex(6)}"
         )
         self._lock = threading.RLock()
         self._conn = sqlite3.connect(
