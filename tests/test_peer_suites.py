@@ -1,13 +1,17 @@
-"""The peer-suite runner's judgement of a failure against its allowlist."""
+"""The peer-suite runner's judgement of a failure against its allowlist, and the savers
+its checkpointers pass runs LangGraph's tests on."""
 
 from __future__ import annotations
 
 import importlib.util
 import sys
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 
-RUNNER = Path(__file__).resolve().parent.parent / "scripts" / "peer_suites" / "run.py"
+import pytest
+
+PEER_SUITES = Path(__file__).resolve().parent.parent / "scripts" / "peer_suites"
+RUNNER = PEER_SUITES / "run.py"
 
 
 def _runner() -> ModuleType:
@@ -58,3 +62,44 @@ def test_the_allowlist_reads_and_names_every_pass_it_covers() -> None:
     names = {peer.name for peer in run.PASSES}
     entries = run.allowlist()
     assert entries and all(entry.peer_pass in names for entry in entries)
+
+
+def _plugin() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("peer_suites_plugin", PEER_SUITES / "plugin.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_checkpointers_pass_chooses_its_savers() -> None:
+    plugin = _plugin()
+    assert plugin.chosen_savers("") == plugin.DEFAULT_SAVERS
+    assert plugin.DEFAULT_SAVERS <= plugin.OUR_SAVERS
+    assert plugin.chosen_savers("all") == plugin.OUR_SAVERS
+    assert plugin.chosen_savers(" sqlite, postgres_pipe ") == {"sqlite", "postgres_pipe"}
+    with pytest.raises(pytest.UsageError, match="memory"):
+        plugin.chosen_savers("sqlite,memory")
+
+
+def test_the_checkpointers_pass_keeps_only_tests_on_a_chosen_saver() -> None:
+    plugin = _plugin()
+
+    def item(**params: str) -> SimpleNamespace:
+        return SimpleNamespace(callspec=SimpleNamespace(params=params))
+
+    chosen = frozenset({"sqlite", "postgres_aio"})
+    assert plugin._on_saver(item(sync_checkpointer="sqlite", durability="sync"), chosen)
+    assert plugin._on_saver(item(async_checkpointer="postgres_aio"), chosen)
+    assert not plugin._on_saver(item(sync_checkpointer="postgres_pipe"), chosen)
+    assert not plugin._on_saver(item(sync_checkpointer="memory"), chosen)
+    assert not plugin._on_saver(item(sync_checkpointer="sqlite", cache="redis"), chosen)
+    assert not plugin._on_saver(SimpleNamespace(), chosen)  # no parameters: no saver
+
+
+def test_langgraphs_fixtures_get_the_server_without_a_database() -> None:
+    plugin = _plugin()
+    root = plugin._server_root("postgresql://postgres@127.0.0.1:5432/lgc_test")
+    assert root == "postgresql://postgres@127.0.0.1:5432/"
+    with pytest.raises(pytest.UsageError, match="without options"):
+        plugin._server_root("postgresql://postgres@127.0.0.1:5432/db?sslmode=disable")

@@ -19,6 +19,14 @@ in, according to ``LGC_PEER_MODE``:
     the agent's ``HumanInTheLoopMiddleware`` as ``approval=``, as the README says),
     and classifies the agent's tools as in ``toolnode-classified`` (a tool a test's
     middleware adds to a request and serves too, by name: ``effects=``).
+``checkpointers``
+    LangGraph's own graph tests (Pregel, interrupts, subgraphs, time travel, state
+    updates) with its test checkpointers swapped for ours: every SQLite and
+    PostgreSQL saver the tests build (plain, encrypted, pipelined, pooled, async) is
+    ``SqliteCancelSaver``, ``PostgresCancelSaver`` or their async twins, on the
+    PostgreSQL server ``LANGGRAPH_CANCEL_TEST_PG_DSN`` names. The tests run on the
+    savers ``LGC_PEER_SAVERS`` chooses (``DEFAULT_SAVERS``: each class once); tests
+    on other savers (the in-memory ones, none at all, a Redis cache) are left out.
 
 Each test's outcome is written to the JSON file ``LGC_PEER_RESULTS`` names, with
 whether langgraph-cancel asked for an approval during it (an interrupt of its
@@ -41,7 +49,21 @@ import pytest
 from langchain_core.tools import BaseTool
 from langchain_core.tools import tool as as_tool
 
-MODES = ("toolnode-classified", "toolnode-unclassified", "create-agent")
+MODES = ("toolnode-classified", "toolnode-unclassified", "create-agent", "checkpointers")
+#: The parameters of LangGraph's saver fixtures that build one of our savers.
+OUR_SAVERS = frozenset(
+    {
+        "sqlite", "sqlite_aes", "sqlite_aio",
+        "postgres", "postgres_pipe", "postgres_pool",
+        "postgres_aio", "postgres_aio_pipe", "postgres_aio_pool",
+    }
+)  # fmt: skip
+#: The ones the checkpointers pass runs unless ``LGC_PEER_SAVERS`` names others (``all``:
+#: every one): each of our four classes once, the sync PostgreSQL saver on a pool as
+#: many workers run it. The rest build the same classes on a pipeline, a pool or an
+#: encrypting serializer.
+DEFAULT_SAVERS = frozenset({"sqlite", "postgres_pool", "sqlite_aio", "postgres_aio"})
+_SAVER_FIXTURES = ("sync_checkpointer", "async_checkpointer")
 
 #: Whether the running test asked for an approval.
 _approval_asked: list[bool] = [False]
@@ -131,6 +153,82 @@ def _install_create_agent() -> None:
     langchain.agents.factory.create_agent = create_agent
 
 
+def _server_root(dsn: str) -> str:
+    """``dsn`` without its database, as LangGraph's test fixtures want it: they append
+    the name of the database each test creates."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(dsn)
+    if parts.scheme not in ("postgres", "postgresql") or parts.query or parts.fragment:
+        raise pytest.UsageError(
+            "LANGGRAPH_CANCEL_TEST_PG_DSN must be a postgresql:// URL without options "
+            f"for the checkpointers pass, not {dsn!r}"
+        )
+    return urlunsplit((parts.scheme, parts.netloc, "/", "", ""))
+
+
+def _install_savers() -> None:
+    """Make LangGraph's test fixtures build our savers, on our PostgreSQL server.
+
+    The fixtures (``tests/conftest_checkpointer.py``) look their saver classes and
+    server up as module globals when a test asks for one, so replacing the globals
+    once the module is imported is enough.
+    """
+    import importlib
+
+    from langgraph_cancel.checkpointers.postgres import (
+        AsyncPostgresCancelSaver,
+        PostgresCancelSaver,
+    )
+    from langgraph_cancel.checkpointers.sqlite import AsyncSqliteCancelSaver, SqliteCancelSaver
+
+    dsn = os.environ.get("LANGGRAPH_CANCEL_TEST_PG_DSN", "")
+    if not dsn:
+        raise pytest.UsageError(
+            "the checkpointers pass needs PostgreSQL: set LANGGRAPH_CANCEL_TEST_PG_DSN "
+            "(./scripts/test starts a server and sets it)"
+        )
+    root = _server_root(dsn)
+    fixtures = importlib.import_module("tests.conftest_checkpointer")
+    for name, ours in (
+        ("PostgresSaver", PostgresCancelSaver),
+        ("AsyncPostgresSaver", AsyncPostgresCancelSaver),
+        ("SqliteSaver", SqliteCancelSaver),
+        ("AsyncSqliteSaver", AsyncSqliteCancelSaver),
+        ("DEFAULT_POSTGRES_URI", root),
+    ):
+        setattr(fixtures, name, ours)
+    # A test may take a PostgreSQL store beside the saver: LangGraph's own, on our server.
+    setattr(importlib.import_module("tests.conftest_store"), "DEFAULT_POSTGRES_URI", root)  # noqa: B010
+
+
+def chosen_savers(setting: str | None = None) -> frozenset[str]:
+    """The saver parameters ``LGC_PEER_SAVERS`` (or ``setting``) names: comma-separated,
+    or ``all``; unset, ``DEFAULT_SAVERS``."""
+    text = (os.environ.get("LGC_PEER_SAVERS", "") if setting is None else setting).strip()
+    if not text:
+        return DEFAULT_SAVERS
+    if text == "all":
+        return OUR_SAVERS
+    names = frozenset(name.strip() for name in text.split(",") if name.strip())
+    unknown = sorted(names - OUR_SAVERS)
+    if unknown:
+        raise pytest.UsageError(
+            f"LGC_PEER_SAVERS names no saver of ours: {', '.join(unknown)} "
+            f"(choose from {', '.join(sorted(OUR_SAVERS))}, or all)"
+        )
+    return names
+
+
+def _on_saver(item: pytest.Item, savers: frozenset[str]) -> bool:
+    """Whether the test builds one of ``savers`` (and no Redis cache, which needs a
+    server this project does not start)."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    if params.get("cache") == "redis":
+        return False
+    return any(params.get(name) in savers for name in _SAVER_FIXTURES)
+
+
 def _watch_approvals() -> None:
     import langgraph_cancel.execution.approval as asking
     from langgraph_cancel.errors import ApprovalRequiredError
@@ -154,9 +252,13 @@ def _watch_approvals() -> None:
 class Recorder:
     """Collects each test's outcome, deselects what needs an outside service."""
 
-    def __init__(self, results: Path, deselect: dict[str, str]) -> None:
+    def __init__(
+        self, results: Path, deselect: dict[str, str], *, savers: frozenset[str] | None
+    ) -> None:
         self.results = results
         self.deselect = deselect
+        #: The checkpointers pass keeps only the tests that build one of these savers.
+        self.savers = savers
         # After a run that had to be stopped, the runner starts another for the tests
         # not yet run: what the earlier one recorded stays.
         self.outcomes: dict[str, dict[str, Any]] = (
@@ -201,6 +303,8 @@ class Recorder:
             reason = next(
                 (why for match, why in self.deselect.items() if match in item.nodeid), None
             )
+            if reason is None and self.savers is not None and not _on_saver(item, self.savers):
+                reason = "runs on none of the chosen savers of langgraph-cancel"
             if reason is None:
                 kept.append(item)
             else:
@@ -251,6 +355,8 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(f"LGC_PEER_MODE must be one of {', '.join(MODES)}, not {mode!r}")
     if mode == "create-agent":
         _install_create_agent()
+    elif mode == "checkpointers":
+        _install_savers()
     else:
         _install_tool_node(classify=mode == "toolnode-classified")
     _watch_approvals()
@@ -260,4 +366,5 @@ def pytest_configure(config: pytest.Config) -> None:
         for entry in tomllib.loads(Path(deselect_file).read_text()).get("deselect", []):
             deselect[entry["test"]] = entry["reason"]
     results = Path(os.environ["LGC_PEER_RESULTS"])
-    config.pluginmanager.register(Recorder(results, deselect), "lgc-peer-recorder")
+    savers = chosen_savers() if mode == "checkpointers" else None
+    config.pluginmanager.register(Recorder(results, deselect, savers=savers), "lgc-peer-recorder")

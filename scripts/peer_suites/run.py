@@ -1,14 +1,14 @@
-"""Run LangGraph's ToolNode tests and LangChain's create_agent tests against the drop-ins.
+"""Run LangGraph's and LangChain's own tests against the drop-ins and the savers.
 
 Usage (through ``scripts/peer-suites``, which prepares the virtualenv)::
 
     python scripts/peer_suites/run.py [--pass NAME ...] [--keep]
 
-For the installed versions of ``langgraph-prebuilt`` and ``langchain`` it takes their
-sdists from the package index (``pip download --no-binary :all: --no-deps``, kept in
+For the installed versions of ``langgraph-prebuilt``, ``langchain`` and ``langgraph`` it
+takes their sdists from the package index (``pip download --no-binary :all: --no-deps``, kept in
 ``$LGC_PEER_CACHE``, default ``${XDG_CACHE_HOME:-~/.cache}/langgraph-cancel/peer-suites``,
 and reused from there), unpacks their ``tests/`` (and the ``pyproject.toml`` that
-configures pytest for them) into a temporary directory, and runs three passes
+configures pytest for them) into a temporary directory, and runs four passes
 (see ``plugin.py``):
 
 * ``toolnode-classified``: the ToolNode tests, ``EffectToolNode`` in place of
@@ -17,7 +17,9 @@ configures pytest for them) into a temporary directory, and runs three passes
   test may fail here only where langgraph-cancel asked for an approval, and only
   if it passes in the classified pass;
 * ``create-agent``: LangChain's create_agent tool, HITL and middleware tests with
-  ``EffectMiddleware`` added to every agent.
+  ``EffectMiddleware`` added to every agent;
+* ``checkpointers``: LangGraph's own graph tests (from the ``langgraph`` sdist) on our
+  savers, on the PostgreSQL server ``LANGGRAPH_CANCEL_TEST_PG_DSN`` names.
 
 It prints each pass's counts and fails when a test fails that ``allowlist.toml``
 does not list (each entry says why the difference is deliberate).
@@ -55,6 +57,29 @@ TOOLNODE_TESTS = [
 #: Every create_agent test: its tools, middleware (human-in-the-loop among them),
 #: injection, structured output, streaming and sub-agents.
 AGENT_TESTS = ["tests/unit_tests/agents"]
+#: LangGraph's graph tests that run on its test checkpointers (the fixtures
+#: ``sync_checkpointer`` and ``async_checkpointer``).
+GRAPH_TESTS = [
+    "tests/test_pregel.py",
+    "tests/test_pregel_async.py",
+    "tests/test_interruption.py",
+    "tests/test_interrupt_state.py",
+    "tests/test_strict_resume.py",
+    "tests/test_subgraph_persistence.py",
+    "tests/test_subgraph_persistence_async.py",
+    "tests/test_time_travel.py",
+    "tests/test_time_travel_async.py",
+    "tests/test_large_cases.py",
+    "tests/test_large_cases_async.py",
+    "tests/test_pydantic.py",
+    "tests/test_checkpoint_migration.py",
+    "tests/test_delta_channel_exit_mode.py",
+    "tests/test_delta_channel_fork.py",
+    "tests/test_delta_channel_parallel_order.py",
+    "tests/test_delta_channel_subgraph.py",
+    "tests/test_delta_channel_to_plain.py",
+    "tests/test_delta_channel_update_state.py",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,10 +124,12 @@ class Tally:
 
 PREBUILT = Suite("langgraph-prebuilt", TOOLNODE_TESTS)
 LANGCHAIN = Suite("langchain", AGENT_TESTS)
+LANGGRAPH = Suite("langgraph", GRAPH_TESTS)
 PASSES = [
     PeerPass("toolnode-classified", PREBUILT, "ToolNode tests, EffectToolNode, tools classified"),
     PeerPass("toolnode-unclassified", PREBUILT, "ToolNode tests, EffectToolNode, unclassified"),
     PeerPass("create-agent", LANGCHAIN, "create_agent tests, EffectMiddleware added"),
+    PeerPass("checkpointers", LANGGRAPH, "graph tests, our SQLite and PostgreSQL savers"),
 ]
 
 
@@ -259,6 +286,15 @@ def tally(peer: PeerPass, outcomes: dict[str, Any], classified: dict[str, Any] |
     return result
 
 
+def describe(peer: PeerPass) -> str:
+    """The pass's description; the checkpointers pass names the savers it ran on."""
+    if peer.name != "checkpointers":
+        return peer.description
+    from plugin import chosen_savers
+
+    return f"{peer.description}: {', '.join(sorted(chosen_savers()))}"
+
+
 def main() -> int:
     """Run the passes, print their counts, exit 1 on a failure not allowed."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -293,7 +329,7 @@ def main() -> int:
             )
             print(
                 f"[peer-suites] {peer.name} ({peer.suite.distribution} {peer.suite.version}, "
-                f"{peer.description}): {counts.passed} passed, {failed} failed "
+                f"{describe(peer)}): {counts.passed} passed, {failed} failed "
                 f"({len(counts.approvals)} approval interrupts, {len(counts.allowed)} deliberate, "
                 f"{len(counts.open)} open, {len(counts.failed)} not allowed), "
                 f"{counts.skipped} skipped, {counts.deselected} deselected"
