@@ -76,6 +76,7 @@ def test_the_checkpointers_pass_chooses_its_savers() -> None:
     plugin = _plugin()
     assert plugin.chosen_savers("") == plugin.DEFAULT_SAVERS
     assert plugin.DEFAULT_SAVERS <= plugin.OUR_SAVERS
+    assert plugin.THREADED_SAVERS <= plugin.OUR_SAVERS
     assert plugin.chosen_savers("all") == plugin.OUR_SAVERS
     assert plugin.chosen_savers(" sqlite, postgres_pipe ") == {"sqlite", "postgres_pipe"}
     with pytest.raises(pytest.UsageError, match="memory"):

@@ -19,6 +19,11 @@ in, according to ``LGC_PEER_MODE``:
     the agent's ``HumanInTheLoopMiddleware`` as ``approval=``, as the README says),
     and classifies the agent's tools as in ``toolnode-classified`` (a tool a test's
     middleware adds to a request and serves too, by name: ``effects=``).
+``checkpointers-threaded``
+    LangGraph's async graph tests with our sync savers (``SqliteCancelSaver``,
+    ``PostgresCancelSaver``) where they take an async one (the ``sqlite_aio`` and
+    ``postgres_aio`` parameters): LangGraph's own sync savers refuse async graphs, ours
+    serve them from worker threads.
 ``checkpointers``
     LangGraph's own graph tests (Pregel, interrupts, subgraphs, time travel, state
     updates) with its test checkpointers swapped for ours: every SQLite and
@@ -41,7 +46,8 @@ import os
 import threading
 import time
 import tomllib
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +55,13 @@ import pytest
 from langchain_core.tools import BaseTool
 from langchain_core.tools import tool as as_tool
 
-MODES = ("toolnode-classified", "toolnode-unclassified", "create-agent", "checkpointers")
+MODES = (
+    "toolnode-classified",
+    "toolnode-unclassified",
+    "create-agent",
+    "checkpointers",
+    "checkpointers-threaded",
+)
 #: The parameters of LangGraph's saver fixtures that build one of our savers.
 OUR_SAVERS = frozenset(
     {
@@ -63,6 +75,8 @@ OUR_SAVERS = frozenset(
 #: many workers run it. The rest build the same classes on a pipeline, a pool or an
 #: encrypting serializer.
 DEFAULT_SAVERS = frozenset({"sqlite", "postgres_pool", "sqlite_aio", "postgres_aio"})
+#: The async fixtures' parameters the threaded pass gives our sync savers.
+THREADED_SAVERS = frozenset({"sqlite_aio", "postgres_aio"})
 _SAVER_FIXTURES = ("sync_checkpointer", "async_checkpointer")
 
 #: Whether the running test asked for an approval.
@@ -167,8 +181,9 @@ def _server_root(dsn: str) -> str:
     return urlunsplit((parts.scheme, parts.netloc, "/", "", ""))
 
 
-def _install_savers() -> None:
-    """Make LangGraph's test fixtures build our savers, on our PostgreSQL server.
+def _install_savers(config: pytest.Config, *, threaded: bool) -> None:
+    """Make LangGraph's test fixtures build our savers, on our PostgreSQL server
+    (``threaded``: our sync savers where its async tests take an async saver).
 
     The fixtures (``tests/conftest_checkpointer.py``) look their saver classes and
     server up as module globals when a test asks for one, so replacing the globals
@@ -200,6 +215,49 @@ def _install_savers() -> None:
         setattr(fixtures, name, ours)
     # A test may take a PostgreSQL store beside the saver: LangGraph's own, on our server.
     setattr(importlib.import_module("tests.conftest_store"), "DEFAULT_POSTGRES_URI", root)  # noqa: B010
+    if threaded:
+        # The async fixture calls the factories it imported by name: replace them there.
+        conftest = importlib.import_module("tests.conftest")
+        if conftest not in config.pluginmanager.get_plugins():
+            raise pytest.UsageError("tests/conftest.py is not loaded as tests.conftest")
+        setattr(conftest, "_checkpointer_sqlite_aio", _threaded_sqlite)  # noqa: B010
+        setattr(conftest, "_checkpointer_postgres_aio", _threaded_postgres(root))  # noqa: B010
+
+
+@asynccontextmanager
+async def _threaded_sqlite() -> AsyncIterator[Any]:
+    """Our sync SQLite saver where LangGraph's async tests take an async one: its async
+    methods run the sync ones in a worker thread."""
+    from langgraph_cancel.checkpointers.sqlite import SqliteCancelSaver
+
+    with SqliteCancelSaver.from_conn_string(":memory:") as saver:
+        saver.setup()
+        yield saver
+
+
+def _threaded_postgres(root: str) -> Callable[[], AbstractAsyncContextManager[Any]]:
+    """Our sync PostgreSQL saver where LangGraph's async tests take an async one, on a
+    database of its own on the server ``root`` names, dropped afterwards."""
+    import uuid
+
+    import psycopg
+
+    from langgraph_cancel.checkpointers.postgres import PostgresCancelSaver
+
+    @asynccontextmanager
+    async def saver_on_a_fresh_database() -> AsyncIterator[Any]:
+        database = f"test_{uuid.uuid4().hex[:16]}"
+        with psycopg.connect(root, autocommit=True) as admin:
+            admin.execute(f"CREATE DATABASE {database}")
+        try:
+            with PostgresCancelSaver.from_conn_string(root + database) as saver:
+                saver.setup()
+                yield saver
+        finally:
+            with psycopg.connect(root, autocommit=True) as admin:
+                admin.execute(f"DROP DATABASE {database}")
+
+    return saver_on_a_fresh_database
 
 
 def chosen_savers(setting: str | None = None) -> frozenset[str]:
@@ -355,8 +413,8 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(f"LGC_PEER_MODE must be one of {', '.join(MODES)}, not {mode!r}")
     if mode == "create-agent":
         _install_create_agent()
-    elif mode == "checkpointers":
-        _install_savers()
+    elif mode in ("checkpointers", "checkpointers-threaded"):
+        _install_savers(config, threaded=mode == "checkpointers-threaded")
     else:
         _install_tool_node(classify=mode == "toolnode-classified")
     _watch_approvals()
@@ -366,5 +424,5 @@ def pytest_configure(config: pytest.Config) -> None:
         for entry in tomllib.loads(Path(deselect_file).read_text()).get("deselect", []):
             deselect[entry["test"]] = entry["reason"]
     results = Path(os.environ["LGC_PEER_RESULTS"])
-    savers = chosen_savers() if mode == "checkpointers" else None
+    savers = {"checkpointers": chosen_savers(), "checkpointers-threaded": THREADED_SAVERS}.get(mode)
     config.pluginmanager.register(Recorder(results, deselect, savers=savers), "lgc-peer-recorder")

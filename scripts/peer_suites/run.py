@@ -8,7 +8,7 @@ For the installed versions of ``langgraph-prebuilt``, ``langchain`` and ``langgr
 takes their sdists from the package index (``pip download --no-binary :all: --no-deps``, kept in
 ``$LGC_PEER_CACHE``, default ``${XDG_CACHE_HOME:-~/.cache}/langgraph-cancel/peer-suites``,
 and reused from there), unpacks their ``tests/`` (and the ``pyproject.toml`` that
-configures pytest for them) into a temporary directory, and runs four passes
+configures pytest for them) into a temporary directory, and runs five passes
 (see ``plugin.py``):
 
 * ``toolnode-classified``: the ToolNode tests, ``EffectToolNode`` in place of
@@ -19,7 +19,8 @@ configures pytest for them) into a temporary directory, and runs four passes
 * ``create-agent``: LangChain's create_agent tool, HITL and middleware tests with
   ``EffectMiddleware`` added to every agent;
 * ``checkpointers``: LangGraph's own graph tests (from the ``langgraph`` sdist) on our
-  savers, on the PostgreSQL server ``LANGGRAPH_CANCEL_TEST_PG_DSN`` names.
+  savers, on the PostgreSQL server ``LANGGRAPH_CANCEL_TEST_PG_DSN`` names;
+* ``checkpointers-threaded``: its async graph tests on our sync savers.
 
 It prints each pass's counts and fails when a test fails that ``allowlist.toml``
 does not list (each entry says why the difference is deliberate).
@@ -130,6 +131,11 @@ PASSES = [
     PeerPass("toolnode-unclassified", PREBUILT, "ToolNode tests, EffectToolNode, unclassified"),
     PeerPass("create-agent", LANGCHAIN, "create_agent tests, EffectMiddleware added"),
     PeerPass("checkpointers", LANGGRAPH, "graph tests, our SQLite and PostgreSQL savers"),
+    PeerPass(
+        "checkpointers-threaded",
+        LANGGRAPH,
+        "async graph tests, our sync SQLite and PostgreSQL savers in threads",
+    ),
 ]
 
 
