@@ -69,8 +69,9 @@ class PostgresCancelSaver(NotesSavedCheckpoints, ThreadedAsyncMixin, PostgresSav
     Args:
         conn: A psycopg ``Connection`` (autocommit, dict rows) or ``ConnectionPool``.
         pipe: An optional pipeline (single connection only).
-        ledger: The ledger to use; default: one on the same pool, or a small
-            pool of its own on the same database when given one connection.
+        ledger: The ledger to use; default: one on the same pool or, given one
+            connection, on a small pool of its own on the same database (opened
+            empty, closed with the saver or once the connection is closed).
         serde: Checkpoint serializer.
     """
 
@@ -143,15 +144,17 @@ class PostgresCancelSaver(NotesSavedCheckpoints, ThreadedAsyncMixin, PostgresSav
 class AsyncPostgresCancelSaver(NotesSavedCheckpoints, AsyncPostgresSaver, LedgerOwner):
     """LangGraph's ``AsyncPostgresSaver`` plus the ledger, in the same database.
 
-    Async graphs on it do their ledger I/O through an ``AsyncLedger`` (psycopg's
-    async pool) on their own loop, opened by ``setup()`` or ``from_conn_string``;
-    a small sync pool serves the sync parts of the package.
+    Async graphs on it do their ledger I/O through an ``AsyncLedger`` on their own
+    loop, opened by ``setup()`` or ``from_conn_string``: on the caller's
+    ``AsyncConnectionPool`` when given one, else on an async pool of its own. A small
+    sync pool of its own, empty until used, serves the sync parts of the package.
+    The pools of its own close with the saver (or at the end of ``from_conn_string``).
 
     Args:
         conn: A psycopg ``AsyncConnection`` or ``AsyncConnectionPool``.
         pipe: An optional pipeline (single connection only).
         serde: Checkpoint serializer.
-        ledger: The ledger to use; default: one on the same database.
+        ledger: The ledger to use; default: one on the same database, as above.
     """
 
     def __init__(
