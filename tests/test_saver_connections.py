@@ -37,6 +37,7 @@ from langgraph_cancel.checkpointers.postgres import (
     AsyncPostgresCancelSaver,
     PostgresCancelSaver,
 )
+from langgraph_cancel.ledger.backends import CallersHandle
 
 POOL_SIZE = 3
 #: Beside the pool, the session that listens for cancel requests (``LISTEN`` needs a
@@ -147,3 +148,17 @@ async def test_async_saver_on_one_connection_closes_its_ledger_with_it(
     gc.collect()
     await asyncio.sleep(0.2)
     assert await asyncio.to_thread(sessions, pg_url) == 0
+
+
+def test_a_pool_not_opened_yet_is_not_taken_for_closed(pg_url: str) -> None:
+    pool: ConnectionPool[Any] = ConnectionPool(pg_url, min_size=1, open=False)
+    handle = CallersHandle(pool)
+    assert pool.closed and not handle.closed  # still to come
+    pool.open()
+    assert not handle.closed
+    pool.close()
+    assert handle.closed
+    # Seen open when it was handed over, closed since: closed.
+    with ConnectionPool(pg_url, min_size=1) as opened:
+        later = CallersHandle(opened)
+    assert later.closed

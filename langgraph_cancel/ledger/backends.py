@@ -133,8 +133,9 @@ class CallersHandle:
 
     def __init__(self, target: Any) -> None:
         self.target = target
-        # Whether ``target`` was ever seen open; only then does its closing count.
-        self._seen_open = False
+        # Whether ``target`` was ever seen open (here or by ``closed``); only then
+        # does its closing count.
+        self._seen_open = not target.closed
 
     @property
     def closed(self) -> bool:
