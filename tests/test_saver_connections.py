@@ -1,12 +1,11 @@
 """A PostgreSQL saver built on the caller's pool or connection leaves no session behind.
 
 LangGraph's savers use the pool or connection they are given, and the caller closes
-it. Ours add the ledger: on the caller's pool the ledger shares it (the async ledger
-too), and its cancel listener ends when the pool is closed; on one connection it
-opens a small pool of its own, empty until used, closed with the saver (the sync
-saver's as soon as the caller closes the connection, by its listener). So a saver
-made per request, or a test that drops its database once the pool it gave the saver
-is closed (LangGraph's own fixtures do), finds no session of ours left on the server.
+it. Ours add the ledger: it shares the caller's pool or connection (the async ledger
+too; on one connection under the saver's lock, as the checkpoints), and its cancel
+listener ends when that is closed. So a saver made per request, or a test that drops
+its database once the pool or connection it gave the saver is closed (LangGraph's own
+tests do), finds no session of ours left on the server.
 """
 
 from __future__ import annotations
@@ -14,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -88,20 +88,20 @@ def test_sync_saver_on_the_callers_pool_uses_only_that_pool(pg_url: str, tmp_pat
     assert sessions(pg_url) == 0
 
 
-def test_sync_saver_on_one_connection_closes_its_ledger_pool_with_it(
+def test_sync_saver_on_one_connection_uses_only_that_connection(
     pg_url: str, tmp_path: Path
 ) -> None:
     with psycopg.Connection.connect(pg_url, autocommit=True, row_factory=dict_row) as conn:
         saver = PostgresCancelSaver(conn)
-        # Opened empty: the saver holds nothing before its ledger is used.
-        assert sessions(pg_url, expected=1) == 1
         saver.setup()
+        assert sessions(pg_url, expected=1) == 1
         graph = refund_graph(saver, tmp_path)
         thread = new_thread()
         graph.invoke({"messages": [HumanMessage("go")]}, config_for(thread))
         assert [e.status.value for e in saver.ledger.effects(thread)] == ["committed"]
+        assert sessions(pg_url, expected=1 + LISTENER) == 1 + LISTENER
 
-    # The caller closed the connection: the ledger's pool and listener end with it.
+    # The caller closed the connection: the listener ends with it.
     assert sessions(pg_url) == 0
     del graph, saver
     assert sessions(pg_url) == 0
@@ -130,7 +130,7 @@ async def test_async_saver_on_the_callers_pool_uses_only_that_pool(
     assert await asyncio.to_thread(sessions, pg_url) == 0
 
 
-async def test_async_saver_on_one_connection_closes_its_ledger_with_it(
+async def test_async_saver_on_one_connection_uses_only_that_connection(
     pg_url: str, tmp_path: Path
 ) -> None:
     async with await psycopg.AsyncConnection.connect(
@@ -138,16 +138,48 @@ async def test_async_saver_on_one_connection_closes_its_ledger_with_it(
     ) as conn:
         saver = AsyncPostgresCancelSaver(conn)
         await saver.setup()
+        assert saver.async_ledger is not None
+        assert await asyncio.to_thread(sessions, pg_url, expected=1) == 1
         graph = refund_graph(saver, tmp_path, use_async=True)
         thread = new_thread()
         await graph.ainvoke({"messages": [HumanMessage("go")]}, config_for(thread))
-        assert [e.status.value for e in saver.ledger.effects(thread)] == ["committed"]
+        assert [e.status.value for e in await saver.async_ledger.aeffects(thread)] == ["committed"]
+        in_use = await asyncio.to_thread(sessions, pg_url, expected=1 + LISTENER)
+        assert in_use == 1 + LISTENER
 
-    # The async ledger's own pool goes with the saver, closed on the loop it was opened on.
-    del graph, saver
-    gc.collect()
-    await asyncio.sleep(0.2)
+    # Nothing of the saver's own is open, even before the saver goes.
     assert await asyncio.to_thread(sessions, pg_url) == 0
+    del graph, saver
+    assert await asyncio.to_thread(sessions, pg_url) == 0
+
+
+def test_a_saver_only_set_up_holds_nothing_once_its_connection_closes(pg_url: str) -> None:
+    """LangGraph's own saver tests: set up on one connection, use the checkpoints,
+    close the connection, drop the database at once."""
+    database = f"lgc_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(pg_url, autocommit=True) as admin:
+        admin.execute(f"CREATE DATABASE {database}")
+    url = pg_url.rsplit("/", 1)[0] + "/" + database
+    try:
+        with psycopg.Connection.connect(url, autocommit=True, row_factory=dict_row) as conn:
+            saver = PostgresCancelSaver(conn)
+            saver.setup()
+            assert saver.list(None) is not None and sessions(url, expected=1) == 1
+    finally:
+        with psycopg.connect(pg_url, autocommit=True) as admin:
+            admin.execute(f"DROP DATABASE {database}")
+
+
+async def test_an_async_saver_only_set_up_holds_nothing_once_its_connection_closes(
+    pg_url: str,
+) -> None:
+    async with await psycopg.AsyncConnection.connect(
+        pg_url, autocommit=True, row_factory=dict_row
+    ) as conn:
+        saver = AsyncPostgresCancelSaver(conn)
+        await saver.setup()
+        assert await saver.aget_tuple(config_for(new_thread())) is None
+    assert await asyncio.to_thread(sessions, pg_url, within=0.5) == 0
 
 
 def test_a_pool_not_opened_yet_is_not_taken_for_closed(pg_url: str) -> None:

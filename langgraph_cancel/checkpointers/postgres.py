@@ -33,11 +33,10 @@ _TRY_LOCK = "SELECT pg_try_advisory_lock(%s)"
 
 
 def _pool_closed_with(saver: object, conn: Any) -> PostgresBackend:
-    """A ledger pool of the saver's own beside the caller's ``conn`` (a connection or an
-    async pool): opened empty (a connection is made at the ledger's first use), and
-    closed with the saver or, once the caller has closed ``conn``, by its cancel
-    listener. A saver built on the caller's connection holds nothing the caller has
-    to close, as LangGraph's own savers do not."""
+    """A sync ledger pool of the saver's own beside the caller's ``conn`` (a pipelined
+    connection, an async connection or an async pool): opened empty (a connection is
+    made at the ledger's first use), and closed with the saver or, once the caller
+    has closed ``conn``, by its cancel listener."""
     backend = PostgresBackend(_conninfo(conn), min_size=0, max_size=4, follows=conn)
     weakref.finalize(saver, backend.close)
     return backend
@@ -69,9 +68,11 @@ class PostgresCancelSaver(NotesSavedCheckpoints, ThreadedAsyncMixin, PostgresSav
     Args:
         conn: A psycopg ``Connection`` (autocommit, dict rows) or ``ConnectionPool``.
         pipe: An optional pipeline (single connection only).
-        ledger: The ledger to use; default: one on the same pool or, given one
-            connection, on a small pool of its own on the same database (opened
-            empty, closed with the saver or once the connection is closed).
+        ledger: The ledger to use; default: one on the same pool or connection (its
+            statements take the saver's lock, as the checkpoints' do), so the saver
+            holds no session the caller does not; with ``pipe``, on a small pool of
+            its own on the same database (opened empty, closed with the saver or
+            once the connection is closed).
         serde: Checkpoint serializer.
     """
 
@@ -85,11 +86,14 @@ class PostgresCancelSaver(NotesSavedCheckpoints, ThreadedAsyncMixin, PostgresSav
     ) -> None:
         super().__init__(conn, pipe=pipe, serde=serde)
         if ledger is None:
-            backend = (
-                PostgresBackend(conn)
-                if isinstance(conn, ConnectionPool)
-                else _pool_closed_with(self, conn)
-            )
+            if isinstance(conn, ConnectionPool):
+                backend = PostgresBackend(conn)
+            elif pipe is None:
+                backend = PostgresBackend(conn, lock=self.lock)
+            else:
+                # A pipelined connection is used without the lock: the ledger's
+                # transactions would take in the checkpoints' statements.
+                backend = _pool_closed_with(self, conn)
             ledger = Ledger(backend)
         self.ledger = ledger
 
@@ -146,9 +150,11 @@ class AsyncPostgresCancelSaver(NotesSavedCheckpoints, AsyncPostgresSaver, Ledger
 
     Async graphs on it do their ledger I/O through an ``AsyncLedger`` on their own
     loop, opened by ``setup()`` or ``from_conn_string``: on the caller's
-    ``AsyncConnectionPool`` when given one, else on an async pool of its own. A small
-    sync pool of its own, empty until used, serves the sync parts of the package.
-    The pools of its own close with the saver (or at the end of ``from_conn_string``).
+    ``AsyncConnectionPool`` or ``AsyncConnection`` (under the saver's lock, as the
+    checkpoints), or on an async pool of its own beside a pipelined connection. A
+    small sync pool of its own, empty until used, serves the sync parts of the
+    package. The pools of its own close with the saver (or at the end of
+    ``from_conn_string``).
 
     Args:
         conn: A psycopg ``AsyncConnection`` or ``AsyncConnectionPool``.
@@ -166,9 +172,12 @@ class AsyncPostgresCancelSaver(NotesSavedCheckpoints, AsyncPostgresSaver, Ledger
         ledger: Ledger | None = None,
     ) -> None:
         super().__init__(conn, pipe=pipe, serde=serde)
-        #: The caller's pool, which the async ledger shares when the ledger is ours.
-        self._shared_pool = (
-            conn if ledger is None and isinstance(conn, AsyncConnectionPool) else None
+        #: The caller's pool or connection, which the async ledger shares when the
+        #: ledger is ours (not a pipelined connection: it is used without the lock).
+        self._shared = (
+            conn
+            if ledger is None and (isinstance(conn, AsyncConnectionPool) or pipe is None)
+            else None
         )
         self.ledger = ledger if ledger is not None else Ledger(_pool_closed_with(self, conn))
         #: The ledger the graph's loop awaits (opened by ``setup()`` or ``aopen_ledger()``).
@@ -178,21 +187,26 @@ class AsyncPostgresCancelSaver(NotesSavedCheckpoints, AsyncPostgresSaver, Ledger
     async def aopen_ledger(self) -> AsyncLedger:
         """Open the async ledger on this loop (once) and bind it to the sync one.
 
-        On the caller's ``AsyncConnectionPool`` it uses that pool, as the checkpoints
-        do; otherwise it opens connections of its own, closed by ``aclose_ledger()``
-        (``from_conn_string`` calls it) or, at the latest, with the saver.
+        On the caller's ``AsyncConnectionPool`` or ``AsyncConnection`` it uses that,
+        as the checkpoints do; otherwise it opens connections of its own, closed by
+        ``aclose_ledger()`` (``from_conn_string`` calls it) or, at the latest, with
+        the saver.
         """
         async with self._ledger_lock:
             if self.async_ledger is None:
-                if self._shared_pool is not None:
+                shared = self._shared
+                if shared is not None:
+                    lock = None if isinstance(shared, AsyncConnectionPool) else self.lock
                     twin = AsyncLedger(
-                        AsyncPostgresBackend(self._shared_pool, conninfo=_conninfo(self.conn))
+                        AsyncPostgresBackend(shared, conninfo=_conninfo(shared), lock=lock)
                     )
                     twin.url = self.ledger.url
                     await twin.asetup()
                 else:
                     twin = await AsyncLedger.twin_of(self.ledger)
                     weakref.finalize(self, _close_on_loop, twin, asyncio.get_running_loop())
+                # The same database: the sync ledger need not check it again.
+                self.ledger.note_set_up()
                 bind_async_twin(self.ledger, twin)
                 self.async_ledger = twin
             return self.async_ledger

@@ -149,9 +149,10 @@ async def _open_like(backend: Any) -> AsyncBackend:
     if isinstance(backend, SqliteBackend):
         return await AsyncSqliteBackend.open(backend.path, url=backend.url)
     if isinstance(backend, PostgresBackend):
-        min_size = 0 if backend.follows is not None else 1
+        # Beside a caller's pool or connection: empty until used, closed with it.
+        callers = backend.callers
         return await AsyncPostgresBackend.open(
-            backend.conninfo, min_size=min_size, max_size=4, follows=backend.follows
+            backend.conninfo, min_size=0 if callers is not None else 1, max_size=4, follows=callers
         )
     raise InvalidURLError(f"no async backend for {type(backend).__name__}")
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 from langgraph_cancel.ledger import schema
@@ -40,6 +40,9 @@ class AsyncPostgresBackend(PostgresStatements, AsyncBackend):
         owns: Close the pool with the backend.
         follows: For an own pool, the caller's pool or connection it serves beside:
             once the caller has closed that, the backend counts as closed.
+        lock: For one connection, the lock its other users take (a saver's), held
+            for each statement and transaction so theirs never run inside the
+            ledger's; default: a lock of this backend's own.
     """
 
     dialect: Dialect = "postgres"
@@ -51,6 +54,7 @@ class AsyncPostgresBackend(PostgresStatements, AsyncBackend):
         conninfo: str,
         owns: bool = False,
         follows: Any = None,
+        lock: AbstractAsyncContextManager[Any] | None = None,
     ) -> None:
         from psycopg_pool import AsyncConnectionPool as _Pool
 
@@ -67,7 +71,7 @@ class AsyncPostgresBackend(PostgresStatements, AsyncBackend):
         # serving nobody's).
         used = follows if owns else conn
         self._callers = CallersHandle(used) if used is not None else None
-        self._lock = asyncio.Lock()
+        self._lock = lock if lock is not None else asyncio.Lock()
 
     @classmethod
     async def open(

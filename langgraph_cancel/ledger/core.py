@@ -96,6 +96,11 @@ class Ledger(EffectLedger):
         self._setup_once()
         self._setup_done = True
 
+    def note_set_up(self) -> None:
+        """Record that the tables exist: set up through another ledger on the same
+        database (the async twin), so ``setup()`` has nothing left to do."""
+        self._setup_done = True
+
     @transient_retry()
     def _setup_once(self) -> None:
         drive(self.backend, migrate(self.backend, self.backend.migrations))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING, Any, cast
 
 from langgraph_cancel.ledger import schema
@@ -36,6 +36,9 @@ class PostgresBackend(PostgresStatements, Backend):
         max_size: The own pool's most connections.
         follows: For an own pool, the caller's pool or connection it serves beside:
             once the caller has closed that, the backend counts as closed.
+        lock: For one connection, the lock its other users take (a saver's), held
+            for each statement and transaction so theirs never run inside the
+            ledger's; default: a lock of this backend's own.
     """
 
     dialect: Dialect = "postgres"
@@ -47,6 +50,7 @@ class PostgresBackend(PostgresStatements, Backend):
         min_size: int = 1,
         max_size: int = 8,
         follows: Any = None,
+        lock: AbstractContextManager[Any] | None = None,
     ) -> None:
         from psycopg import Connection as _Connection
         from psycopg_pool import ConnectionPool as _Pool
@@ -56,7 +60,7 @@ class PostgresBackend(PostgresStatements, Backend):
         self._closed = False
         #: The caller's pool or connection a pool of this backend's own serves beside.
         self.follows = follows
-        self._lock: threading.RLock | None = None
+        self._lock: AbstractContextManager[Any] | None = None
         if isinstance(conn, str):
             self.url = conn
             self._pool: _Pool[Any] | None = _Pool(
@@ -76,7 +80,7 @@ class PostgresBackend(PostgresStatements, Backend):
         else:
             self._pool = None
             self._conn = conn
-            self._lock = threading.RLock()
+            self._lock = lock if lock is not None else threading.RLock()
             self.url = conn.info.dsn
         self.conninfo = full_conninfo(conn)
         # What the caller closes, and this backend with it (nothing, for an own pool
@@ -89,6 +93,12 @@ class PostgresBackend(PostgresStatements, Backend):
         """Closed by ``close``, or the caller's pool or connection it uses was closed
         (what runs beside it, the cancel listener, ends then too)."""
         return self._closed or (self._callers is not None and self._callers.closed)
+
+    @property
+    def callers(self) -> Any:
+        """The caller's pool or connection this backend uses or serves beside (None
+        for an own pool serving nobody's): what a pool opened beside it follows."""
+        return self._callers.target if self._callers is not None else None
 
     @property
     def migrations(self) -> list[list[str]]:
