@@ -13,7 +13,7 @@ import itertools
 import sqlite3
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, closing
 from pathlib import Path
 from typing import Any
 
@@ -289,6 +289,26 @@ def test_a_version_0_ledger_is_migrated_and_keeps_its_rows(tmp_path: Path) -> No
             cur.execute("SELECT v FROM lgc_migrations ORDER BY v")
             versions = [r["v"] for r in cur.fetchall()]
     assert versions == list(range(len(SQLITE_MIGRATIONS)))
+
+
+def test_setting_up_a_set_up_file_waits_for_no_other_writer(tmp_path: Path) -> None:
+    """A worker starting beside another in the middle of its transaction sets up at
+    once, as LangGraph's ``SqliteSaver`` does: a ledger at the latest version is only
+    read, never locked for writing."""
+    path = tmp_path / "busy.db"
+    with SqliteCancelSaver.from_conn_string(str(path)) as first:
+        first.setup()
+    writer = sqlite3.connect(path, isolation_level=None)
+    writer.execute("BEGIN IMMEDIATE")
+    try:
+        with closing(sqlite3.connect(path, timeout=0, check_same_thread=False)) as conn:
+            saver = SqliteCancelSaver(conn)
+            saver.setup()
+            assert saver.ledger.runs("t") == []
+            saver.ledger.close()
+    finally:
+        writer.execute("ROLLBACK")
+        writer.close()
 
 
 def test_the_migrations_are_importable_where_they_were() -> None:

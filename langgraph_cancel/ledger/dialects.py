@@ -74,6 +74,9 @@ class DialectStatements:
         def json_out(self, value: Any) -> Any: ...
         def ts_out(self, value: Any) -> datetime | None: ...
 
+    #: A read that finds a row once the ledger's tables exist.
+    has_migrations_sql: str = ledger_sql.SQLITE_HAS_MIGRATIONS
+
     def lock_for_setup(self) -> Body:
         """Serialize concurrent ``setup()`` calls inside their transaction (a body).
 
@@ -325,6 +328,8 @@ class PostgresStatements(DialectStatements):
         """A ``JSONB`` column as psycopg decoded it: a string stored is a string read,
         never parsed a second time."""
         return value
+
+    has_migrations_sql = ledger_sql.PG_HAS_MIGRATIONS
 
     def lock_for_setup(self) -> Body:
         yield Execute(f"SELECT pg_advisory_xact_lock({SETUP_LOCK_KEY})", None, "none")

@@ -35,6 +35,11 @@ def pg_committing_before_flush(statement: str) -> str:
 
 
 SELECT_VERSION = "SELECT MAX(v) FROM lgc_migrations"
+# Whether the ledger's tables exist, read before ``setup`` takes any lock.
+SQLITE_HAS_MIGRATIONS = (
+    "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'lgc_migrations'"
+)
+PG_HAS_MIGRATIONS = "SELECT 1 WHERE to_regclass('lgc_migrations') IS NOT NULL"
 INSERT_VERSION = "INSERT INTO lgc_migrations (v) VALUES (%(v)s) ON CONFLICT (v) DO NOTHING"
 
 RUN_COLUMNS = (

@@ -19,7 +19,7 @@ from typing import Any, ParamSpec, TypeVar
 from langgraph_cancel.ledger import sql as ledger_sql
 from langgraph_cancel.ledger.backends import Backend
 from langgraph_cancel.ledger.dialects import Body, DialectStatements
-from langgraph_cancel.ledger.steps import Execute, Operation, Unit
+from langgraph_cancel.ledger.steps import Execute, Operation, Unit, in_order
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -39,16 +39,29 @@ def to_thread(fn: Callable[P, R]) -> Callable[P, Any]:
 
 
 def migrate(backend: DialectStatements, migrations: list[list[str]]) -> Operation[None]:
-    """Create or migrate the ledger's tables, in one transaction (for either ledger)."""
+    """Create or migrate the ledger's tables, in one transaction (for either ledger).
+
+    A ledger already at the latest version is only read, so setting up beside a
+    writer in the middle of its transaction does not wait for it.
+    """
+    found = yield Unit("read", in_order(Execute(backend.has_migrations_sql, None)))
+    if found is not None:
+        row = yield Unit("read", in_order(Execute(ledger_sql.SELECT_VERSION, None)))
+        if _version(row) == len(migrations) - 1:
+            return
     yield Unit("transaction", _migrate(backend, migrations))
+
+
+def _version(row: dict[str, Any] | None) -> int:
+    """The version a ``SELECT_VERSION`` row names (-1: none yet)."""
+    current = None if row is None else next(iter(row.values()))
+    return -1 if current is None else int(current)
 
 
 def _migrate(backend: DialectStatements, migrations: list[list[str]]) -> Body:
     yield from backend.lock_for_setup()
     yield Execute(migrations[0][0], None, "none")
-    row = yield Execute(ledger_sql.SELECT_VERSION, None)
-    current = -1 if row is None else next(iter(row.values()))
-    current = -1 if current is None else int(current)
+    current = _version((yield Execute(ledger_sql.SELECT_VERSION, None)))
     for version, statements in enumerate(migrations):
         if version <= current:
             continue
