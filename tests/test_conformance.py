@@ -268,6 +268,46 @@ def test_postgres_second_saver_setup_is_idempotent(pg_url: str) -> None:
         assert row is not None and row["n"] == len(POSTGRES_MIGRATIONS)
 
 
+def _thread_config(thread_id: str) -> RunnableConfig:
+    return {"configurable": {"thread_id": thread_id, "checkpoint_ns": ""}}
+
+
+@pytest.mark.postgres
+def test_pruning_threads_away_deletes_their_ledger_rows(pg_url: str) -> None:
+    from langgraph_cancel.checkpointers.postgres import PostgresCancelSaver
+
+    gone, kept = f"t-{uuid.uuid4().hex}", f"t-{uuid.uuid4().hex}"
+    with PostgresCancelSaver.from_conn_string(pg_url) as saver:
+        saver.setup()
+        for thread_id in (gone, kept):
+            saver.ledger.start_run(thread_id)
+            saver.put(_thread_config(thread_id), empty_checkpoint(), {"step": -1}, {})
+        saver.prune([gone], strategy="keep_latest")  # keeps the latest: the ledger stays
+        assert saver.get_tuple(_thread_config(gone)) is not None
+        assert len(saver.ledger.runs(gone)) == 1
+        saver.prune([gone], strategy="delete")
+        assert saver.get_tuple(_thread_config(gone)) is None
+        assert saver.ledger.runs(gone) == []
+        assert saver.get_tuple(_thread_config(kept)) is not None
+        assert len(saver.ledger.runs(kept)) == 1
+
+
+@pytest.mark.postgres
+async def test_async_pruning_threads_away_deletes_their_ledger_rows(pg_url: str) -> None:
+    from langgraph_cancel.checkpointers.postgres import AsyncPostgresCancelSaver
+
+    gone, kept = f"t-{uuid.uuid4().hex}", f"t-{uuid.uuid4().hex}"
+    async with AsyncPostgresCancelSaver.from_conn_string(pg_url) as saver:
+        await saver.setup()
+        for thread_id in (gone, kept):
+            await saver.ledger.astart_run(thread_id)
+            await saver.aput(_thread_config(thread_id), empty_checkpoint(), {"step": -1}, {})
+        await saver.aprune([gone], strategy="delete")
+        assert await saver.aget_tuple(_thread_config(gone)) is None
+        assert await saver.ledger.aruns(gone) == []
+        assert len(await saver.ledger.aruns(kept)) == 1
+
+
 def test_a_version_0_ledger_is_migrated_and_keeps_its_rows(tmp_path: Path) -> None:
     """Migrations are append-only: a database made by version 0 gets the later ones."""
     path = tmp_path / "v0.db"

@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import time
 import weakref
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
@@ -144,6 +144,14 @@ class PostgresCancelSaver(NotesSavedCheckpoints, ThreadedAsyncMixin, PostgresSav
         super().delete_thread(thread_id)
         self.ledger.delete_thread(thread_id)
 
+    def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        """``PostgresSaver.prune``; ``"delete"`` deletes the threads' ledger rows too,
+        as ``delete_thread`` does (``"keep_latest"`` keeps them all)."""
+        super().prune(thread_ids, strategy=strategy)
+        if strategy == "delete":
+            for thread_id in thread_ids:
+                self.ledger.delete_thread(thread_id)
+
 
 class AsyncPostgresCancelSaver(NotesSavedCheckpoints, AsyncPostgresSaver, LedgerOwner):
     """LangGraph's ``AsyncPostgresSaver`` plus the ledger, in the same database.
@@ -266,6 +274,17 @@ class AsyncPostgresCancelSaver(NotesSavedCheckpoints, AsyncPostgresSaver, Ledger
     async def adelete_thread(self, thread_id: str) -> None:
         """Delete a thread's checkpoints and its ledger rows."""
         await super().adelete_thread(thread_id)
+        await self._forget_in_ledger(thread_id)
+
+    async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        """``AsyncPostgresSaver.aprune`` (``prune`` calls it too); ``"delete"`` deletes
+        the threads' ledger rows too, as ``adelete_thread`` does."""
+        await super().aprune(thread_ids, strategy=strategy)
+        if strategy == "delete":
+            for thread_id in thread_ids:
+                await self._forget_in_ledger(thread_id)
+
+    async def _forget_in_ledger(self, thread_id: str) -> None:
         twin = self.async_ledger
         if twin is not None and twin.loop is asyncio.get_running_loop():
             await twin.adelete_thread(thread_id)
