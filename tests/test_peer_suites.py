@@ -7,6 +7,7 @@ import importlib.util
 import sys
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -104,3 +105,37 @@ def test_langgraphs_fixtures_get_the_server_without_a_database() -> None:
     assert root == "postgresql://postgres@127.0.0.1:5432/"
     with pytest.raises(pytest.UsageError, match="without options"):
         plugin._server_root("postgresql://postgres@127.0.0.1:5432/db?sslmode=disable")
+
+
+def test_the_saver_passes_refuse_a_module_holding_langgraphs_saver(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from langgraph.checkpoint.sqlite import SqliteSaver
+
+    from langgraph_cancel.checkpointers.sqlite import AsyncSqliteCancelSaver, SqliteCancelSaver
+
+    plugin = _plugin()
+
+    def session(**names: Any) -> Any:
+        module = ModuleType("tests.test_probe")
+        module.__dict__.update(names)
+        return SimpleNamespace(items=[SimpleNamespace(module=module)])
+
+    monkeypatch.setenv("LGC_PEER_MODE", "sqlite-saver")
+    plugin.pytest_collection_finish(
+        session(SqliteSaver=SqliteCancelSaver, AsyncSqliteSaver=AsyncSqliteCancelSaver)
+    )
+    with pytest.raises(pytest.UsageError, match=r"test_probe\.SqliteSaver is LangGraph's"):
+        plugin.pytest_collection_finish(session(SqliteSaver=SqliteSaver))
+    # Other passes do not replace the classes, so do not look.
+    monkeypatch.setenv("LGC_PEER_MODE", "checkpointers")
+    plugin.pytest_collection_finish(session(SqliteSaver=SqliteSaver))
+
+
+def test_every_pass_runs_files_of_its_suite() -> None:
+    runner = _runner()
+    names = [peer.name for peer in runner.PASSES]
+    assert len(names) == len(set(names))
+    assert set(names) == set(_plugin().MODES)
+    for peer in runner.PASSES:
+        assert peer.suite.files and all(f.startswith("tests/") for f in peer.suite.files)

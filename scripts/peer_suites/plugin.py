@@ -24,6 +24,13 @@ in, according to ``LGC_PEER_MODE``:
     ``PostgresCancelSaver``) where they take an async one (the ``sqlite_aio`` and
     ``postgres_aio`` parameters): LangGraph's own sync savers refuse async graphs, ours
     serve them from worker threads.
+``postgres-saver`` and ``sqlite-saver``
+    The saver packages' own tests (``langgraph-checkpoint-postgres``,
+    ``langgraph-checkpoint-sqlite``), which build LangGraph's savers by hand (on a
+    connection, a pool, a pipeline), with ``PostgresSaver``, ``AsyncPostgresSaver``,
+    ``SqliteSaver`` and ``AsyncSqliteSaver`` replaced by ours where the tests import
+    them from; the PostgreSQL tests on the server ``LANGGRAPH_CANCEL_TEST_PG_DSN``
+    names, in a database of the pass's own.
 ``checkpointers``
     LangGraph's own graph tests (Pregel, interrupts, subgraphs, time travel, state
     updates) with its test checkpointers swapped for ours: every SQLite and
@@ -61,6 +68,8 @@ MODES = (
     "create-agent",
     "checkpointers",
     "checkpointers-threaded",
+    "postgres-saver",
+    "sqlite-saver",
 )
 #: The parameters of LangGraph's saver fixtures that build one of our savers.
 OUR_SAVERS = frozenset(
@@ -222,6 +231,65 @@ def _install_savers(config: pytest.Config, *, threaded: bool) -> None:
             raise pytest.UsageError("tests/conftest.py is not loaded as tests.conftest")
         setattr(conftest, "_checkpointer_sqlite_aio", _threaded_sqlite)  # noqa: B010
         setattr(conftest, "_checkpointer_postgres_aio", _threaded_postgres(root))  # noqa: B010
+
+
+def _install_saver_classes(config: pytest.Config, *, postgres: bool) -> None:
+    """Make the saver packages' own tests build our savers.
+
+    Their modules import LangGraph's classes by name (``from
+    langgraph.checkpoint.postgres import PostgresSaver``), so the classes are replaced
+    in the modules they are imported from before any test module is. Ours are imported
+    first, so they subclass LangGraph's own. The PostgreSQL tests get the server
+    without a database (they create one per test) and a database of the pass's own for
+    the tests that take ``DEFAULT_URI`` (the conftest empties its tables before each
+    test), dropped at the end.
+    """
+    import importlib
+
+    if not postgres:
+        import langgraph.checkpoint.sqlite
+        import langgraph.checkpoint.sqlite.aio
+
+        from langgraph_cancel.checkpointers.sqlite import (
+            AsyncSqliteCancelSaver,
+            SqliteCancelSaver,
+        )
+
+        setattr(langgraph.checkpoint.sqlite, "SqliteSaver", SqliteCancelSaver)  # noqa: B010
+        setattr(langgraph.checkpoint.sqlite.aio, "AsyncSqliteSaver", AsyncSqliteCancelSaver)  # noqa: B010
+        return
+    import uuid
+
+    import langgraph.checkpoint.postgres
+    import langgraph.checkpoint.postgres.aio
+    import psycopg
+
+    from langgraph_cancel.checkpointers.postgres import (
+        AsyncPostgresCancelSaver,
+        PostgresCancelSaver,
+    )
+
+    setattr(langgraph.checkpoint.postgres, "PostgresSaver", PostgresCancelSaver)  # noqa: B010
+    setattr(langgraph.checkpoint.postgres.aio, "AsyncPostgresSaver", AsyncPostgresCancelSaver)  # noqa: B010
+    dsn = os.environ.get("LANGGRAPH_CANCEL_TEST_PG_DSN", "")
+    if not dsn:
+        raise pytest.UsageError(
+            "the postgres-saver pass needs PostgreSQL: set LANGGRAPH_CANCEL_TEST_PG_DSN "
+            "(./scripts/test starts a server and sets it)"
+        )
+    root = _server_root(dsn)
+    database = f"lgc_peer_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        admin.execute(f"CREATE DATABASE {database}")
+
+    def drop() -> None:
+        with psycopg.connect(dsn, autocommit=True) as admin:
+            admin.execute(f"DROP DATABASE IF EXISTS {database} WITH (FORCE)")
+
+    config.add_cleanup(drop)
+    conftest = importlib.import_module("tests.conftest")
+    setattr(conftest, "DEFAULT_POSTGRES_URI", root)  # noqa: B010
+    setattr(conftest, "DEFAULT_URI", root + database)  # noqa: B010
 
 
 @asynccontextmanager
@@ -406,6 +474,25 @@ def _summary(report: pytest.TestReport) -> str:
     return where + " ".join(text.split())[:300]
 
 
+#: The names the saver packages' tests import LangGraph's savers by, per pass.
+_REPLACED = {
+    "postgres-saver": ("PostgresSaver", "AsyncPostgresSaver"),
+    "sqlite-saver": ("SqliteSaver", "AsyncSqliteSaver"),
+}
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """In the saver passes, refuse to run a test module that holds LangGraph's own
+    saver class under its name (imported some way the replacement missed)."""
+    names = _REPLACED.get(os.environ.get("LGC_PEER_MODE", ""), ())
+    modules = {id(item.module): item.module for item in session.items if hasattr(item, "module")}
+    for module in modules.values():
+        for name in names:
+            found = getattr(module, name, None)
+            if found is not None and not found.__module__.startswith("langgraph_cancel."):
+                raise pytest.UsageError(f"{module.__name__}.{name} is LangGraph's, not ours")
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """Swap the drop-in in before the peers' test modules are imported."""
     mode = os.environ.get("LGC_PEER_MODE", "")
@@ -415,6 +502,8 @@ def pytest_configure(config: pytest.Config) -> None:
         _install_create_agent()
     elif mode in ("checkpointers", "checkpointers-threaded"):
         _install_savers(config, threaded=mode == "checkpointers-threaded")
+    elif mode in ("postgres-saver", "sqlite-saver"):
+        _install_saver_classes(config, postgres=mode == "postgres-saver")
     else:
         _install_tool_node(classify=mode == "toolnode-classified")
     _watch_approvals()

@@ -4,11 +4,12 @@ Usage (through ``scripts/peer-suites``, which prepares the virtualenv)::
 
     python scripts/peer_suites/run.py [--pass NAME ...] [--keep]
 
-For the installed versions of ``langgraph-prebuilt``, ``langchain`` and ``langgraph`` it
-takes their sdists from the package index (``pip download --no-binary :all: --no-deps``, kept in
+For the installed versions of ``langgraph-prebuilt``, ``langchain``, ``langgraph``,
+``langgraph-checkpoint-postgres`` and ``langgraph-checkpoint-sqlite`` it takes their
+sdists from the package index (``pip download --no-binary :all: --no-deps``, kept in
 ``$LGC_PEER_CACHE``, default ``${XDG_CACHE_HOME:-~/.cache}/langgraph-cancel/peer-suites``,
 and reused from there), unpacks their ``tests/`` (and the ``pyproject.toml`` that
-configures pytest for them) into a temporary directory, and runs five passes
+configures pytest for them) into a temporary directory, and runs seven passes
 (see ``plugin.py``):
 
 * ``toolnode-classified``: the ToolNode tests, ``EffectToolNode`` in place of
@@ -20,7 +21,10 @@ configures pytest for them) into a temporary directory, and runs five passes
   ``EffectMiddleware`` added to every agent;
 * ``checkpointers``: LangGraph's own graph tests (from the ``langgraph`` sdist) on our
   savers, on the PostgreSQL server ``LANGGRAPH_CANCEL_TEST_PG_DSN`` names;
-* ``checkpointers-threaded``: its async graph tests on our sync savers.
+* ``checkpointers-threaded``: its async graph tests on our sync savers;
+* ``postgres-saver`` and ``sqlite-saver``: the saver packages' own tests (from the
+  ``langgraph-checkpoint-postgres`` and ``langgraph-checkpoint-sqlite`` sdists) on our
+  savers.
 
 It prints each pass's counts and fails when a test fails that ``allowlist.toml``
 does not list (each entry says why the difference is deliberate).
@@ -83,6 +87,28 @@ GRAPH_TESTS = [
 ]
 
 
+#: The PostgreSQL saver package's tests of its savers (its store tests are left out:
+#: the package does not replace LangGraph's stores).
+POSTGRES_SAVER_TESTS = [
+    "tests/test_sync.py",
+    "tests/test_async.py",
+    "tests/test_prune.py",
+    "tests/test_delta_pagination.py",
+    "tests/test_delta_plain_value_seed.py",
+    "tests/test_conformance_delta.py",
+]
+#: The SQLite saver package's tests of its savers (not of its stores, nor their TTL).
+SQLITE_SAVER_TESTS = [
+    "tests/test_sqlite.py",
+    "tests/test_aiosqlite.py",
+    "tests/test_delta_channel_migration.py",
+    "tests/test_delta_parent_walk.py",
+    "tests/test_get_delta_channel_history.py",
+    "tests/test_writes_task_path_migration.py",
+    "tests/test_conformance_delta.py",
+]
+
+
 @dataclass(frozen=True, slots=True)
 class Suite:
     """A peer's sdist and the test files taken from it."""
@@ -126,6 +152,8 @@ class Tally:
 PREBUILT = Suite("langgraph-prebuilt", TOOLNODE_TESTS)
 LANGCHAIN = Suite("langchain", AGENT_TESTS)
 LANGGRAPH = Suite("langgraph", GRAPH_TESTS)
+CHECKPOINT_POSTGRES = Suite("langgraph-checkpoint-postgres", POSTGRES_SAVER_TESTS)
+CHECKPOINT_SQLITE = Suite("langgraph-checkpoint-sqlite", SQLITE_SAVER_TESTS)
 PASSES = [
     PeerPass("toolnode-classified", PREBUILT, "ToolNode tests, EffectToolNode, tools classified"),
     PeerPass("toolnode-unclassified", PREBUILT, "ToolNode tests, EffectToolNode, unclassified"),
@@ -135,6 +163,16 @@ PASSES = [
         "checkpointers-threaded",
         LANGGRAPH,
         "async graph tests, our sync SQLite and PostgreSQL savers in threads",
+    ),
+    PeerPass(
+        "postgres-saver",
+        CHECKPOINT_POSTGRES,
+        "the saver's own tests, PostgresCancelSaver and AsyncPostgresCancelSaver",
+    ),
+    PeerPass(
+        "sqlite-saver",
+        CHECKPOINT_SQLITE,
+        "the saver's own tests, SqliteCancelSaver and AsyncSqliteCancelSaver",
     ),
 ]
 
