@@ -11,6 +11,7 @@ ledger call runs on the loop's thread.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -370,3 +371,53 @@ async def test_a_run_starts_and_completes_on_the_loop(async_saver: Any) -> None:
     runs = await native.aruns(thread)
     assert [r.status for r in runs] == [RunStatus.COMPLETED, RunStatus.COMPLETED]
     assert await native.alease(thread) is None  # released with the run's end
+
+
+_UNCLOSED_SAVER = """
+import asyncio, sys
+import aiosqlite
+from langgraph_cancel.checkpointers.sqlite import AsyncSqliteCancelSaver
+
+async def main(path):
+    async with aiosqlite.connect(path) as conn:
+        saver = AsyncSqliteCancelSaver(conn, path=path)
+        await saver.setup()
+        assert saver.async_ledger is not None
+    print("set up, never closed")
+
+asyncio.run(main(sys.argv[1]))
+"""
+
+
+def test_a_process_that_never_closes_the_saver_still_exits(tmp_path: Path) -> None:
+    """LangGraph's ``AsyncSqliteSaver`` needs nothing closed but the caller's connection;
+    the ledger's own connection must not keep the process alive either."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", _UNCLOSED_SAVER, str(tmp_path / "open.db")],
+        capture_output=True,
+        text=True,
+        timeout=120,  # a hang fails here instead of stalling the suite
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "set up, never closed"
+
+
+async def test_the_saver_s_own_connection_goes_with_the_saver(tmp_path: Path) -> None:
+    def workers() -> int:
+        return sum("_connection_worker_thread" in t.name for t in threading.enumerate())
+
+    async with aiosqlite.connect(str(tmp_path / "gone.db")) as conn:
+        before = workers()
+        saver = AsyncSqliteCancelSaver(conn, path=str(tmp_path / "gone.db"))
+        await saver.setup()
+        assert workers() == before + 1  # the async ledger's connection
+        del saver
+        gc.collect()
+        for _ in range(200):
+            if workers() == before:
+                break
+            await asyncio.sleep(0.01)
+        assert workers() == before

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -15,6 +16,16 @@ from langgraph.checkpoint.base import (
 )
 
 from langgraph_cancel.ledger import Ledger
+from langgraph_cancel.ledger.aio import AsyncLedger
+
+
+def close_on_loop(ledger: AsyncLedger, loop: asyncio.AbstractEventLoop) -> None:
+    """Close an async ledger from a finalizer: on its own loop, if that still runs
+    (a loop that has ended took its connections' sockets with it)."""
+    if loop.is_closed():
+        return
+    with contextlib.suppress(RuntimeError):
+        asyncio.run_coroutine_threadsafe(ledger.aclose(), loop)
 
 
 class LedgerOwner:

@@ -7,7 +7,6 @@ same database; cancel requests are announced with ``NOTIFY lgc_cancel``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 import weakref
 from collections.abc import AsyncIterator, Iterator, Sequence
@@ -21,7 +20,7 @@ from psycopg import AsyncConnection, Connection
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
-from langgraph_cancel.checkpointers.base import LedgerOwner, ThreadedAsyncMixin
+from langgraph_cancel.checkpointers.base import LedgerOwner, ThreadedAsyncMixin, close_on_loop
 from langgraph_cancel.checkpointers.durable import NotesSavedCheckpoints
 from langgraph_cancel.ledger import Ledger, PostgresBackend
 from langgraph_cancel.ledger.aio import AsyncLedger, bind_async_twin, unbind_async_twin
@@ -40,15 +39,6 @@ def _pool_closed_with(saver: object, conn: Any) -> PostgresBackend:
     backend = PostgresBackend(_conninfo(conn), min_size=0, max_size=4, follows=conn)
     weakref.finalize(saver, backend.close)
     return backend
-
-
-def _close_on_loop(ledger: AsyncLedger, loop: asyncio.AbstractEventLoop) -> None:
-    """Close an async ledger from a finalizer: on its own loop, if that still runs
-    (a loop that has ended took its connections' sockets with it)."""
-    if loop.is_closed():
-        return
-    with contextlib.suppress(RuntimeError):
-        asyncio.run_coroutine_threadsafe(ledger.aclose(), loop)
 
 
 def _conninfo(conn: Any) -> str:
@@ -212,7 +202,7 @@ class AsyncPostgresCancelSaver(NotesSavedCheckpoints, AsyncPostgresSaver, Ledger
                     await twin.asetup()
                 else:
                     twin = await AsyncLedger.twin_of(self.ledger)
-                    weakref.finalize(self, _close_on_loop, twin, asyncio.get_running_loop())
+                    weakref.finalize(self, close_on_loop, twin, asyncio.get_running_loop())
                 # The same database: the sync ledger need not check it again.
                 self.ledger.note_set_up()
                 bind_async_twin(self.ledger, twin)

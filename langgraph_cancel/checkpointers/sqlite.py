@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import weakref
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any
@@ -19,7 +20,7 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 
-from langgraph_cancel.checkpointers.base import LedgerOwner, ThreadedAsyncMixin
+from langgraph_cancel.checkpointers.base import LedgerOwner, ThreadedAsyncMixin, close_on_loop
 from langgraph_cancel.checkpointers.durable import NotesSavedCheckpoints
 from langgraph_cancel.errors import ConfigurationError
 from langgraph_cancel.ledger import Ledger
@@ -184,6 +185,9 @@ class AsyncSqliteCancelSaver(NotesSavedCheckpoints, AsyncSqliteSaver, LedgerOwne
                 await self.conn.execute("PRAGMA busy_timeout = 30000")
                 await self.conn.execute("PRAGMA synchronous = NORMAL")
             twin = await AsyncLedger.twin_of(self.ledger)
+            # Its connection is the saver's own: it goes with the saver, as the caller's
+            # goes with the caller.
+            weakref.finalize(self, close_on_loop, twin, asyncio.get_running_loop())
             if twin.loop is not None:
                 # An in-memory twin runs its statements on the loop, which a server's
                 # blocking-call detector (``langgraph dev``) refuses: the graph's ledger

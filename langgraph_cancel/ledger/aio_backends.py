@@ -21,6 +21,7 @@ import asyncio
 import contextvars
 import json
 import sqlite3
+import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import datetime
@@ -254,7 +255,14 @@ class AsyncSqliteBackend(_SqliteDialect):
 
         if path == ":memory:":
             raise ValueError("an in-memory database is AsyncMemoryBackend's (shared, no thread)")
-        conn = await aiosqlite.connect(path, isolation_level=None, timeout=busy_timeout_ms / 1000)
+        pending = aiosqlite.connect(path, isolation_level=None, timeout=busy_timeout_ms / 1000)
+        # aiosqlite's worker thread lives until the connection is closed, and its last
+        # call keeps the connection alive: a ledger nobody closed would hold the process
+        # open at exit. Committed work is on disk (WAL), so the thread need not be waited for.
+        worker = getattr(pending, "_thread", pending)
+        if isinstance(worker, threading.Thread):
+            worker.daemon = True
+        conn = await pending
         try:
             conn.row_factory = sqlite3.Row
             await conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
