@@ -191,6 +191,11 @@ class Invocation:
         """The invocation of an async run: its start awaited on the loop when the ledger
         has an async twin here (an async saver's), else made in a thread."""
         check_durability(config)
+        # A saver of ours that learns its database on the loop knows its ledger once
+        # set up; the run starts in that ledger, before LangGraph sets the saver up.
+        prepare = getattr(graph.checkpointer, "aprepare_ledger", None)
+        if prepare is not None:
+            await prepare()
         start = RunStart.of(graph, input, config)
         twin = None
         if isinstance(start.bound, Ledger) and current_scope.get() is None:

@@ -308,14 +308,41 @@ async def test_an_async_sqlite_saver_sets_itself_up_on_first_use(
     assert saver.async_ledger is None and async_twin_of(saver.ledger) is None
 
 
-async def test_an_async_sqlite_saver_needs_to_know_its_file(tmp_path: Path) -> None:
-    async with aiosqlite.connect(str(tmp_path / "unnamed.db")) as conn:
-        with pytest.raises(ConfigurationError, match="path="):
-            AsyncSqliteCancelSaver(conn)
-        saver = AsyncSqliteCancelSaver(conn, path=str(tmp_path / "unnamed.db"))
-        await saver.setup()
-        assert saver.ledger.url == f"sqlite:///{tmp_path / 'unnamed.db'}"
+async def test_an_async_sqlite_saver_on_a_bare_connection_finds_its_file(
+    tmp_path: Path, providers_path: str
+) -> None:
+    """``AsyncSqliteSaver(conn)``, LangGraph's pattern, with ours: the saver asks the
+    connection for its file when set up, and a cancellable run sets it up first."""
+    systems = Providers(providers_path)
+    model = scripted(
+        AIMessage("", tool_calls=[tool_call("issue_refund", {"order_id": "o-91", "amount": 7})]),
+        "refunded",
+    )
+    thread_id = new_thread()
+    path = tmp_path / "unnamed.db"
+    async with aiosqlite.connect(str(path)) as conn:
+        saver = AsyncSqliteCancelSaver(conn)
+        with pytest.raises(ConfigurationError, match="setup"):
+            _ = saver.ledger
+        graph = cancellable(agent_builder(model, EffectToolNode(refund_tools.TOOLS)), saver)
+        out = await graph.ainvoke(
+            {"messages": [HumanMessage("refund o-91")]}, config_for(thread_id)
+        )
+        assert out["messages"][-1].content == "refunded"
+        assert saver.ledger.url == f"sqlite:///{path}"
+        [refund] = saver.ledger.effects(thread_id)
+        assert refund.status is EffectStatus.COMMITTED
+        assert [(r["order_id"], r["amount"]) for r in systems.truth()["refunds"]] == [("o-91", 7)]
         await saver.aclose_ledger()
+    # The ledger is in the connection's own file, beside the checkpoints.
+    with Ledger.from_url(f"sqlite:///{path}") as again:
+        assert [e.status for e in again.effects(thread_id)] == [EffectStatus.COMMITTED]
+    async with aiosqlite.connect(":memory:") as conn:
+        in_memory = AsyncSqliteCancelSaver(conn)
+        await in_memory.setup()
+        assert in_memory.path == ":memory:"
+        assert in_memory.ledger.url.startswith("memory://")
+        await in_memory.aclose_ledger()
 
 
 RUN_LIFECYCLE = ("start_run", "start_run_and_unsettled", "finish_run", "acquire_lease")
@@ -380,7 +407,8 @@ from langgraph_cancel.checkpointers.sqlite import AsyncSqliteCancelSaver
 
 async def main(path):
     async with aiosqlite.connect(path) as conn:
-        saver = AsyncSqliteCancelSaver(conn, path=path)
+        saver = AsyncSqliteCancelSaver(conn) if sys.argv[2] == "bare" else (
+            AsyncSqliteCancelSaver(conn, path=path))
         await saver.setup()
         assert saver.async_ledger is not None
     print("set up, never closed")
@@ -389,14 +417,15 @@ asyncio.run(main(sys.argv[1]))
 """
 
 
-def test_a_process_that_never_closes_the_saver_still_exits(tmp_path: Path) -> None:
+@pytest.mark.parametrize("built", ["bare", "path"])
+def test_a_process_that_never_closes_the_saver_still_exits(tmp_path: Path, built: str) -> None:
     """LangGraph's ``AsyncSqliteSaver`` needs nothing closed but the caller's connection;
     the ledger's own connection must not keep the process alive either."""
     import subprocess
     import sys
 
     done = subprocess.run(
-        [sys.executable, "-c", _UNCLOSED_SAVER, str(tmp_path / "open.db")],
+        [sys.executable, "-c", _UNCLOSED_SAVER, str(tmp_path / "open.db"), built],
         capture_output=True,
         text=True,
         timeout=120,  # a hang fails here instead of stalling the suite
@@ -411,7 +440,7 @@ async def test_the_saver_s_own_connection_goes_with_the_saver(tmp_path: Path) ->
 
     async with aiosqlite.connect(str(tmp_path / "gone.db")) as conn:
         before = workers()
-        saver = AsyncSqliteCancelSaver(conn, path=str(tmp_path / "gone.db"))
+        saver = AsyncSqliteCancelSaver(conn)
         await saver.setup()
         assert workers() == before + 1  # the async ledger's connection
         del saver

@@ -42,6 +42,10 @@ class LedgerOwner:
         """Create or migrate the ledger tables."""
         self.ledger.setup()
 
+    async def aprepare_ledger(self) -> None:
+        """Make ``ledger`` known before an async run starts (a saver that learns its
+        database on the loop sets itself up here; the others have it already)."""
+
 
 class ThreadedAsyncMixin:
     """Async checkpointer methods for a sync saver, run in a worker thread.

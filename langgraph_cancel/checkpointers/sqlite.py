@@ -118,13 +118,12 @@ class AsyncSqliteCancelSaver(NotesSavedCheckpoints, AsyncSqliteSaver, LedgerOwne
     Args:
         conn: An aiosqlite connection.
         path: The file ``conn`` opened (``:memory:`` for an in-memory database, whose
-            ledger is then in memory too). Needed unless ``ledger`` is given:
-            aiosqlite does not say which file it opened.
+            ledger is then in memory too). Without it (and without ``ledger``) the
+            saver asks the connection in ``setup()``, since aiosqlite answers only on
+            the loop: until then ``ledger`` is not known. A cancellable graph's run sets
+            the saver up first, as LangGraph's methods do.
         ledger: The sync ledger to use; default: one on ``path``.
         serde: Checkpoint serializer.
-
-    Raises:
-        ConfigurationError: Neither ``path`` nor ``ledger`` was given.
     """
 
     def __init__(
@@ -136,21 +135,15 @@ class AsyncSqliteCancelSaver(NotesSavedCheckpoints, AsyncSqliteSaver, LedgerOwne
         serde: SerializerProtocol | None = None,
     ) -> None:
         super().__init__(conn, serde=serde)
-        if ledger is None:
-            if path is None:
-                raise ConfigurationError(
-                    "AsyncSqliteCancelSaver needs the file of its connection: pass path= "
-                    "(or ledger=), or open it with AsyncSqliteCancelSaver.from_conn_string"
-                )
+        if ledger is None and path is not None:
             path = _strip_scheme(path)
-            ledger = Ledger.from_url(
-                "memory://" if path == ":memory:" else f"sqlite:///{path}", setup=False
-            )
+            ledger = _ledger_on(path)
             # Its tables exist before the saver's first use: a run starts (in the sync
             # ledger) before LangGraph sets the saver up. Migrated off the loop's thread.
             off_the_loop(ledger.setup)
         self.path = path
-        self.ledger = ledger
+        #: The sync ledger; None until ``setup()`` has asked the connection for its file.
+        self._ledger = ledger
         #: The async ledger on the same database (opened by ``setup()``); the graph's loop
         #: awaits it, except in memory, where the graph's ledger calls go to threads.
         self.async_ledger: AsyncLedger | None = None
@@ -174,12 +167,37 @@ class AsyncSqliteCancelSaver(NotesSavedCheckpoints, AsyncSqliteSaver, LedgerOwne
             finally:
                 await saver.aclose_ledger()
 
+    @property
+    def ledger(self) -> Ledger:  # type: ignore[override]
+        """The sync ledger, on the connection's file.
+
+        Raises:
+            ConfigurationError: Built without ``path`` and not set up yet: the file is
+                not known until ``setup()`` has asked the connection.
+        """
+        if self._ledger is None:
+            raise ConfigurationError(
+                "AsyncSqliteCancelSaver(conn) learns its file in setup(): await "
+                "saver.setup() first, or pass path="
+            )
+        return self._ledger
+
+    async def aprepare_ledger(self) -> None:
+        """Set the saver up if its ledger is not known yet (built without ``path``)."""
+        if self._ledger is None:
+            await self.setup()
+
     async def setup(self) -> None:
         """Create checkpoint and ledger tables (idempotent); open the async ledger."""
         await super().setup()
         async with self._ledger_lock:
             if self.async_ledger is not None:
                 return
+            if self._ledger is None:
+                self.path = await _file_of(self.conn)
+                ledger = _ledger_on(self.path)
+                await asyncio.to_thread(ledger.setup)
+                self._ledger = ledger
             if self.path not in (None, ":memory:"):
                 # As SqliteCancelSaver: the checkpoints' durability is the ledger's.
                 await self.conn.execute("PRAGMA busy_timeout = 30000")
@@ -201,7 +219,8 @@ class AsyncSqliteCancelSaver(NotesSavedCheckpoints, AsyncSqliteSaver, LedgerOwne
         if twin is not None:
             unbind_async_twin(self.ledger, twin)
             await twin.aclose()
-        self.ledger.close()
+        if self._ledger is not None:
+            self._ledger.close()
 
     async def adelete_thread(self, thread_id: str) -> None:
         """Delete a thread's checkpoints and its ledger rows."""
@@ -212,6 +231,20 @@ class AsyncSqliteCancelSaver(NotesSavedCheckpoints, AsyncSqliteSaver, LedgerOwne
 
     def __getstate__(self) -> dict[str, Any]:  # pragma: no cover - not picklable
         raise TypeError("AsyncSqliteCancelSaver holds open connections and cannot be pickled")
+
+
+def _ledger_on(path: str) -> Ledger:
+    """A sync ledger, not set up yet, on the file ``path`` (in memory for ``:memory:``)."""
+    return Ledger.from_url("memory://" if path == ":memory:" else f"sqlite:///{path}", setup=False)
+
+
+async def _file_of(conn: aiosqlite.Connection) -> str:
+    """The file an aiosqlite connection opened (``:memory:`` for none)."""
+    async with conn.execute("PRAGMA database_list") as cursor:
+        for _seq, name, file in await cursor.fetchall():
+            if name == "main":
+                return str(file) if file else ":memory:"
+    return ":memory:"  # pragma: no cover
 
 
 def _strip_scheme(conn_string: str) -> str:
