@@ -176,6 +176,18 @@ def _install_create_agent() -> None:
     langchain.agents.factory.create_agent = create_agent
 
 
+def _test_server(pass_name: str) -> str:
+    """The PostgreSQL server ``LANGGRAPH_CANCEL_TEST_PG_DSN`` names, which ``pass_name``
+    needs."""
+    dsn = os.environ.get("LANGGRAPH_CANCEL_TEST_PG_DSN", "")
+    if not dsn:
+        raise pytest.UsageError(
+            f"the {pass_name} pass needs PostgreSQL: set LANGGRAPH_CANCEL_TEST_PG_DSN "
+            "(./scripts/test starts a server and sets it)"
+        )
+    return dsn
+
+
 def _server_root(dsn: str) -> str:
     """``dsn`` without its database, as LangGraph's test fixtures want it: they append
     the name of the database each test creates."""
@@ -185,7 +197,7 @@ def _server_root(dsn: str) -> str:
     if parts.scheme not in ("postgres", "postgresql") or parts.query or parts.fragment:
         raise pytest.UsageError(
             "LANGGRAPH_CANCEL_TEST_PG_DSN must be a postgresql:// URL without options "
-            f"for the checkpointers pass, not {dsn!r}"
+            f"for the peer suites, not {dsn!r}"
         )
     return urlunsplit((parts.scheme, parts.netloc, "/", "", ""))
 
@@ -206,13 +218,7 @@ def _install_savers(config: pytest.Config, *, threaded: bool) -> None:
     )
     from langgraph_cancel.checkpointers.sqlite import AsyncSqliteCancelSaver, SqliteCancelSaver
 
-    dsn = os.environ.get("LANGGRAPH_CANCEL_TEST_PG_DSN", "")
-    if not dsn:
-        raise pytest.UsageError(
-            "the checkpointers pass needs PostgreSQL: set LANGGRAPH_CANCEL_TEST_PG_DSN "
-            "(./scripts/test starts a server and sets it)"
-        )
-    root = _server_root(dsn)
+    root = _server_root(_test_server("checkpointers"))
     fixtures = importlib.import_module("tests.conftest_checkpointer")
     for name, ours in (
         ("PostgresSaver", PostgresCancelSaver),
@@ -271,12 +277,7 @@ def _install_saver_classes(config: pytest.Config, *, postgres: bool) -> None:
 
     setattr(langgraph.checkpoint.postgres, "PostgresSaver", PostgresCancelSaver)  # noqa: B010
     setattr(langgraph.checkpoint.postgres.aio, "AsyncPostgresSaver", AsyncPostgresCancelSaver)  # noqa: B010
-    dsn = os.environ.get("LANGGRAPH_CANCEL_TEST_PG_DSN", "")
-    if not dsn:
-        raise pytest.UsageError(
-            "the postgres-saver pass needs PostgreSQL: set LANGGRAPH_CANCEL_TEST_PG_DSN "
-            "(./scripts/test starts a server and sets it)"
-        )
+    dsn = _test_server("postgres-saver")
     root = _server_root(dsn)
     database = f"lgc_peer_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(dsn, autocommit=True) as admin:
