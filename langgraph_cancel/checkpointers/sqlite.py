@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import weakref
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
@@ -31,11 +31,17 @@ from langgraph_cancel.offloop import off_the_loop
 DEFAULT_PATH = ".langgraph-cancel.db"
 
 
-def _path_of(conn: sqlite3.Connection) -> str:
-    for _seq, name, file in conn.execute("PRAGMA database_list").fetchall():
+def _main_file(rows: Iterable[Any]) -> str:
+    """The main database's file among ``PRAGMA database_list`` rows (``:memory:`` for
+    none)."""
+    for _seq, name, file in rows:
         if name == "main":
             return str(file) if file else ":memory:"
     return ":memory:"  # pragma: no cover
+
+
+def _path_of(conn: sqlite3.Connection) -> str:
+    return _main_file(conn.execute("PRAGMA database_list").fetchall())
 
 
 class SqliteCancelSaver(NotesSavedCheckpoints, ThreadedAsyncMixin, SqliteSaver, LedgerOwner):
@@ -241,10 +247,7 @@ def _ledger_on(path: str) -> Ledger:
 async def _file_of(conn: aiosqlite.Connection) -> str:
     """The file an aiosqlite connection opened (``:memory:`` for none)."""
     async with conn.execute("PRAGMA database_list") as cursor:
-        for _seq, name, file in await cursor.fetchall():
-            if name == "main":
-                return str(file) if file else ":memory:"
-    return ":memory:"  # pragma: no cover
+        return _main_file(await cursor.fetchall())
 
 
 def _strip_scheme(conn_string: str) -> str:
