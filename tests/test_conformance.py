@@ -308,6 +308,24 @@ async def test_async_pruning_threads_away_deletes_their_ledger_rows(pg_url: str)
         assert len(await saver.ledger.aruns(kept)) == 1
 
 
+@pytest.mark.postgres
+async def test_a_sync_saver_prunes_for_async_callers_too(pg_url: str) -> None:
+    """The sync saver serves async graphs from worker threads; ``aprune`` too."""
+    from langgraph_cancel.checkpointers.postgres import PostgresCancelSaver
+
+    gone, kept = f"t-{uuid.uuid4().hex}", f"t-{uuid.uuid4().hex}"
+    with PostgresCancelSaver.from_conn_string(pg_url) as saver:
+        saver.setup()
+        for thread_id in (gone, kept):
+            await saver.ledger.astart_run(thread_id)
+            await saver.aput(_thread_config(thread_id), empty_checkpoint(), {"step": -1}, {})
+        await saver.aprune([gone], strategy="delete")
+        assert await saver.aget_tuple(_thread_config(gone)) is None
+        assert await saver.ledger.aruns(gone) == []
+        assert await saver.aget_tuple(_thread_config(kept)) is not None
+        assert len(await saver.ledger.aruns(kept)) == 1
+
+
 def test_a_version_0_ledger_is_migrated_and_keeps_its_rows(tmp_path: Path) -> None:
     """Migrations are append-only: a database made by version 0 gets the later ones."""
     path = tmp_path / "v0.db"

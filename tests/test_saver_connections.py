@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import psycopg
+import pytest
 from langchain_core.messages import HumanMessage
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
@@ -37,6 +40,8 @@ from langgraph_cancel.checkpointers.postgres import (
     AsyncPostgresCancelSaver,
     PostgresCancelSaver,
 )
+from langgraph_cancel.ledger import PostgresBackend
+from langgraph_cancel.ledger.aio_postgres import AsyncPostgresBackend
 from langgraph_cancel.ledger.backends import CallersHandle
 
 POOL_SIZE = 3
@@ -63,10 +68,17 @@ def sessions(url: str, *, expected: int = 0, within: float = 5.0) -> int:
         time.sleep(0.05)
 
 
-def refund_graph(saver: Any, tmp_path: Path, *, use_async: bool = False) -> Any:
-    """The agent, one refund a turn, on ``saver``: the run writes to the ledger."""
+def refund_graph(
+    saver: Any,
+    tmp_path: Path,
+    *,
+    use_async: bool = False,
+    before: Callable[[str], None] | None = None,
+) -> Any:
+    """The agent, one refund a turn, on ``saver``: the run writes to the ledger
+    (``before`` is called as the refund is about to be sent)."""
     log = ExecutionLog(tmp_path / "providers.db")
-    refund = counting_tool(log, "refund", EffectKind.IRREVERSIBLE)
+    refund = counting_tool(log, "refund", EffectKind.IRREVERSIBLE, before=before)
     model = scripted(calls(("refund", "o-1")))
     builder = agent_builder(model, EffectToolNode([refund]), use_async=use_async)
     return cancellable(builder, saver)
@@ -151,6 +163,178 @@ async def test_async_saver_on_one_connection_uses_only_that_connection(
     assert await asyncio.to_thread(sessions, pg_url) == 0
     del graph, saver
     assert await asyncio.to_thread(sessions, pg_url) == 0
+
+
+def committed_intents(url: str) -> Callable[[str], None]:
+    """A check, run as the refund is about to be sent, that its intent is committed:
+    another session sees its row (in a pipeline, a write is committed at the sync)."""
+
+    def check(_item: str) -> None:
+        with psycopg.connect(url, autocommit=True) as other:
+            row = other.execute("SELECT count(*) FROM lgc_effects WHERE tool = 'refund'").fetchone()
+        assert row is not None and row[0] == 1, "the refund's intent is not committed"
+
+    return check
+
+
+@pytest.mark.parametrize("pipe_given", ["when_built", "set_later"])
+def test_sync_saver_on_a_pipelined_connection_uses_only_that_connection(
+    pg_url: str, tmp_path: Path, pipe_given: str
+) -> None:
+    with psycopg.Connection.connect(pg_url, autocommit=True, row_factory=dict_row) as conn:
+        # LangGraph's migrations cannot run in a pipeline: set up first, as its tests do.
+        first = PostgresCancelSaver(conn)
+        first.setup()
+        with conn.pipeline() as pipe:
+            if pipe_given == "when_built":
+                saver = PostgresCancelSaver(conn, pipe)
+            else:  # LangGraph's own graph tests set the pipeline on a set-up saver
+                saver, first.pipe = first, pipe
+            assert sessions(pg_url, expected=1) == 1
+            graph = refund_graph(saver, tmp_path, before=committed_intents(pg_url))
+            thread = new_thread()
+            out = graph.invoke({"messages": [HumanMessage("go")]}, config_for(thread))
+            assert out["messages"][-1].content == "done"
+            assert [e.status.value for e in saver.ledger.effects(thread)] == ["committed"]
+            assert sessions(pg_url, expected=1 + LISTENER) == 1 + LISTENER
+            # The checkpoints, written through the same pipeline, are all there.
+            assert saver.get_tuple(config_for(thread)) is not None
+
+    assert sessions(pg_url) == 0
+    del graph, saver, first
+    assert sessions(pg_url) == 0
+
+
+async def test_async_saver_on_a_pipelined_connection_uses_only_that_connection(
+    pg_url: str, tmp_path: Path
+) -> None:
+    async with await psycopg.AsyncConnection.connect(
+        pg_url, autocommit=True, row_factory=dict_row
+    ) as conn:
+        await AsyncPostgresCancelSaver(conn).setup()
+        async with conn.pipeline() as pipe:
+            saver = AsyncPostgresCancelSaver(conn, pipe)
+            await saver.aopen_ledger()
+            assert saver.async_ledger is not None
+            assert await asyncio.to_thread(sessions, pg_url, expected=1) == 1
+            graph = refund_graph(saver, tmp_path, use_async=True, before=committed_intents(pg_url))
+            thread = new_thread()
+            out = await graph.ainvoke({"messages": [HumanMessage("go")]}, config_for(thread))
+            assert out["messages"][-1].content == "done"
+            effects = await saver.async_ledger.aeffects(thread)
+            assert [e.status.value for e in effects] == ["committed"]
+            in_use = await asyncio.to_thread(sessions, pg_url, expected=1 + LISTENER)
+            assert in_use == 1 + LISTENER
+            assert await saver.aget_tuple(config_for(thread)) is not None
+
+    assert await asyncio.to_thread(sessions, pg_url) == 0
+    del graph, saver
+    assert await asyncio.to_thread(sessions, pg_url) == 0
+
+
+def probe_rows(url: str) -> list[int]:
+    """The ``probe`` table's values, as another session sees them."""
+    with psycopg.connect(url, autocommit=True) as other:
+        return [row[0] for row in other.execute("SELECT n FROM probe ORDER BY n").fetchall()]
+
+
+def test_a_ledger_use_of_a_pipelined_connection_commits_alone_and_at_once(pg_url: str) -> None:
+    with psycopg.Connection.connect(pg_url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE probe (n INTEGER PRIMARY KEY)")
+        with conn.pipeline():
+            backend = PostgresBackend(conn, lock=threading.Lock())
+            with backend.transaction() as cur:
+                cur.execute("INSERT INTO probe VALUES (1)")
+            assert probe_rows(pg_url) == [1]
+            with backend.statement() as cur:
+                cur.execute("INSERT INTO probe VALUES (2)")
+            assert probe_rows(pg_url) == [1, 2]
+            # The caller's statement, not synced yet, is not rolled back with a
+            # ledger transaction that fails, and the pipeline stays usable.
+            conn.execute("INSERT INTO probe VALUES (3)")
+            with pytest.raises(psycopg.errors.UniqueViolation), backend.transaction() as cur:
+                cur.execute("INSERT INTO probe VALUES (4)")
+                cur.execute("INSERT INTO probe VALUES (1)")
+            assert probe_rows(pg_url) == [1, 2, 3]
+            conn.execute("INSERT INTO probe VALUES (5)")
+            with pytest.raises(psycopg.errors.UniqueViolation), backend.statement() as cur:
+                cur.execute("INSERT INTO probe VALUES (1)")
+            assert probe_rows(pg_url) == [1, 2, 3, 5]
+            conn.execute("INSERT INTO probe VALUES (6)")
+        assert probe_rows(pg_url) == [1, 2, 3, 5, 6]
+
+
+async def test_an_async_ledger_use_of_a_pipelined_connection_commits_alone_and_at_once(
+    pg_url: str,
+) -> None:
+    async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as conn:
+        await conn.execute("CREATE TABLE probe (n INTEGER PRIMARY KEY)")
+        async with conn.pipeline():
+            backend = AsyncPostgresBackend(conn, conninfo=pg_url)
+            async with backend.transaction() as cur:
+                await cur.execute("INSERT INTO probe VALUES (1)")
+            assert await asyncio.to_thread(probe_rows, pg_url) == [1]
+            async with backend.statement() as cur:
+                await cur.execute("INSERT INTO probe VALUES (2)")
+            assert await asyncio.to_thread(probe_rows, pg_url) == [1, 2]
+            await conn.execute("INSERT INTO probe VALUES (3)")
+            with pytest.raises(psycopg.errors.UniqueViolation):
+                async with backend.transaction() as cur:
+                    await cur.execute("INSERT INTO probe VALUES (4)")
+                    await cur.execute("INSERT INTO probe VALUES (1)")
+            assert await asyncio.to_thread(probe_rows, pg_url) == [1, 2, 3]
+            await conn.execute("INSERT INTO probe VALUES (5)")
+            with pytest.raises(psycopg.errors.UniqueViolation):
+                async with backend.statement() as cur:
+                    await cur.execute("INSERT INTO probe VALUES (1)")
+            assert await asyncio.to_thread(probe_rows, pg_url) == [1, 2, 3, 5]
+            await conn.execute("INSERT INTO probe VALUES (6)")
+        assert await asyncio.to_thread(probe_rows, pg_url) == [1, 2, 3, 5, 6]
+
+
+def test_a_pipelined_saver_that_used_its_ledger_lets_the_database_go(pg_url: str) -> None:
+    """LangGraph's prune tests on a pipeline: delete threads (checkpoints and ledger
+    rows), close the connection, drop the database at once."""
+    database = f"lgc_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(pg_url, autocommit=True) as admin:
+        admin.execute(f"CREATE DATABASE {database}")
+    url = pg_url.rsplit("/", 1)[0] + "/" + database
+    try:
+        with (
+            psycopg.Connection.connect(url, autocommit=True, row_factory=dict_row) as conn,
+        ):
+            PostgresCancelSaver(conn).setup()
+            with conn.pipeline() as pipe:
+                saver = PostgresCancelSaver(conn, pipe)
+                saver.prune([new_thread()], strategy="delete")
+            assert sessions(url, expected=1) == 1
+    finally:
+        with psycopg.connect(pg_url, autocommit=True) as admin:
+            admin.execute(f"DROP DATABASE {database}")
+
+
+async def test_an_async_pipelined_saver_that_used_its_ledger_lets_the_database_go(
+    pg_url: str,
+) -> None:
+    """The same, async, with the pipelined saver never set up itself (LangGraph's tests
+    set up another saver on the connection first)."""
+    database = f"lgc_{uuid.uuid4().hex[:12]}"
+    async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as admin:
+        await admin.execute(f"CREATE DATABASE {database}")
+    url = pg_url.rsplit("/", 1)[0] + "/" + database
+    try:
+        async with await psycopg.AsyncConnection.connect(
+            url, autocommit=True, row_factory=dict_row
+        ) as conn:
+            await AsyncPostgresCancelSaver(conn).setup()
+            async with conn.pipeline() as pipe:
+                saver = AsyncPostgresCancelSaver(conn, pipe)
+                await saver.aprune([new_thread()], strategy="delete")
+                await saver.adelete_thread(new_thread())
+                assert await asyncio.to_thread(sessions, url, expected=1) == 1
+    finally:
+        async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as admin:
+            await admin.execute(f"DROP DATABASE {database}")
 
 
 def test_a_saver_only_set_up_holds_nothing_once_its_connection_closes(pg_url: str) -> None:

@@ -32,10 +32,10 @@ _TRY_LOCK = "SELECT pg_try_advisory_lock(%s)"
 
 
 def _pool_closed_with(saver: object, conn: Any) -> PostgresBackend:
-    """A sync ledger pool of the saver's own beside the caller's ``conn`` (a pipelined
-    connection, an async connection or an async pool): opened empty (a connection is
-    made at the ledger's first use), and closed with the saver or, once the caller
-    has closed ``conn``, by its cancel listener."""
+    """A sync ledger pool of the saver's own beside the caller's ``conn`` (an async
+    connection or an async pool): opened empty (a connection is made at the ledger's
+    first use), and closed with the saver or, once the caller has closed ``conn``, by
+    its cancel listener."""
     backend = PostgresBackend(_conninfo(conn), min_size=0, max_size=4, follows=conn)
     weakref.finalize(saver, backend.close)
     return backend
@@ -59,10 +59,9 @@ class PostgresCancelSaver(NotesSavedCheckpoints, ThreadedAsyncMixin, PostgresSav
         conn: A psycopg ``Connection`` (autocommit, dict rows) or ``ConnectionPool``.
         pipe: An optional pipeline (single connection only).
         ledger: The ledger to use; default: one on the same pool or connection (its
-            statements take the saver's lock, as the checkpoints' do), so the saver
-            holds no session the caller does not; with ``pipe``, on a small pool of
-            its own on the same database (opened empty, closed with the saver or
-            once the connection is closed).
+            statements take the saver's lock, as the checkpoints' do; with ``pipe``,
+            each use of the connection begins and ends with a sync of the pipeline),
+            so the saver holds no session the caller does not.
         serde: Checkpoint serializer.
     """
 
@@ -78,12 +77,8 @@ class PostgresCancelSaver(NotesSavedCheckpoints, ThreadedAsyncMixin, PostgresSav
         if ledger is None:
             if isinstance(conn, ConnectionPool):
                 backend = PostgresBackend(conn)
-            elif pipe is None:
-                backend = PostgresBackend(conn, lock=self.lock)
             else:
-                # A pipelined connection is used without the lock: the ledger's
-                # transactions would take in the checkpoints' statements.
-                backend = _pool_closed_with(self, conn)
+                backend = PostgresBackend(conn, lock=self.lock)
             ledger = Ledger(backend)
         self.ledger = ledger
 
@@ -142,6 +137,10 @@ class PostgresCancelSaver(NotesSavedCheckpoints, ThreadedAsyncMixin, PostgresSav
             for thread_id in thread_ids:
                 self.ledger.delete_thread(thread_id)
 
+    async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        """``prune`` in a worker thread, for async graphs, as the other async methods."""
+        await asyncio.to_thread(self.prune, thread_ids, strategy=strategy)
+
 
 class AsyncPostgresCancelSaver(NotesSavedCheckpoints, AsyncPostgresSaver, LedgerOwner):
     """LangGraph's ``AsyncPostgresSaver`` plus the ledger, in the same database.
@@ -149,10 +148,9 @@ class AsyncPostgresCancelSaver(NotesSavedCheckpoints, AsyncPostgresSaver, Ledger
     Async graphs on it do their ledger I/O through an ``AsyncLedger`` on their own
     loop, opened by ``setup()`` or ``from_conn_string``: on the caller's
     ``AsyncConnectionPool`` or ``AsyncConnection`` (under the saver's lock, as the
-    checkpoints), or on an async pool of its own beside a pipelined connection. A
-    small sync pool of its own, empty until used, serves the sync parts of the
-    package. The pools of its own close with the saver (or at the end of
-    ``from_conn_string``).
+    checkpoints, syncing a pipeline before and after). A small sync pool of its own,
+    empty until used, serves the sync parts of the package; it closes with the saver
+    (or at the end of ``from_conn_string``).
 
     Args:
         conn: A psycopg ``AsyncConnection`` or ``AsyncConnectionPool``.
@@ -171,12 +169,8 @@ class AsyncPostgresCancelSaver(NotesSavedCheckpoints, AsyncPostgresSaver, Ledger
     ) -> None:
         super().__init__(conn, pipe=pipe, serde=serde)
         #: The caller's pool or connection, which the async ledger shares when the
-        #: ledger is ours (not a pipelined connection: it is used without the lock).
-        self._shared = (
-            conn
-            if ledger is None and (isinstance(conn, AsyncConnectionPool) or pipe is None)
-            else None
-        )
+        #: ledger is ours.
+        self._shared = conn if ledger is None else None
         self.ledger = ledger if ledger is not None else Ledger(_pool_closed_with(self, conn))
         #: The ledger the graph's loop awaits (opened by ``setup()`` or ``aopen_ledger()``).
         self.async_ledger: AsyncLedger | None = None
@@ -276,6 +270,10 @@ class AsyncPostgresCancelSaver(NotesSavedCheckpoints, AsyncPostgresSaver, Ledger
 
     async def _forget_in_ledger(self, thread_id: str) -> None:
         twin = self.async_ledger
+        if twin is None and self._shared is not None:
+            # A saver nobody set up (LangGraph's tests set up another one on the same
+            # connection) deletes on the caller's connection too, not on a pool of its own.
+            twin = await self.aopen_ledger()
         if twin is not None and twin.loop is asyncio.get_running_loop():
             await twin.adelete_thread(thread_id)
         else:

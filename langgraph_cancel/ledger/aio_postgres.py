@@ -19,7 +19,7 @@ from langgraph_cancel.ledger.aio_backends import AsyncBackend, AsyncCursor
 from langgraph_cancel.ledger.backends import CallersHandle, Dialect
 from langgraph_cancel.ledger.dialects import PostgresStatements, json_text
 from langgraph_cancel.ledger.flush import commits_before_flush
-from langgraph_cancel.ledger.postgres import ledger_session_kwargs
+from langgraph_cancel.ledger.postgres import in_pipeline_mode, ledger_session_kwargs
 
 if TYPE_CHECKING:
     from psycopg import AsyncConnection
@@ -42,7 +42,9 @@ class AsyncPostgresBackend(PostgresStatements, AsyncBackend):
             once the caller has closed that, the backend counts as closed.
         lock: For one connection, the lock its other users take (a saver's), held
             for each statement and transaction so theirs never run inside the
-            ledger's; default: a lock of this backend's own.
+            ledger's; default: a lock of this backend's own. A connection in
+            pipeline mode is synced before each use and after it, as the sync
+            backend's.
     """
 
     dialect: Dialect = "postgres"
@@ -125,7 +127,12 @@ class AsyncPostgresBackend(PostgresStatements, AsyncBackend):
             return
         assert self._conn is not None
         async with self._lock:
-            yield self._conn
+            if not in_pipeline_mode(self._conn):
+                yield self._conn
+                return
+            # Synced as the nested block begins and ends, as in the sync backend.
+            async with self._conn.pipeline():
+                yield self._conn
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[AsyncCursor]:

@@ -38,7 +38,11 @@ class PostgresBackend(PostgresStatements, Backend):
             once the caller has closed that, the backend counts as closed.
         lock: For one connection, the lock its other users take (a saver's), held
             for each statement and transaction so theirs never run inside the
-            ledger's; default: a lock of this backend's own.
+            ledger's; default: a lock of this backend's own. A connection in
+            pipeline mode (a saver's ``pipe``, given when it was built or set later)
+            is synced before each use, so the ledger's transaction takes in none of
+            the caller's statements, and after it, so the ledger's writes are
+            committed when the use ends.
     """
 
     dialect: Dialect = "postgres"
@@ -126,7 +130,13 @@ class PostgresBackend(PostgresStatements, Backend):
             return
         assert self._conn is not None and self._lock is not None
         with self._lock:
-            yield self._conn
+            if not in_pipeline_mode(self._conn):
+                yield self._conn
+                return
+            # A nested pipeline block syncs what is pending as it begins and sends a
+            # sync of its own as it ends (an error inside stays the one raised).
+            with self._conn.pipeline():
+                yield self._conn
 
     @contextmanager
     def transaction(self) -> Iterator[Cursor]:
@@ -194,6 +204,13 @@ class PostgresBackend(PostgresStatements, Backend):
         self._closed = True
         if self._owns and self._pool is not None:
             self._pool.close()
+
+
+def in_pipeline_mode(conn: Any) -> bool:
+    """Whether the psycopg connection ``conn`` (sync or async) is in pipeline mode."""
+    from psycopg import pq
+
+    return bool(conn.pgconn.pipeline_status != pq.PipelineStatus.OFF)
 
 
 class CommitBeforeFlushCursor:
