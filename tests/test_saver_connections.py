@@ -11,6 +11,7 @@ tests do), finds no session of ours left on the server.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import threading
 import time
@@ -40,6 +41,7 @@ from langgraph_cancel.checkpointers.postgres import (
     AsyncPostgresCancelSaver,
     PostgresCancelSaver,
 )
+from langgraph_cancel.errors import TransientDatabaseError
 from langgraph_cancel.ledger import PostgresBackend
 from langgraph_cancel.ledger.aio_postgres import AsyncPostgresBackend
 from langgraph_cancel.ledger.backends import CallersHandle
@@ -378,3 +380,23 @@ def test_a_pool_not_opened_yet_is_not_taken_for_closed(pg_url: str) -> None:
     with ConnectionPool(pg_url, min_size=1) as opened:
         later = CallersHandle(opened)
     assert later.closed
+
+
+@pytest.mark.parametrize("pipelined", [False, True], ids=["plain", "pipelined"])
+def test_a_saver_whose_one_connection_drops_raises_a_typed_error(
+    pg_url: str, pipelined: bool
+) -> None:
+    with psycopg.Connection.connect(pg_url, autocommit=True, row_factory=dict_row) as conn:
+        PostgresCancelSaver(conn).setup()
+        row = conn.execute("SELECT pg_backend_pid() AS pid").fetchone()
+        assert row is not None
+        with contextlib.ExitStack() as stack:
+            pipe = stack.enter_context(conn.pipeline()) if pipelined else None
+            saver = PostgresCancelSaver(conn, pipe)
+            with psycopg.connect(pg_url, autocommit=True) as admin:
+                admin.execute("SELECT pg_terminate_backend(%s)", (row["pid"],))
+            with pytest.raises(TransientDatabaseError, match="database unavailable"):
+                saver.ledger.start_run(new_thread())
+            # Not ending the caller's pipeline block: on a lost connection it raises
+            # psycopg's error, the caller's own (as with LangGraph's saver alone).
+            stack.pop_all()
