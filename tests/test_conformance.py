@@ -292,20 +292,27 @@ def test_pruning_threads_away_deletes_their_ledger_rows(pg_url: str) -> None:
         assert len(saver.ledger.runs(kept)) == 1
 
 
+async def _prune_one_of_two_threads(saver: Any) -> None:
+    """Two threads with a run and a checkpoint each; ``aprune(strategy="delete")`` of
+    one takes its checkpoints and its ledger rows, and leaves the other's."""
+    gone, kept = f"t-{uuid.uuid4().hex}", f"t-{uuid.uuid4().hex}"
+    for thread_id in (gone, kept):
+        await saver.ledger.astart_run(thread_id)
+        await saver.aput(_thread_config(thread_id), empty_checkpoint(), {"step": -1}, {})
+    await saver.aprune([gone], strategy="delete")
+    assert await saver.aget_tuple(_thread_config(gone)) is None
+    assert await saver.ledger.aruns(gone) == []
+    assert await saver.aget_tuple(_thread_config(kept)) is not None
+    assert len(await saver.ledger.aruns(kept)) == 1
+
+
 @pytest.mark.postgres
 async def test_async_pruning_threads_away_deletes_their_ledger_rows(pg_url: str) -> None:
     from langgraph_cancel.checkpointers.postgres import AsyncPostgresCancelSaver
 
-    gone, kept = f"t-{uuid.uuid4().hex}", f"t-{uuid.uuid4().hex}"
     async with AsyncPostgresCancelSaver.from_conn_string(pg_url) as saver:
         await saver.setup()
-        for thread_id in (gone, kept):
-            await saver.ledger.astart_run(thread_id)
-            await saver.aput(_thread_config(thread_id), empty_checkpoint(), {"step": -1}, {})
-        await saver.aprune([gone], strategy="delete")
-        assert await saver.aget_tuple(_thread_config(gone)) is None
-        assert await saver.ledger.aruns(gone) == []
-        assert len(await saver.ledger.aruns(kept)) == 1
+        await _prune_one_of_two_threads(saver)
 
 
 @pytest.mark.postgres
@@ -313,17 +320,9 @@ async def test_a_sync_saver_prunes_for_async_callers_too(pg_url: str) -> None:
     """The sync saver serves async graphs from worker threads; ``aprune`` too."""
     from langgraph_cancel.checkpointers.postgres import PostgresCancelSaver
 
-    gone, kept = f"t-{uuid.uuid4().hex}", f"t-{uuid.uuid4().hex}"
     with PostgresCancelSaver.from_conn_string(pg_url) as saver:
         saver.setup()
-        for thread_id in (gone, kept):
-            await saver.ledger.astart_run(thread_id)
-            await saver.aput(_thread_config(thread_id), empty_checkpoint(), {"step": -1}, {})
-        await saver.aprune([gone], strategy="delete")
-        assert await saver.aget_tuple(_thread_config(gone)) is None
-        assert await saver.ledger.aruns(gone) == []
-        assert await saver.aget_tuple(_thread_config(kept)) is not None
-        assert len(await saver.ledger.aruns(kept)) == 1
+        await _prune_one_of_two_threads(saver)
 
 
 def test_a_version_0_ledger_is_migrated_and_keeps_its_rows(tmp_path: Path) -> None:
