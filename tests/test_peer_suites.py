@@ -10,6 +10,7 @@ from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import pytest
+from langgraph.checkpoint.base import empty_checkpoint
 
 PEER_SUITES = Path(__file__).resolve().parent.parent / "scripts" / "peer_suites"
 RUNNER = PEER_SUITES / "run.py"
@@ -80,8 +81,36 @@ def test_the_checkpointers_pass_chooses_its_savers() -> None:
     assert plugin.THREADED_SAVERS <= plugin.OUR_SAVERS
     assert plugin.chosen_savers("all") == plugin.OUR_SAVERS
     assert plugin.chosen_savers(" sqlite, postgres_pipe ") == {"sqlite", "postgres_pipe"}
-    with pytest.raises(pytest.UsageError, match="memory"):
-        plugin.chosen_savers("sqlite,memory")
+    assert "memory" in plugin.DEFAULT_SAVERS
+    with pytest.raises(pytest.UsageError, match="memory_migrate_sends"):
+        plugin.chosen_savers("sqlite,memory_migrate_sends")
+
+
+def test_the_memory_fixtures_saver_is_ours_under_langgraphs_checks() -> None:
+    from langgraph.checkpoint.memory import InMemorySaver
+
+    from langgraph_cancel.checkpointers.memory import MemoryCancelSaver
+
+    checked: list[str] = []
+
+    class AssertImmutable(InMemorySaver):
+        """Stands for LangGraph's ``MemorySaverAssertImmutable``: checks each put."""
+
+        def put(self, config: Any, checkpoint: Any, metadata: Any, new_versions: Any) -> Any:
+            checked.append(checkpoint["id"])
+            return super().put(config, checkpoint, metadata, new_versions)
+
+    fixtures = SimpleNamespace(MemorySaverAssertImmutable=AssertImmutable)
+    saver_class = _plugin()._memory_saver_asserting(fixtures)
+    saver = saver_class()
+    assert isinstance(saver, AssertImmutable) and isinstance(saver, MemoryCancelSaver)
+    saver.setup()
+    assert saver.ledger.start_run("t-1").thread_id == "t-1"
+    config: Any = {"configurable": {"thread_id": "t-1", "checkpoint_ns": ""}}
+    saver.put(config, empty_checkpoint(), {"step": -1}, {})
+    assert checked and saver.get_tuple(config) is not None
+    saver.delete_thread("t-1")
+    assert saver.get_tuple(config) is None and saver.ledger.runs("t-1") == []
 
 
 def test_the_checkpointers_pass_keeps_only_tests_on_a_chosen_saver() -> None:

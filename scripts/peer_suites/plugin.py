@@ -36,9 +36,11 @@ in, according to ``LGC_PEER_MODE``:
     updates) with its test checkpointers swapped for ours: every SQLite and
     PostgreSQL saver the tests build (plain, encrypted, pipelined, pooled, async) is
     ``SqliteCancelSaver``, ``PostgresCancelSaver`` or their async twins, on the
-    PostgreSQL server ``LANGGRAPH_CANCEL_TEST_PG_DSN`` names. The tests run on the
-    savers ``LGC_PEER_SAVERS`` chooses (``DEFAULT_SAVERS``: each class once); tests
-    on other savers (the in-memory ones, none at all, a Redis cache) are left out.
+    PostgreSQL server ``LANGGRAPH_CANCEL_TEST_PG_DSN`` names, and the ``memory``
+    fixture's saver is ``MemoryCancelSaver`` under LangGraph's immutability checks.
+    The tests run on the savers ``LGC_PEER_SAVERS`` chooses (``DEFAULT_SAVERS``: each
+    class once); tests on other savers (the pending-sends migration one, none at
+    all, a Redis cache) are left out.
 
 Each test's outcome is written to the JSON file ``LGC_PEER_RESULTS`` names, with
 whether langgraph-cancel asked for an approval during it (an interrupt of its
@@ -74,16 +76,16 @@ MODES = (
 #: The parameters of LangGraph's saver fixtures that build one of our savers.
 OUR_SAVERS = frozenset(
     {
-        "sqlite", "sqlite_aes", "sqlite_aio",
+        "memory", "sqlite", "sqlite_aes", "sqlite_aio",
         "postgres", "postgres_pipe", "postgres_pool",
         "postgres_aio", "postgres_aio_pipe", "postgres_aio_pool",
     }
 )  # fmt: skip
 #: The ones the checkpointers pass runs unless ``LGC_PEER_SAVERS`` names others (``all``:
-#: every one): each of our four classes once, the sync PostgreSQL saver on a pool as
-#: many workers run it. The rest build the same classes on a pipeline, a pool or an
-#: encrypting serializer.
-DEFAULT_SAVERS = frozenset({"sqlite", "postgres_pool", "sqlite_aio", "postgres_aio"})
+#: every one): each of our five classes once, the sync PostgreSQL saver on a pool as
+#: many workers run it (``memory`` serves the sync and the async tests). The rest
+#: build the same classes on a pipeline, a pool or an encrypting serializer.
+DEFAULT_SAVERS = frozenset({"memory", "sqlite", "postgres_pool", "sqlite_aio", "postgres_aio"})
 #: The async fixtures' parameters the threaded pass gives our sync savers.
 THREADED_SAVERS = frozenset({"sqlite_aio", "postgres_aio"})
 _SAVER_FIXTURES = ("sync_checkpointer", "async_checkpointer")
@@ -225,6 +227,7 @@ def _install_savers(config: pytest.Config, *, threaded: bool) -> None:
         ("AsyncPostgresSaver", AsyncPostgresCancelSaver),
         ("SqliteSaver", SqliteCancelSaver),
         ("AsyncSqliteSaver", AsyncSqliteCancelSaver),
+        ("MemorySaverAssertImmutable", _memory_saver_asserting(fixtures)),
         ("DEFAULT_POSTGRES_URI", root),
     ):
         setattr(fixtures, name, ours)
@@ -237,6 +240,16 @@ def _install_savers(config: pytest.Config, *, threaded: bool) -> None:
             raise pytest.UsageError("tests/conftest.py is not loaded as tests.conftest")
         setattr(conftest, "_checkpointer_sqlite_aio", _threaded_sqlite)  # noqa: B010
         setattr(conftest, "_checkpointer_postgres_aio", _threaded_postgres(root))  # noqa: B010
+
+
+def _memory_saver_asserting(fixtures: Any) -> type[Any]:
+    """``MemoryCancelSaver`` under LangGraph's test subclass of ``InMemorySaver``, which
+    checks that a saved checkpoint is never changed afterwards: the ``memory`` fixture's
+    saver, with our ledger."""
+    from langgraph_cancel.checkpointers.memory import MemoryCancelSaver
+
+    asserting: type[Any] = fixtures.MemorySaverAssertImmutable
+    return type("MemoryCancelSaverAssertImmutable", (asserting, MemoryCancelSaver), {})
 
 
 def _install_saver_classes(config: pytest.Config, *, postgres: bool) -> None:

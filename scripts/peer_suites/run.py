@@ -158,7 +158,7 @@ PASSES = [
     PeerPass("toolnode-classified", PREBUILT, "ToolNode tests, EffectToolNode, tools classified"),
     PeerPass("toolnode-unclassified", PREBUILT, "ToolNode tests, EffectToolNode, unclassified"),
     PeerPass("create-agent", LANGCHAIN, "create_agent tests, EffectMiddleware added"),
-    PeerPass("checkpointers", LANGGRAPH, "graph tests, our SQLite and PostgreSQL savers"),
+    PeerPass("checkpointers", LANGGRAPH, "graph tests, our memory, SQLite and PostgreSQL savers"),
     PeerPass(
         "checkpointers-threaded",
         LANGGRAPH,
