@@ -59,6 +59,27 @@ def test_an_entry_with_when_allows_only_that_failure() -> None:
     assert run.allowed_as(allowed, "toolnode-classified", deliberate, "anything") == "allowed"
 
 
+def test_an_unclassified_failure_is_an_approval_only_where_its_classified_twin_is_clear() -> None:
+    run = _runner()
+    race = "tests/test_a.py::test_race[memory-nested]"
+    asked = {"outcome": "failed", "approval_asked": True, "summary": "DID NOT RAISE"}
+    unclassified = run.PeerPass("toolnode-unclassified", run.PREBUILT, "unclassified")
+
+    def judged(twin: dict[str, Any], entry: dict[str, Any] = asked) -> Any:
+        return run.tally(unclassified, {race: entry}, {race: twin}, run.allowlist(ENTRIES))
+
+    assert judged({"outcome": "passed"}).approvals == [race]
+    # The twin lost the peer's own race, which the allowlist allows there.
+    lost_race = {"outcome": "failed", "summary": "memory_assert.py:48: AssertionError"}
+    assert judged(lost_race).approvals == [race]
+    # The twin failed for a reason nobody allowed: the failure here is not cleared.
+    other = {"outcome": "failed", "summary": "test_a.py:12: AssertionError"}
+    assert judged(other).failed and not judged(other).approvals
+    assert judged({}).failed  # not run in the classified pass
+    # No approval was asked here: the twin's state does not matter.
+    assert judged({"outcome": "passed"}, {**asked, "approval_asked": False}).failed
+
+
 def test_the_allowlist_reads_and_names_every_pass_it_covers() -> None:
     run = _runner()
     names = {peer.name for peer in run.PASSES}

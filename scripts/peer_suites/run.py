@@ -16,7 +16,7 @@ configures pytest for them) into a temporary directory, and runs seven passes
   ``ToolNode``, every tool classified;
 * ``toolnode-unclassified``: the same tests, the tools as the tests wrote them; a
   test may fail here only where langgraph-cancel asked for an approval, and only
-  if it passes in the classified pass;
+  if it passes in the classified pass (or fails there only as the allowlist allows);
 * ``create-agent``: LangChain's create_agent tool, HITL and middleware tests with
   ``EffectMiddleware`` added to every agent;
 * ``checkpointers``: LangGraph's own graph tests (from the ``langgraph`` sdist) on our
@@ -303,9 +303,28 @@ def allowed_as(allowed: list[Allowed], name: str, test: str, summary: str = "") 
     return None
 
 
-def tally(peer: PeerPass, outcomes: dict[str, Any], classified: dict[str, Any] | None) -> Tally:
-    """Count a pass, judging each failure."""
-    allowed = allowlist()
+def _clear_when_classified(allowed: list[Allowed], test: str, twin: dict[str, Any]) -> bool:
+    """Whether ``test`` is clear in the classified pass (``twin``, its outcome there):
+    passed, or failed only as the allowlist allows (a deliberate difference or a race
+    of the peer's own, not an open defect), so its unclassified failure, where an
+    approval was asked, is that approval's doing."""
+    if twin.get("outcome") == "passed":
+        return True
+    if twin.get("outcome") != "failed":
+        return False
+    summary = twin.get("summary", "")
+    return allowed_as(allowed, "toolnode-classified", test, summary) == "allowed"
+
+
+def tally(
+    peer: PeerPass,
+    outcomes: dict[str, Any],
+    classified: dict[str, Any] | None,
+    allowed: list[Allowed] | None = None,
+) -> Tally:
+    """Count a pass, judging each failure (against ``allowed``, default the allowlist's
+    entries)."""
+    allowed = allowlist() if allowed is None else allowed
     result = Tally()
     for test, entry in sorted(outcomes.items()):
         outcome = entry["outcome"]
@@ -318,7 +337,7 @@ def tally(peer: PeerPass, outcomes: dict[str, Any], classified: dict[str, Any] |
         elif (
             classified is not None
             and entry.get("approval_asked")
-            and classified.get(test, {}).get("outcome") == "passed"
+            and _clear_when_classified(allowed, test, classified.get(test, {}))
         ):
             result.approvals.append(test)
         elif (
