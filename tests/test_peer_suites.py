@@ -78,6 +78,20 @@ def test_an_unclassified_failure_is_an_approval_only_where_its_classified_twin_i
     assert judged({}).failed  # not run in the classified pass
     # No approval was asked here: the twin's state does not matter.
     assert judged({"outcome": "passed"}, {**asked, "approval_asked": False}).failed
+    # A difference the allowlist names for this pass too is counted as deliberate first.
+    deliberate = "tests/test_a.py::test_deliberate"
+    both = ENTRIES.replace(
+        'passes = ["toolnode-classified"]\nreason = "on purpose"',
+        'passes = ["toolnode-classified", "toolnode-unclassified"]\nreason = "on purpose"',
+    )
+    assert both != ENTRIES
+    counted = run.tally(
+        unclassified,
+        {deliberate: asked},
+        {deliberate: {"outcome": "failed", "summary": "anything"}},
+        run.allowlist(both),
+    )
+    assert counted.allowed == [deliberate] and not counted.approvals
 
 
 def test_the_allowlist_reads_and_names_every_pass_it_covers() -> None:

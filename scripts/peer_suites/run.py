@@ -335,15 +335,15 @@ def tally(
         elif outcome == "deselected":
             result.deselected += 1
         elif (
+            verdict := allowed_as(allowed, peer.name, test, entry.get("summary", ""))
+        ) is not None:
+            (result.open if verdict == "open" else result.allowed).append(test)
+        elif (
             classified is not None
             and entry.get("approval_asked")
             and _clear_when_classified(allowed, test, classified.get(test, {}))
         ):
             result.approvals.append(test)
-        elif (
-            verdict := allowed_as(allowed, peer.name, test, entry.get("summary", ""))
-        ) is not None:
-            (result.open if verdict == "open" else result.allowed).append(test)
         else:
             result.failed.append(f"{test}: {entry.get('summary', outcome)}")
     return result
