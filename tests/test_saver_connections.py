@@ -86,15 +86,40 @@ def refund_graph(
     return cancellable(builder, saver)
 
 
+def refunded(
+    saver: Any, tmp_path: Path, *, before: Callable[[str], None] | None = None
+) -> tuple[Any, str]:
+    """Run the refund agent on ``saver`` in a new thread and check the run ended with
+    the refund committed once; the graph (it holds the saver) and the thread."""
+    graph = refund_graph(saver, tmp_path, before=before)
+    thread = new_thread()
+    out = graph.invoke({"messages": [HumanMessage("go")]}, config_for(thread))
+    assert out["messages"][-1].content == "done"
+    assert [e.status.value for e in saver.ledger.effects(thread)] == ["committed"]
+    return graph, thread
+
+
+async def arefunded(
+    saver: Any, tmp_path: Path, *, before: Callable[[str], None] | None = None
+) -> tuple[Any, str]:
+    """``refunded`` for an async saver, run with ``ainvoke``."""
+    graph = refund_graph(saver, tmp_path, use_async=True, before=before)
+    thread = new_thread()
+    out = await graph.ainvoke({"messages": [HumanMessage("go")]}, config_for(thread))
+    assert out["messages"][-1].content == "done"
+    assert saver.async_ledger is not None
+    effects = await saver.async_ledger.aeffects(thread)
+    assert [e.status.value for e in effects] == ["committed"]
+    return graph, thread
+
+
 def test_sync_saver_on_the_callers_pool_uses_only_that_pool(pg_url: str, tmp_path: Path) -> None:
     with ConnectionPool(
         pg_url, min_size=1, max_size=POOL_SIZE, kwargs={"autocommit": True}
     ) as pool:
         saver = PostgresCancelSaver(pool)
         saver.setup()
-        graph = refund_graph(saver, tmp_path)
-        out = graph.invoke({"messages": [HumanMessage("go")]}, config_for(new_thread()))
-        assert out["messages"][-1].content == "done"
+        graph, _ = refunded(saver, tmp_path)
         assert sessions(pg_url, expected=POOL_SIZE + LISTENER) <= POOL_SIZE + LISTENER
 
     assert sessions(pg_url) == 0
@@ -109,10 +134,7 @@ def test_sync_saver_on_one_connection_uses_only_that_connection(
         saver = PostgresCancelSaver(conn)
         saver.setup()
         assert sessions(pg_url, expected=1) == 1
-        graph = refund_graph(saver, tmp_path)
-        thread = new_thread()
-        graph.invoke({"messages": [HumanMessage("go")]}, config_for(thread))
-        assert [e.status.value for e in saver.ledger.effects(thread)] == ["committed"]
+        graph, _ = refunded(saver, tmp_path)
         assert sessions(pg_url, expected=1 + LISTENER) == 1 + LISTENER
 
     # The caller closed the connection: the listener ends with it.
@@ -130,11 +152,7 @@ async def test_async_saver_on_the_callers_pool_uses_only_that_pool(
         saver = AsyncPostgresCancelSaver(pool)
         await saver.setup()
         assert saver.async_ledger is not None
-        graph = refund_graph(saver, tmp_path, use_async=True)
-        thread = new_thread()
-        out = await graph.ainvoke({"messages": [HumanMessage("go")]}, config_for(thread))
-        assert out["messages"][-1].content == "done"
-        assert [e.status.value for e in await saver.async_ledger.aeffects(thread)] == ["committed"]
+        graph, _ = await arefunded(saver, tmp_path)
         in_use = await asyncio.to_thread(sessions, pg_url, expected=POOL_SIZE + LISTENER)
         assert in_use <= POOL_SIZE + LISTENER
 
@@ -154,10 +172,7 @@ async def test_async_saver_on_one_connection_uses_only_that_connection(
         await saver.setup()
         assert saver.async_ledger is not None
         assert await asyncio.to_thread(sessions, pg_url, expected=1) == 1
-        graph = refund_graph(saver, tmp_path, use_async=True)
-        thread = new_thread()
-        await graph.ainvoke({"messages": [HumanMessage("go")]}, config_for(thread))
-        assert [e.status.value for e in await saver.async_ledger.aeffects(thread)] == ["committed"]
+        graph, _ = await arefunded(saver, tmp_path)
         in_use = await asyncio.to_thread(sessions, pg_url, expected=1 + LISTENER)
         assert in_use == 1 + LISTENER
 
@@ -193,11 +208,7 @@ def test_sync_saver_on_a_pipelined_connection_uses_only_that_connection(
             else:  # LangGraph's own graph tests set the pipeline on a set-up saver
                 saver, first.pipe = first, pipe
             assert sessions(pg_url, expected=1) == 1
-            graph = refund_graph(saver, tmp_path, before=committed_intents(pg_url))
-            thread = new_thread()
-            out = graph.invoke({"messages": [HumanMessage("go")]}, config_for(thread))
-            assert out["messages"][-1].content == "done"
-            assert [e.status.value for e in saver.ledger.effects(thread)] == ["committed"]
+            graph, thread = refunded(saver, tmp_path, before=committed_intents(pg_url))
             assert sessions(pg_url, expected=1 + LISTENER) == 1 + LISTENER
             # The checkpoints, written through the same pipeline, are all there.
             assert saver.get_tuple(config_for(thread)) is not None
@@ -219,12 +230,7 @@ async def test_async_saver_on_a_pipelined_connection_uses_only_that_connection(
             await saver.aopen_ledger()
             assert saver.async_ledger is not None
             assert await asyncio.to_thread(sessions, pg_url, expected=1) == 1
-            graph = refund_graph(saver, tmp_path, use_async=True, before=committed_intents(pg_url))
-            thread = new_thread()
-            out = await graph.ainvoke({"messages": [HumanMessage("go")]}, config_for(thread))
-            assert out["messages"][-1].content == "done"
-            effects = await saver.async_ledger.aeffects(thread)
-            assert [e.status.value for e in effects] == ["committed"]
+            graph, thread = await arefunded(saver, tmp_path, before=committed_intents(pg_url))
             in_use = await asyncio.to_thread(sessions, pg_url, expected=1 + LISTENER)
             assert in_use == 1 + LISTENER
             assert await saver.aget_tuple(config_for(thread)) is not None
