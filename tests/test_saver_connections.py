@@ -70,6 +70,11 @@ def sessions(url: str, *, expected: int = 0, within: float = 5.0) -> int:
         time.sleep(0.05)
 
 
+async def asessions(url: str, *, expected: int = 0, within: float = 5.0) -> int:
+    """``sessions``, from async code (the probe is sync: it runs in a worker thread)."""
+    return await asyncio.to_thread(sessions, url, expected=expected, within=within)
+
+
 def refund_graph(
     saver: Any,
     tmp_path: Path,
@@ -153,13 +158,12 @@ async def test_async_saver_on_the_callers_pool_uses_only_that_pool(
         await saver.setup()
         assert saver.async_ledger is not None
         graph, _ = await arefunded(saver, tmp_path)
-        in_use = await asyncio.to_thread(sessions, pg_url, expected=POOL_SIZE + LISTENER)
-        assert in_use <= POOL_SIZE + LISTENER
+        assert await asessions(pg_url, expected=POOL_SIZE + LISTENER) <= POOL_SIZE + LISTENER
 
     # Nothing of the saver's own is open, even before the saver goes.
-    assert await asyncio.to_thread(sessions, pg_url) == 0
+    assert await asessions(pg_url) == 0
     del graph, saver
-    assert await asyncio.to_thread(sessions, pg_url) == 0
+    assert await asessions(pg_url) == 0
 
 
 async def test_async_saver_on_one_connection_uses_only_that_connection(
@@ -171,15 +175,14 @@ async def test_async_saver_on_one_connection_uses_only_that_connection(
         saver = AsyncPostgresCancelSaver(conn)
         await saver.setup()
         assert saver.async_ledger is not None
-        assert await asyncio.to_thread(sessions, pg_url, expected=1) == 1
+        assert await asessions(pg_url, expected=1) == 1
         graph, _ = await arefunded(saver, tmp_path)
-        in_use = await asyncio.to_thread(sessions, pg_url, expected=1 + LISTENER)
-        assert in_use == 1 + LISTENER
+        assert await asessions(pg_url, expected=1 + LISTENER) == 1 + LISTENER
 
     # Nothing of the saver's own is open, even before the saver goes.
-    assert await asyncio.to_thread(sessions, pg_url) == 0
+    assert await asessions(pg_url) == 0
     del graph, saver
-    assert await asyncio.to_thread(sessions, pg_url) == 0
+    assert await asessions(pg_url) == 0
 
 
 def committed_intents(url: str) -> Callable[[str], None]:
@@ -229,15 +232,14 @@ async def test_async_saver_on_a_pipelined_connection_uses_only_that_connection(
             saver = AsyncPostgresCancelSaver(conn, pipe)
             await saver.aopen_ledger()
             assert saver.async_ledger is not None
-            assert await asyncio.to_thread(sessions, pg_url, expected=1) == 1
+            assert await asessions(pg_url, expected=1) == 1
             graph, thread = await arefunded(saver, tmp_path, before=committed_intents(pg_url))
-            in_use = await asyncio.to_thread(sessions, pg_url, expected=1 + LISTENER)
-            assert in_use == 1 + LISTENER
+            assert await asessions(pg_url, expected=1 + LISTENER) == 1 + LISTENER
             assert await saver.aget_tuple(config_for(thread)) is not None
 
-    assert await asyncio.to_thread(sessions, pg_url) == 0
+    assert await asessions(pg_url) == 0
     del graph, saver
-    assert await asyncio.to_thread(sessions, pg_url) == 0
+    assert await asessions(pg_url) == 0
 
 
 def probe_rows(url: str) -> list[int]:
@@ -339,7 +341,7 @@ async def test_an_async_pipelined_saver_that_used_its_ledger_lets_the_database_g
                 saver = AsyncPostgresCancelSaver(conn, pipe)
                 await saver.aprune([new_thread()], strategy="delete")
                 await saver.adelete_thread(new_thread())
-                assert await asyncio.to_thread(sessions, url, expected=1) == 1
+                assert await asessions(url, expected=1) == 1
     finally:
         async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as admin:
             await admin.execute(f"DROP DATABASE {database}")
@@ -371,7 +373,7 @@ async def test_an_async_saver_only_set_up_holds_nothing_once_its_connection_clos
         saver = AsyncPostgresCancelSaver(conn)
         await saver.setup()
         assert await saver.aget_tuple(config_for(new_thread())) is None
-    assert await asyncio.to_thread(sessions, pg_url, within=0.5) == 0
+    assert await asessions(pg_url, within=0.5) == 0
 
 
 def test_a_pool_not_opened_yet_is_not_taken_for_closed(pg_url: str) -> None:
