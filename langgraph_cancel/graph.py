@@ -30,6 +30,7 @@ from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import BaseTool
 from langgraph._internal._runnable import RunnableCallable
 from langgraph.graph import END, START, StateGraph
+from langgraph.graph.message import add_messages
 from langgraph.types import Command
 
 from langgraph_cancel.errors import ConfigurationError
@@ -183,6 +184,7 @@ def add_cancellation(
         reconcile_interactive=reconcile_interactive,
         tools=_collect_tools(builder),
         limits=limits,
+        places_answers=_merges_with_add_messages(builder, messages_key),
     )
     for name, spec in list(builder.nodes.items()):
         builder.nodes[name] = dataclasses.replace(
@@ -196,6 +198,12 @@ def add_cancellation(
     builder.__class__ = CancellableStateGraph
     cast(CancellableStateGraph, builder).cancellation = settings
     return cast(CancellableStateGraph, builder)
+
+
+def _merges_with_add_messages(builder: StateGraph[Any, Any, Any, Any], key: str) -> bool:
+    """Whether the state's ``key`` channel merges with ``add_messages`` (which takes
+    ``RemoveMessage``, so a history can be rewritten in order)."""
+    return getattr(builder.channels.get(key), "operator", None) is add_messages
 
 
 def _check_builder(builder: StateGraph[Any, Any, Any, Any]) -> None:

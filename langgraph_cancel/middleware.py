@@ -44,16 +44,15 @@ from langchain_core.messages import (
     AIMessage,
     AnyMessage,
     BaseMessage,
-    RemoveMessage,
     ToolCall,
     ToolMessage,
 )
 from langgraph.config import get_config
-from langgraph.graph.message import REMOVE_ALL_MESSAGES
 from langgraph.prebuilt.tool_node import ToolCallRequest
 from langgraph.types import Command
 
 from langgraph_cancel.checkpointers.durable import PLAN_SAVE_TIMEOUT
+from langgraph_cancel.execution.answers import placed_answers, with_answers
 from langgraph_cancel.execution.context import ReviewMode
 from langgraph_cancel.execution.identity import dangling_tool_calls
 from langgraph_cancel.execution.interceptor import DEFAULT_CANCEL_TIMEOUT, EffectInterceptor
@@ -222,7 +221,7 @@ class EffectMiddleware(AgentMiddleware[CancelAgentState, Any, Any]):
         if dangling or (not scope.run.terminal and scope.cancel_called()):
             answers = self._close_cut_short(scope, dangling)
             if answers:
-                request = request.override(messages=_with_answers(list(request.messages), answers))
+                request = request.override(messages=with_answers(list(request.messages), answers))
         elif not scope.run.terminal and scope.extra.get(TURN_INPUT, marker) != marker:
             # The earlier turn ended where no model call saw it (a middleware's jump,
             # a reply stripped of its calls): it is over.
@@ -267,7 +266,7 @@ class EffectMiddleware(AgentMiddleware[CancelAgentState, Any, Any]):
             result.append(AIMessage(STOPPED_REPLY))
         else:
             announce_cancelled(report.run_id, report.thread_id, payload)
-        messages = _placed(history, answer_dangling(scope, dangling), result)
+        messages = placed_answers(history, answer_dangling(scope, dangling), result)
         return ExtendedModelResponse(
             model_response=ModelResponse(result=result),
             command=Command(update={"messages": messages, REPORT_KEY: payload, "jump_to": "end"}),
@@ -282,7 +281,7 @@ class EffectMiddleware(AgentMiddleware[CancelAgentState, Any, Any]):
             scope.count_tokens(tokens_of([m for m in messages if isinstance(m, AIMessage)]))
         update: dict[str, Any] = {}
         if turn.answers:
-            update["messages"] = _placed(turn.history, turn.answers, list(messages))
+            update["messages"] = placed_answers(turn.history, turn.answers, list(messages))
         if _ends_turn(messages, model_response):
             report = self._complete(scope)
             if report is not None:
@@ -438,44 +437,6 @@ def _ends_with_batch(request: ToolCallRequest) -> bool:
     return batch is not None and all(
         getattr(tools.get(call["name"]), "return_direct", False) for call in batch.tool_calls
     )
-
-
-def _answer_end(messages: list[Any], answers: list[ToolMessage]) -> int:
-    """Where ``answers`` go: right after the message with their calls, and after the
-    answers it already has."""
-    answered = {answer.tool_call_id for answer in answers}
-    at = max(
-        (
-            index
-            for index, message in enumerate(messages)
-            if isinstance(message, AIMessage)
-            and any(call.get("id") in answered for call in message.tool_calls)
-        ),
-        default=len(messages) - 1,
-    )
-    end = at + 1
-    while end < len(messages) and isinstance(messages[end], ToolMessage):
-        end += 1
-    return end
-
-
-def _with_answers(messages: list[Any], answers: list[ToolMessage]) -> list[Any]:
-    """The history with ``answers`` right after the calls they answer."""
-    end = _answer_end(messages, answers)
-    return [*messages[:end], *answers, *messages[end:]]
-
-
-def _placed(messages: list[Any], answers: list[ToolMessage], reply: list[Any]) -> list[Any]:
-    """The ``messages`` update that puts ``answers`` right after their calls, and the
-    model's ``reply`` (also in the model node's own update) after everything.
-
-    Appended when that is their place; otherwise the history is rewritten in order
-    (``add_messages`` keeps a message it has seen where it first was)."""
-    if not answers:
-        return list(reply)
-    if not reply and _answer_end(messages, answers) >= len(messages):
-        return list(answers)
-    return [RemoveMessage(id=REMOVE_ALL_MESSAGES), *_with_answers(messages, answers), *reply]
 
 
 __all__ = ["HITL_EDITS_KEY", "CancelAgentState", "EffectMiddleware"]

@@ -124,6 +124,22 @@ def dangling_calls(messages: Sequence[BaseMessage]) -> list[str]:
     ]
 
 
+def answered_late(messages: Sequence[BaseMessage]) -> list[str]:
+    """Ids of tool calls whose answer does not come right after them (chat APIs want
+    an AI message's calls answered before any other message)."""
+    late: list[str] = []
+    waiting: list[str] = []
+    for message in messages:
+        if isinstance(message, ToolMessage):
+            if message.tool_call_id in waiting:
+                waiting.remove(message.tool_call_id)
+            continue
+        late.extend(waiting)
+        waiting = [str(call.get("id")) for call in getattr(message, "tool_calls", None) or []]
+    answered = {m.tool_call_id for m in messages if isinstance(m, ToolMessage)}
+    return [call_id for call_id in late if call_id in answered]
+
+
 # ----------------------------------------------------------------------------- savers
 
 
@@ -202,7 +218,7 @@ def scripted(*turns: AIMessage | str, strict: bool = True, **kwargs: Any) -> Scr
 
     def pick(messages: list[BaseMessage]) -> AIMessage | str:
         if strict:
-            missing = dangling_calls(messages)
+            missing = dangling_calls(messages) or answered_late(messages)
             if missing:
                 raise ValueError(
                     "An assistant message with 'tool_calls' must be followed by tool messages "

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Any
+import operator
+from typing import Annotated, Any, TypedDict
 
 import pytest
-from langchain_core.messages import AIMessage, HumanMessage
+from langchain_core.messages import AIMessage, AnyMessage, HumanMessage
 from langchain_core.tools import tool
+from langgraph.graph import START, MessagesState, StateGraph
+from langgraph.prebuilt import tools_condition
 from langgraph.types import Command
 
-from graphs import agent_builder, cancellable
+from graphs import agent_builder, calls, cancellable, scripted
 from langgraph_cancel import EffectKind, EffectToolNode, Outcome, effect
 from langgraph_cancel.checkpointers.memory import MemoryCancelSaver
 from langgraph_cancel.errors import InvalidDecisionError
+from langgraph_cancel.execution.answers import NOT_RUN_CANCELLED
 from langgraph_cancel.testing.fake_model import ScriptedChatModel
 
 
@@ -161,3 +165,66 @@ def test_starts_router_decides_from_the_read_made_with_the_run_start() -> None:
     graph.invoke({"messages": [HumanMessage("continue")]}, {"configurable": {"thread_id": "p1"}})
     assert saver.ledger.get_effect(effect_id).status.value == "committed"
     assert reads.count("p1") >= 1  # the subgraph's own read
+
+
+def _approval_graph(saver: MemoryCancelSaver, builder: Any) -> Any:
+    """``builder``'s agent with a refund that waits for approval, prepared and compiled."""
+
+    @effect(EffectKind.IRREVERSIBLE)
+    @tool
+    def refund(item: str) -> str:
+        """Refund an order."""
+        return f"refunded {item}"
+
+    builder.add_node("tools", EffectToolNode([refund]))
+    builder.add_edge(START, "agent")
+    builder.add_conditional_edges("agent", tools_condition)
+    builder.add_edge("tools", "agent")
+    return cancellable(builder, saver)
+
+
+def test_new_input_over_a_pending_approval_answers_the_calls_before_it() -> None:
+    """A Studio user types again instead of deciding: the calls asked about will never
+    run, and their answers go right after them, ahead of the new message, where chat
+    APIs require them (the strict scripted model refuses any other order)."""
+    saver = MemoryCancelSaver()
+    model = scripted(calls(("refund", "o1", "c-1"), ("refund", "o2", "c-2")), AIMessage("ok"))
+    builder = StateGraph(MessagesState)
+    builder.add_node("agent", lambda state: {"messages": [model.invoke(state["messages"])]})
+    graph = _approval_graph(saver, builder)
+    config: Any = {"configurable": {"thread_id": "a1"}}
+    first = graph.invoke({"messages": [HumanMessage("refund both")]}, config)
+    assert first["__interrupt__"]
+
+    out = graph.invoke({"messages": [HumanMessage("actually, where is my order?")]}, config)
+
+    kinds = [type(m).__name__ for m in out["messages"]]
+    assert kinds == [
+        "HumanMessage", "AIMessage", "ToolMessage", "ToolMessage", "HumanMessage", "AIMessage"
+    ], kinds  # fmt: skip
+    assert [m.tool_call_id for m in out["messages"][2:4]] == ["c-1", "c-2"]
+    assert all(m.content == NOT_RUN_CANCELLED for m in out["messages"][2:4])
+    assert out["messages"][-1].content == "ok"
+    assert [e.status.value for e in saver.ledger.effects("a1")] == ["dropped", "dropped"]
+
+
+def test_answers_are_appended_where_the_messages_channel_only_appends() -> None:
+    """A state whose messages merge with ``operator.add`` cannot have its history
+    rewritten: the answers are appended, and no removal marker enters the list."""
+
+    class AppendedState(TypedDict):
+        messages: Annotated[list[AnyMessage], operator.add]
+
+    saver = MemoryCancelSaver()
+    model = scripted(calls(("refund", "o1", "c-1")), AIMessage("ok"), strict=False)
+    builder = StateGraph(AppendedState)
+    builder.add_node("agent", lambda state: {"messages": [model.invoke(state["messages"])]})
+    graph = _approval_graph(saver, builder)
+    config: Any = {"configurable": {"thread_id": "a2"}}
+    assert graph.invoke({"messages": [HumanMessage("refund")]}, config)["__interrupt__"]
+
+    out = graph.invoke({"messages": [HumanMessage("never mind")]}, config)
+
+    kinds = [type(m).__name__ for m in out["messages"]]
+    assert kinds == ["HumanMessage", "AIMessage", "HumanMessage", "ToolMessage", "AIMessage"]
+    assert out["messages"][3].tool_call_id == "c-1"

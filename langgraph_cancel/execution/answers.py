@@ -3,6 +3,8 @@
 A re-run of a tool node (an interrupt, a crash, a retry policy) answers every
 call the ledger already settled from the record: the same ``ToolMessage`` (or
 the same ``Command`` a tool returned) the model was, or would have been, given.
+Answers given late (a call an earlier run left unanswered, and new input since)
+are placed right after their calls, where chat APIs require them.
 """
 
 from __future__ import annotations
@@ -11,8 +13,9 @@ import base64
 import json
 from typing import Any, Literal, cast
 
-from langchain_core.messages import ToolCall, ToolMessage
+from langchain_core.messages import AIMessage, RemoveMessage, ToolCall, ToolMessage
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+from langgraph.graph.message import REMOVE_ALL_MESSAGES
 
 from langgraph_cancel.types import EffectRecord, EffectStatus
 
@@ -189,18 +192,62 @@ def not_run(call: ToolCall, text: str = NOT_RUN_CANCELLED) -> ToolMessage:
     )
 
 
+def answers_end(messages: list[Any], answers: list[ToolMessage]) -> int:
+    """Where ``answers`` go: right after the message with their calls, and after the
+    answers it already has."""
+    answered = {answer.tool_call_id for answer in answers}
+    at = max(
+        (
+            index
+            for index, message in enumerate(messages)
+            if isinstance(message, AIMessage)
+            and any(call.get("id") in answered for call in message.tool_calls)
+        ),
+        default=len(messages) - 1,
+    )
+    end = at + 1
+    while end < len(messages) and isinstance(messages[end], ToolMessage):
+        end += 1
+    return end
+
+
+def with_answers(messages: list[Any], answers: list[ToolMessage]) -> list[Any]:
+    """The history with ``answers`` right after the calls they answer."""
+    end = answers_end(messages, answers)
+    return [*messages[:end], *answers, *messages[end:]]
+
+
+def placed_answers(
+    messages: list[Any], answers: list[ToolMessage], reply: list[Any] | None = None
+) -> list[Any]:
+    """The ``add_messages`` update that puts ``answers`` right after their calls, and
+    ``reply`` (a node's own new messages) after everything.
+
+    Appended when that is their place; otherwise the history is rewritten in order
+    (``add_messages`` keeps a message it has seen where it first was)."""
+    after = list(reply or [])
+    if not answers:
+        return after
+    if not after and answers_end(messages, answers) >= len(messages):
+        return list(answers)
+    return [RemoveMessage(id=REMOVE_ALL_MESSAGES), *with_answers(messages, answers), *after]
+
+
 __all__ = [
     "ABANDONED_READ",
     "NOT_RUN_CANCELLED",
     "REVIEW_NOTICE_SOURCE",
     "answer_text",
+    "answers_end",
     "is_error_answer",
     "message_payload",
     "not_run",
     "outcome_payload",
+    "placed_answers",
     "rejection_text",
     "replay",
     "replay_message",
     "replayed_output",
     "result_text",
+    "with_answers",
 ]

@@ -18,6 +18,7 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.types import Command
 
+from langgraph_cancel.execution.answers import placed_answers
 from langgraph_cancel.execution.identity import dangling_tool_calls
 from langgraph_cancel.nodes.cancel import answer_dangling, drop_dangling
 from langgraph_cancel.nodes.names import CANCEL_NODE, RECONCILE_NODE
@@ -100,10 +101,19 @@ def _answer_step(settings: CancellationSettings) -> Any:
             # run. Record them so and answer each (invariant I5).
             for call in dangling:
                 drop_dangling(scope, settings, call)
-            update[settings.messages_key] = answer_dangling(scope, dangling)
+            answers = answer_dangling(scope, dangling)
+            update[settings.messages_key] = (
+                placed_answers(settings.messages(state), answers)
+                if settings.places_answers
+                else answers
+            )
         if scope.run.terminal or scope.cancel_called():
             return Command(graph=Command.PARENT, goto=CANCEL_NODE, update=update or None)
-        return update or None
+        if update:
+            # Straight to the graph's own channel: a subgraph's output is merged by
+            # message id, which would keep the new input ahead of the answers.
+            return Command(graph=Command.PARENT, update=update)
+        return None
 
     return answer_unanswered
 

@@ -33,6 +33,9 @@ class CancellationSettings:
     reconcile_interactive: bool = True
     tools: dict[str, BaseTool] = field(default_factory=dict)
     limits: Limits | None = None
+    #: The messages channel merges with ``add_messages``, so answers given after new
+    #: input can be put before it, right after their calls (else they are appended).
+    places_answers: bool = False
 
     def tool(self, name: str) -> BaseTool | None:
         """A tool by name: from this graph's tool nodes, else from any in the process."""
