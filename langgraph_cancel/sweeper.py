@@ -15,7 +15,11 @@ again. ``Sweeper.sweep_once()`` (and ``langgraph-cancel sweep``, once or
    cancel code (``finalize_cancel``): its queue dropped, its in-flight calls
    settled through their reconcile hooks (or ``unknown`` with an owner), the
    calls its checkpoint left unanswered recorded, the report written, the one
-   ``cancelled`` transition made.
+   ``cancelled`` transition made. Given the graph, the thread is then closed as
+   ``resume`` would close it: run on from its last checkpoint, every pending node
+   diverts to the cancel node, which answers each call left unanswered and stores
+   the report in the state, so the thread ends with nothing next and nothing
+   dispatched.
 3. **Unknown and in-flight effects**: threads nobody holds whose effects are
    ``dispatched``, ``unknown`` (with a reconcile hook) or ``compensating`` are
    reconciled (``langgraph_cancel.recovery.reconcile``).
@@ -38,23 +42,29 @@ import logging
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
-from enum import Enum
-from typing import Any, Literal
+from datetime import timedelta
+from typing import Any
 
 from langchain_core.tools import BaseTool
 
 from langgraph_cancel.compensation import compensate_effect
 from langgraph_cancel.effects import spec_of
-from langgraph_cancel.errors import IllegalTransitionError, ThreadBusyError
+from langgraph_cancel.errors import ConfigurationError, IllegalTransitionError, ThreadBusyError
 from langgraph_cancel.execution.identity import dangling_tool_calls
 from langgraph_cancel.ledger import Ledger
 from langgraph_cancel.ledgers import coerce_ledger
+from langgraph_cancel.lifecycle import CONFIG_KEY_WORKER
 from langgraph_cancel.nodes.cancel import finalize_cancel
 from langgraph_cancel.nodes.reconcile import reconcile, tools_by_name
 from langgraph_cancel.nodes.settings import CancellationSettings
 from langgraph_cancel.outbox import OUTBOX_OWNER_PREFIX
 from langgraph_cancel.runtime import CancelSignal, RunScope, worker_id
+from langgraph_cancel.sweep_summary import (
+    SweepAction,
+    SweepActionKind,
+    SweepActionKindName,
+    SweepSummary,
+)
 from langgraph_cancel.types import (
     TERMINAL_RUN_STATUSES,
     EffectRecord,
@@ -69,119 +79,6 @@ logger = logging.getLogger("langgraph_cancel.sweeper")
 
 #: How long the sweeper holds a thread's lease while it works on it, in seconds.
 SWEEP_LEASE_TTL = 60.0
-
-
-class SweepActionKind(str, Enum):
-    """What a sweeper did (or declined to do) for one thread or effect."""
-
-    #: Released a lease whose holder stopped heartbeating.
-    REAPED_LEASE = "reaped_lease"
-    #: Took over (audited) and released the lease of a process of this host that is gone.
-    TOOK_OVER_LEASE = "took_over_lease"
-    #: Finished a stop whose worker died: the run is now ``cancelled``.
-    FINISHED_CANCEL = "finished_cancel"
-    #: Settled an effect left in flight, unknown or half-compensated.
-    RECONCILED = "reconciled"
-    #: Ran a failed compensation again (it is now compensated, or failed again).
-    COMPENSATED = "compensated"
-    #: Another worker holds the thread: nothing done, the holder owns it.
-    BUSY = "busy"
-    #: Not the sweeper's to do: the owner's next action is given.
-    LEFT_TO_OWNER = "left_to_owner"
-
-
-SweepActionKindName = Literal[
-    "reaped_lease",
-    "took_over_lease",
-    "finished_cancel",
-    "reconciled",
-    "compensated",
-    "busy",
-    "left_to_owner",
-]
-
-
-@dataclass(frozen=True, slots=True)
-class SweepAction:
-    """One thing a sweep pass did or left.
-
-    Attributes:
-        kind: What was done.
-        thread_id: The thread.
-        detail: In words, for people.
-        run_id: The run concerned, if any.
-        effect_id: The effect concerned, if any.
-        status: The effect's or run's status afterwards, if any.
-        next_action: What its owner should do next (``LEFT_TO_OWNER``, ``BUSY``).
-    """
-
-    kind: SweepActionKind
-    thread_id: str
-    detail: str
-    run_id: str | None = None
-    effect_id: str | None = None
-    status: str | None = None
-    next_action: str | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        """A JSON-ready dict."""
-        return {
-            "kind": self.kind.value,
-            "thread_id": self.thread_id,
-            "detail": self.detail,
-            "run_id": self.run_id,
-            "effect_id": self.effect_id,
-            "status": self.status,
-            "next_action": self.next_action,
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class SweepSummary:
-    """The record of one sweep pass: its metrics and every action.
-
-    Attributes:
-        sweeper: The worker identity the pass acted as.
-        started_at: When the pass started.
-        finished_at: When it ended.
-        threads_examined: Threads the pass worked on (at most ``max_threads``).
-        truncated: True when more threads needed work than one pass may do.
-        actions: What was done or left, in order.
-    """
-
-    sweeper: str
-    started_at: datetime
-    finished_at: datetime
-    threads_examined: int
-    truncated: bool
-    actions: tuple[SweepAction, ...]
-
-    @property
-    def duration_s(self) -> float:
-        """How long the pass took, in seconds."""
-        return (self.finished_at - self.started_at).total_seconds()
-
-    def count(self, kind: SweepActionKind) -> int:
-        """How many actions of ``kind`` the pass has."""
-        return sum(1 for action in self.actions if action.kind is kind)
-
-    @property
-    def counts(self) -> dict[str, int]:
-        """Actions per kind (every kind, zeros included)."""
-        return {kind.value: self.count(kind) for kind in SweepActionKind}
-
-    def to_json(self) -> dict[str, Any]:
-        """A JSON-ready dict (the pass's metrics first, then its actions)."""
-        return {
-            "sweeper": self.sweeper,
-            "started_at": self.started_at.isoformat(),
-            "finished_at": self.finished_at.isoformat(),
-            "duration_s": round(self.duration_s, 3),
-            "threads_examined": self.threads_examined,
-            "truncated": self.truncated,
-            "counts": self.counts,
-            "actions": [action.to_json() for action in self.actions],
-        }
 
 
 @dataclass
@@ -214,7 +111,12 @@ class Sweeper:
         tools: The tools (by name, or a list) whose reconcile and compensate hooks
             to use; tools known to an ``EffectToolNode`` of this process are used too.
         settings: The graph's cancellation settings (``builder.cancellation``), for
-            ``compensate_on_cancel``; default: none, with ``tools``.
+            ``compensate_on_cancel``; default: the graph's, else none, with ``tools``.
+        graph: The agent, prepared with ``add_cancellation`` (its builder, or the
+            builder compiled): compiled on ``target`` (a saver), it closes the thread
+            of each stop the sweeper finishes. Without it such a thread keeps the
+            checkpoint its worker left (calls unanswered, a node next) until it is
+            next invoked or resumed, which closes it the same way.
         owner: The worker identity to act as (default: this process's).
         max_threads: At most this many threads are worked on per pass.
         cancel_grace: A stop no live worker holds is finished once its request is
@@ -231,6 +133,7 @@ class Sweeper:
         *,
         tools: Mapping[str, BaseTool] | Sequence[BaseTool] | None = None,
         settings: CancellationSettings | None = None,
+        graph: Any = None,
         owner: str | None = None,
         max_threads: int = 100,
         cancel_grace: float = 30.0,
@@ -241,6 +144,9 @@ class Sweeper:
             raise ValueError(f"max_threads must be at least 1, not {max_threads}")
         self.ledger: Ledger = coerce_ledger(target)
         self.saver: Any = target if hasattr(target, "get_tuple") else None
+        self.graph: Any = None if graph is None else self._compile(graph)
+        if settings is None and self.graph is not None:
+            settings = self.graph.builder.cancellation
         known = tools_by_name(tools)
         if settings is None:
             settings = CancellationSettings(tools=known)
@@ -261,6 +167,23 @@ class Sweeper:
         self.cancel_grace = cancel_grace
         self.compensation_retry_after = compensation_retry_after
         self.lease_ttl = lease_ttl
+
+    def _compile(self, graph: Any) -> Any:
+        """``graph``'s builder compiled on the sweeper's saver.
+
+        Raises:
+            ConfigurationError: ``graph`` was not prepared with ``add_cancellation``,
+                or the sweeper's target is not a saver.
+        """
+        builder = getattr(graph, "builder", graph)
+        if getattr(builder, "cancellation", None) is None:
+            raise ConfigurationError("graph= must be prepared with add_cancellation(builder)")
+        if self.saver is None:
+            raise ConfigurationError(
+                "graph= needs a checkpoint saver as the sweeper's target, to read and "
+                "close its threads"
+            )
+        return builder.compile(checkpointer=self.saver)
 
     # ------------------------------------------------------------------ passes
     def sweep_once(self) -> SweepSummary:
@@ -362,16 +285,48 @@ class Sweeper:
                     owner=self.owner,
                     signal=CancelSignal(self.ledger, run.run_id, poll_interval=1.0),
                 )
-                report = finalize_cancel(scope, self.settings, self._dangling(run.thread_id))
+                dangling = self._dangling(run.thread_id)
+                report = finalize_cancel(scope, self.settings, dangling)
+                closed = self._close_thread(run.thread_id)
                 work.actions.append(
                     SweepAction(
                         SweepActionKind.FINISHED_CANCEL,
                         run.thread_id,
-                        f"finished the stop of run {run.run_id} (worker {run.owner} is gone)",
+                        f"finished the stop of run {run.run_id} (worker {run.owner} is gone)"
+                        + ("; closed its thread" if closed else ""),
                         run_id=run.run_id,
                         status=report.status,
+                        next_action=None if closed or not dangling else _close_later(run.thread_id),
                     )
                 )
+
+    def _close_thread(self, thread_id: str) -> bool:
+        """Run a finished stop's thread on to its end, as ``resume`` would.
+
+        Its run is over, so every node its checkpoint has pending diverts to the
+        cancel node, which finds the stored report, answers each call left
+        unanswered and ends the graph; nothing is dispatched. The sweeper holds the
+        thread's lease and invokes as its owner.
+
+        Returns:
+            True when closed. False when there was nothing to close (no graph given,
+            the graph had ended), when the nodes it has pending are not the given
+            graph's (a thread of another agent on the same database), or when closing
+            failed (logged): the thread is closed when next invoked or resumed.
+        """
+        if self.graph is None:
+            return False
+        config: Any = {"configurable": {"thread_id": thread_id, CONFIG_KEY_WORKER: self.owner}}
+        try:
+            snapshot = self.graph.get_state(config)
+            if not snapshot.next or not set(snapshot.next) <= set(self.graph.nodes):
+                return False
+            self.graph.invoke(None, config)
+        except Exception:
+            # The stop itself is finished; the summary names the one step left.
+            logger.warning("could not close thread %s after its stop", thread_id, exc_info=True)
+            return False
+        return True
 
     def _dangling(self, thread_id: str) -> list[Any]:
         """The tool calls the thread's last checkpoint left unanswered (needs a saver)."""
@@ -490,6 +445,10 @@ class Sweeper:
             self.ledger.release_lease(thread_id, self.owner)
 
 
+def _close_later(thread_id: str) -> str:
+    return f"langgraph-cancel resume {thread_id} (answers the calls its worker left)"
+
+
 def _busy(thread_id: str, holder: str) -> SweepAction:
     return SweepAction(
         SweepActionKind.BUSY,
@@ -516,6 +475,7 @@ def sweep(
     *,
     tools: Mapping[str, BaseTool] | Sequence[BaseTool] | None = None,
     settings: CancellationSettings | None = None,
+    graph: Any = None,
     max_threads: int = 100,
     cancel_grace: float = 30.0,
     compensation_retry_after: float = 60.0,
@@ -529,6 +489,7 @@ def sweep(
         target,
         tools=tools,
         settings=settings,
+        graph=graph,
         max_threads=max_threads,
         cancel_grace=cancel_grace,
         compensation_retry_after=compensation_retry_after,

@@ -6,11 +6,13 @@ Each process is forked from a fork server (``tests/test_fleet.py``) with this mo
 - ``worker``: takes the threads in a random order and moves each one on: starts
   a thread of its own that has no checkpoint (each thread has one home worker: a
   customer asks once), continues any thread whose run is not over (a run another
-  worker left when it was killed), leaves one waiting for a reviewer. A thread
-  another worker holds is skipped (``ThreadBusyError``).
+  worker left when it was killed) or whose graph has a node pending (a stop closed
+  in the ledger by a worker killed before its last checkpoint), leaves one waiting
+  for a reviewer. A thread another worker holds is skipped (``ThreadBusyError``).
 - ``reviewer``: answers each pending approval (``Command(resume=...)``).
 - ``stopper``: asks some threads' runs to stop (``request_cancel``), each once.
-- ``sweeper``: ``Sweeper.run`` passes.
+- ``sweeper``: ``Sweeper.run`` passes, given the agent (it closes the threads of
+  the stops it finishes).
 
 Every thread refunds its own order (``o-fleet-N``, seeded by the test); a refund
 over 100 needs a reviewer's approval. A process that loses its database (its
@@ -172,8 +174,9 @@ def run_worker(proc: Process, graph: Any, ledger: Ledger) -> None:
                     graph.invoke({"messages": [HumanMessage(asked)]}, config(thread_id))
                 elif snapshot.interrupts:
                     continue  # the reviewer's
-                elif run is not None and not run.terminal:
-                    proc.say(f"continue {thread_id} ({run.status.value})")
+                elif (run is not None and not run.terminal) or snapshot.next:
+                    status = "no run" if run is None else run.status.value
+                    proc.say(f"continue {thread_id} ({status}, next {list(snapshot.next)})")
                     graph.invoke(None, config(thread_id))
             except ThreadBusyError:
                 continue
@@ -216,7 +219,9 @@ def run_stopper(proc: Process, ledger: Ledger) -> None:
 
 
 def run_sweeper(proc: Process, saver: Any) -> None:
-    sweeper = Sweeper(saver, tools=refund_tools.TOOLS, cancel_grace=3.0, max_threads=50)
+    sweeper = Sweeper(
+        saver, graph=build_builder(), tools=refund_tools.TOOLS, cancel_grace=3.0, max_threads=50
+    )
     passes = proc.dir / f"{proc.name}.passes.jsonl"
 
     def step() -> None:

@@ -10,7 +10,8 @@ fleet is left to finish, and the test checks, thread by thread and against the
 providers' own truth (their SQLite file counts every application per key):
 
 - every run is terminal, or cleanly resumable (not over, nobody holds it, a
-  checkpoint to continue from);
+  checkpoint to continue from); a terminal run's thread is closed: nothing
+  pending, every tool call answered right after it (as chat APIs require);
 - I3: every effect is settled, or ``unknown`` with an owner and a next action;
 - I2: no key was applied twice, no order refunded twice;
 - no effect lost: every key a provider applied is a ledger effect that says it may
@@ -42,6 +43,7 @@ import pytest
 
 import fleet_worker as fw
 from fork_server import ensure_fork_server
+from graphs import answered_late, dangling_calls
 from langgraph_cancel import EffectStatus, Ledger, get_report
 from langgraph_cancel.demo.services import Providers
 from langgraph_cancel.demo.tools import compensation_key
@@ -277,11 +279,18 @@ def check_fleet(
     ledger_keys: set[str] = set()
     for thread_id in threads:
         run = ledger.require_latest_run(thread_id)
+        snapshot = graph.get_state({"configurable": {"thread_id": thread_id}})
         if not run.terminal:
-            snapshot = graph.get_state({"configurable": {"thread_id": thread_id}})
             checks.that(
                 not lease_is_live(ledger.lease(thread_id)) and snapshot.created_at is not None,
                 f"{thread_id}: run {run.status.value}, neither over nor cleanly resumable",
+            )
+        else:
+            messages = snapshot.values.get("messages", [])
+            checks.that(
+                not snapshot.next and not dangling_calls(messages) and not answered_late(messages),
+                f"{thread_id}: run {run.status.value}, thread not closed: next "
+                f"{snapshot.next}\n{describe(ledger, thread_id)}",
             )
         effects = ledger.effects(thread_id)
         keys = [e.idempotency_key for e in effects]

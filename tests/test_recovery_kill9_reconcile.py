@@ -5,18 +5,23 @@ A reconcile hook that raises, hangs or returns garbage leaves the effect
 (resumed with ``graph.invoke(None)`` or ``langgraph-cancel resume``). Sweepers
 (two racing, as on two machines, and ``langgraph-cancel sweep``) finish a killed
 worker's stop, settle the refund it left in flight, and retry a failed
-compensation, each once.
+compensation, each once; given the agent, they close the stopped thread too.
 
 The harness and the invariant checks are in ``kill9_harness.py``.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import time
+from contextlib import ExitStack
+from typing import Any
 
 import pytest
 
 import recovery_worker as rw
+from graphs import answered_late, dangling_calls
 from kill9_harness import (
     World,
     _fork_server,  # noqa: F401 (a fixture, found by name)
@@ -27,8 +32,9 @@ from kill9_harness import (
     sqlite_world_fixture,  # noqa: F401 (a fixture, found by name)
     world_fixture,  # noqa: F401 (a fixture, found by name)
 )
-from langgraph_cancel import EffectStatus, request_cancel
+from langgraph_cancel import EffectStatus, get_report, request_cancel
 from langgraph_cancel.demo.tools import compensation_key
+from langgraph_cancel.execution.answers import NOT_RUN_CANCELLED
 
 
 # ---------------------------------------------------------------- misbehaving hooks
@@ -75,43 +81,85 @@ def test_bad_reconcile_hook_leaves_effect_unknown(
 
 
 # ---------------------------------------------------------------- the sweeper
+def stop_a_worker_killed_after_the_refund(
+    world: World, name: str = "first", **options: Any
+) -> None:
+    """A worker killed once the refund reached the provider (the email still queued),
+    then its run asked to stop: a stop nobody alive will finish."""
+    first = world.start(
+        name, "run", kill_at="after_call:refund", worker_id=None, lease_ttl=600, **options
+    )
+    first.wait_point("after_call:refund")
+    first.kill9()
+    asked = request_cancel(world.db_url, world.thread_id, reason="ops", requested_by="test")
+    assert asked.accepted, asked
+
+
+def thread_state(world: World) -> Any:
+    """The thread's last state, read through the refund agent."""
+    spec: dict[str, Any] = {"thread_id": world.thread_id, "worker_id": None}
+    with rw.open_saver(world.db_url) as saver:
+        return rw.build_graph(spec, saver).get_state(rw.config_for(spec))
+
+
+def assert_thread_closed(world: World) -> None:
+    """The thread ends as its cancel node ends it: nothing next or waiting, every call
+    answered right after it (the email "not run"), the report in the state."""
+    snapshot = thread_state(world)
+    messages = snapshot.values["messages"]
+    assert snapshot.next == () and not snapshot.interrupts, snapshot
+    assert not dangling_calls(messages) and not answered_late(messages), messages
+    email = next(m for m in messages if getattr(m, "name", None) == "send_email")
+    assert email.content == NOT_RUN_CANCELLED, email
+    ledger = world.ledger()
+    report = get_report(ledger, world.thread_id)
+    assert snapshot.values["cancellation_report"] == report.model_dump(mode="json")
+    assert len(ledger.runs(world.thread_id)) == 1  # closing started no run
+
+
 @pytest.mark.slow
 def test_sweepers_finish_the_stop_of_a_killed_worker_once(world: World) -> None:
-    """A worker killed after the refund reached the provider, then asked to stop: two
-    sweepers racing (two machines) finish the stop once, the refund settled as the
-    provider has it, the report written, the run cancelled; a later pass does nothing."""
+    """Two sweepers racing (two machines), given the agent, finish the stop once: the
+    refund settled as the provider has it, the report written, the run cancelled, the
+    thread closed; a later pass does nothing."""
     import threading
 
     from langgraph_cancel.demo import tools as refund_tools
     from langgraph_cancel.sweeper import SweepActionKind, Sweeper, SweepSummary
     from langgraph_cancel.types import RunStatus
 
-    first = world.start("first", "run", kill_at="after_call:refund", worker_id=None, lease_ttl=600)
-    first.wait_point("after_call:refund")
-    first.kill9()
-    asked = request_cancel(world.db_url, world.thread_id, reason="ops", requested_by="test")
-    assert asked.accepted, asked
-
+    stop_a_worker_killed_after_the_refund(world)
     refund_tools.set_providers_path(world.providers_path)
     try:
-        summaries: list[SweepSummary] = []
-        sweepers = [
-            Sweeper(world.ledger(), tools=refund_tools.TOOLS, owner=f"sweeper-{name}")
-            for name in ("a", "b")
-        ]
-        racing = [
-            threading.Thread(target=lambda s=s: summaries.append(s.sweep_once())) for s in sweepers
-        ]
-        for thread in racing:
-            thread.start()
-        for thread in racing:
-            thread.join(60)
-        later = sweepers[0].sweep_once()
+        with ExitStack() as savers:
+            sweepers = [
+                Sweeper(
+                    savers.enter_context(rw.open_saver(world.db_url)),
+                    graph=rw.build_builder({}),
+                    tools=refund_tools.TOOLS,
+                    owner=f"sweeper-{name}",
+                )
+                for name in ("a", "b")
+            ]
+            summaries: list[SweepSummary] = []
+            racing = [
+                threading.Thread(target=lambda s=s: summaries.append(s.sweep_once()))
+                for s in sweepers
+            ]
+            for thread in racing:
+                thread.start()
+            for thread in racing:
+                thread.join(60)
+            later = sweepers[0].sweep_once()
     finally:
         refund_tools.set_providers_path(None)
 
     assert len(summaries) == 2
-    assert sum(s.count(SweepActionKind.FINISHED_CANCEL) for s in summaries) == 1, summaries
+    finished = [
+        a for s in summaries for a in s.actions if a.kind is SweepActionKind.FINISHED_CANCEL
+    ]
+    assert len(finished) == 1, summaries
+    assert finished[0].detail.endswith("closed its thread") and finished[0].next_action is None
     assert later.count(SweepActionKind.FINISHED_CANCEL) == 0, later
     assert later.count(SweepActionKind.RECONCILED) == 0, later
     ledger = world.ledger()
@@ -122,10 +170,57 @@ def test_sweepers_finish_the_stop_of_a_killed_worker_once(world: World) -> None:
     truth = world.providers().truth()
     assert_no_double_execution(truth)
     assert len(truth["refunds"]) == 1, truth["refunds"]
+    assert not truth["emails"], truth["emails"]
     assert_settled(ledger, world.thread_id)
     report = assert_report_matches_truth(world, truth)
     assert refund.idempotency_key in {e.idempotency_key for e in report.permanent}
     assert ledger.lease(world.thread_id) is None  # the sweepers gave the thread back
+    assert_thread_closed(world)
+
+
+@pytest.mark.slow
+def test_sweep_command_closes_a_stopped_thread_of_the_agent_it_names(
+    sqlite_world: World,
+) -> None:
+    """``langgraph-cancel sweep --graph``: the stop is finished and the thread closed;
+    without the agent the summary names the step left, and ``resume`` closes it."""
+    from langgraph_cancel.demo import tools as refund_tools
+    from langgraph_cancel.sweeper import Sweeper
+
+    world = sqlite_world
+    stop_a_worker_killed_after_the_refund(world)
+    os.environ[rw.SPEC_ENV] = json.dumps({"thread_id": world.thread_id})
+    refund_tools.set_providers_path(world.providers_path)
+    try:
+        argv = ["sweep", "--db", world.db_url, "--json"]
+        code, summary = rw.run_cli([*argv, "--graph", "recovery_worker:builder_from_env"])
+    finally:
+        refund_tools.set_providers_path(None)
+        del os.environ[rw.SPEC_ENV]
+    assert code == 0, summary
+    (finished,) = [a for a in summary["actions"] if a["kind"] == "finished_cancel"]
+    assert finished["detail"].endswith("closed its thread"), finished
+    assert_thread_closed(world)
+    truth = world.providers().truth()
+    assert len(truth["refunds"]) == 1 and not truth["emails"], truth
+
+    # The same stop, swept without the agent.
+    world.thread_id = f"{world.thread_id}-bare"
+    stop_a_worker_killed_after_the_refund(world, "bare", refund_amount=60.0)  # its own key
+    refund_tools.set_providers_path(world.providers_path)
+    try:
+        with rw.open_saver(world.db_url) as saver:
+            bare = Sweeper(saver, tools=refund_tools.TOOLS).sweep_once()
+    finally:
+        refund_tools.set_providers_path(None)
+    (left,) = [a for a in bare.actions if a.kind.value == "finished_cancel"]
+    assert left.next_action == (
+        f"langgraph-cancel resume {world.thread_id} (answers the calls its worker left)"
+    )
+    assert thread_state(world).next  # the checkpoint its worker left
+    again = world.start("again", "recover", wait_lease=0, worker_id=None, resume_via="cli")
+    assert again.ok()["run_status"] == "cancelled"
+    assert_thread_closed(world)
 
 
 @pytest.mark.slow

@@ -1,8 +1,9 @@
 """``langgraph-cancel sweep``: settle what dead workers left, once or ``--watch``.
 
 It loads the agent named by ``--graph`` for its tools' reconcile and compensate
-hooks (as ``reconcile --all`` does) and runs :class:`langgraph_cancel.sweeper.Sweeper`
-passes on ``--db``.
+hooks (as ``reconcile --all`` does) and, when it names a graph prepared with
+``add_cancellation``, to close the threads of the stops it finishes; it runs
+:class:`langgraph_cancel.sweeper.Sweeper` passes on ``--db``.
 """
 
 from __future__ import annotations
@@ -12,18 +13,24 @@ import json
 from typing import Any
 
 from langgraph_cancel.cli import render
-from langgraph_cancel.cli.config import resolve_database
+from langgraph_cancel.cli.config import DEFAULT_GRAPH, resolve_database
 from langgraph_cancel.cli.database import open_saver
 from langgraph_cancel.cli.recovery import builder_of, load_object, tools_of
 from langgraph_cancel.errors import CommandLineError
 
 
-def _settings_of(value: Any) -> Any:
-    """The graph's cancellation settings, when ``--graph`` names a prepared graph."""
+def _prepared_builder(value: Any) -> Any:
+    """The builder ``--graph`` names, when prepared with ``add_cancellation`` (its
+    ledger left to the saver on ``--db``, as ``resume`` leaves it); else None."""
     try:
-        return getattr(builder_of(value), "cancellation", None)
+        builder = builder_of(value)
     except CommandLineError:
-        return None  # a list of tools: no graph settings
+        return None  # a list of tools: no graph
+    settings = getattr(builder, "cancellation", None)
+    if settings is None:
+        return None
+    settings.ledger = None
+    return builder
 
 
 def run(args: argparse.Namespace) -> int:
@@ -37,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
         )
     agent = load_object(args.graph)
     tools = tools_of(agent)
-    settings = _settings_of(agent)
+    builder = _prepared_builder(agent)
     out = render.console()
 
     def show(summary: SweepSummary) -> None:
@@ -62,7 +69,9 @@ def run(args: argparse.Namespace) -> int:
         sweeper = Sweeper(
             saver,
             tools=tools,
-            settings=settings,
+            settings=getattr(builder, "cancellation", None),
+            # The demo's agent, the default, lends its tools; it never runs a user's thread.
+            graph=builder if args.graph != DEFAULT_GRAPH else None,
             max_threads=args.max_threads,
             cancel_grace=args.cancel_grace,
         )
