@@ -50,7 +50,8 @@ class SweepAction:
         run_id: The run concerned, if any.
         effect_id: The effect concerned, if any.
         status: The effect's or run's status afterwards, if any.
-        next_action: What its owner should do next (``LEFT_TO_OWNER``, ``BUSY``).
+        next_action: What its owner should do next (``LEFT_TO_OWNER``, ``BUSY``, and
+            ``FINISHED_CANCEL`` when the thread's calls are still to be answered).
     """
 
     kind: SweepActionKind
