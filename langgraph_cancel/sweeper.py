@@ -446,7 +446,10 @@ class Sweeper:
 
 
 def _close_later(thread_id: str) -> str:
-    return f"langgraph-cancel resume {thread_id} (answers the calls its worker left)"
+    return (
+        f"langgraph-cancel resume {thread_id}, or new input on the thread: either answers "
+        "the calls its worker left"
+    )
 
 
 def _busy(thread_id: str, holder: str) -> SweepAction:

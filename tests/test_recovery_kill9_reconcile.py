@@ -215,7 +215,8 @@ def test_sweep_command_closes_a_stopped_thread_of_the_agent_it_names(
         refund_tools.set_providers_path(None)
     (left,) = [a for a in bare.actions if a.kind.value == "finished_cancel"]
     assert left.next_action == (
-        f"langgraph-cancel resume {world.thread_id} (answers the calls its worker left)"
+        f"langgraph-cancel resume {world.thread_id}, or new input on the thread: either "
+        "answers the calls its worker left"
     )
     assert thread_state(world).next  # the checkpoint its worker left
     again = world.start("again", "recover", wait_lease=0, worker_id=None, resume_via="cli")
