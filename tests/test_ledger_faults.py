@@ -176,7 +176,6 @@ def test_duplicate_key_is_not_retried(
             idempotency_key="k-1",
         )
         spy = spy_on(ledger, monkeypatch)
-        t0 = time.monotonic()
         with pytest.raises(DuplicateIdempotencyKeyError):
             ledger.plan(
                 thread_id=thread,
@@ -187,7 +186,6 @@ def test_duplicate_key_is_not_retried(
                 args={},
                 idempotency_key="k-1",
             )
-        assert time.monotonic() - t0 < 1.0
         assert spy.count("INSERT INTO lgc_effects") == 1  # one attempt, no retry
         assert retry_logs(caplog) == []
         assert ledger.find_effect(thread, "c2") is None

@@ -111,14 +111,11 @@ async def test_a_cancelled_run_stops_waiting_after_the_tools_timeout_then_settle
         )
 
     stopper = asyncio.create_task(stop())
-    loop = asyncio.get_running_loop()
-    t0 = loop.time()
     await graph.ainvoke(
         {"messages": [HumanMessage("charge")]}, {"configurable": {"thread_id": thread}}
     )
-    elapsed = loop.time() - t0
     await stopper
-    assert elapsed < 1.4, "the cancel waited past the tool's cancel_timeout"
+    assert done == [], "the cancel waited for the tool past its cancel_timeout"
     rec = next(e for e in saver.ledger.effects(thread) if e.args["amount"] == 5)
     assert rec.status.value == "unknown" and rec.owner and rec.next_action
     report = get_report(saver, thread)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from contextlib import ExitStack
 from typing import Any
 
@@ -61,11 +60,9 @@ def test_bad_reconcile_hook_leaves_effect_unknown(
     first.wait_point("after:dispatched:notify_customer")
     first.kill9()
 
-    started = time.monotonic()
     second = world.start("second", "recover", script="hooks", hook_mode=mode, resume_via=via)
+    # The hanging hook sleeps 120 s: had it held the run, the job would outlast this wait.
     result = second.ok(timeout=30)
-    elapsed = time.monotonic() - started
-    assert elapsed < 20, f"recovery took {elapsed:.1f}s: a hung hook held the run"
     assert result["run_status"] == "completed"  # the run did not crash
     assert result["last_message"] == rw.FINAL_ANSWER
     ledger = world.ledger()
