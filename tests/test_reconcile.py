@@ -167,8 +167,9 @@ def test_starts_router_decides_from_the_read_made_with_the_run_start() -> None:
     assert reads.count("p1") >= 1  # the subgraph's own read
 
 
-def _approval_graph(saver: MemoryCancelSaver, builder: Any) -> Any:
-    """``builder``'s agent with a refund that waits for approval, prepared and compiled."""
+def _approval_graph(saver: MemoryCancelSaver, builder: Any, **options: Any) -> Any:
+    """``builder``'s agent with a refund that waits for approval, prepared (with
+    ``options``) and compiled."""
 
     @effect(EffectKind.IRREVERSIBLE)
     @tool
@@ -180,7 +181,7 @@ def _approval_graph(saver: MemoryCancelSaver, builder: Any) -> Any:
     builder.add_edge(START, "agent")
     builder.add_conditional_edges("agent", tools_condition)
     builder.add_edge("tools", "agent")
-    return cancellable(builder, saver)
+    return cancellable(builder, saver, **options)
 
 
 def test_new_input_over_a_pending_approval_answers_the_calls_before_it() -> None:
@@ -228,3 +229,31 @@ def test_answers_are_appended_where_the_messages_channel_only_appends() -> None:
     kinds = [type(m).__name__ for m in out["messages"]]
     assert kinds == ["HumanMessage", "AIMessage", "HumanMessage", "ToolMessage", "AIMessage"]
     assert out["messages"][3].tool_call_id == "c-1"
+
+
+def test_a_reconcile_pass_applies_no_reducer_twice() -> None:
+    """New input passing through the reconcile subgraph (here to settle a call a dead
+    worker left in flight) gives the graph only what the subgraph changed: keys whose
+    reducers accumulate (a turn counter, messages merged with ``operator.add``) are not
+    applied a second time."""
+
+    class CountedState(TypedDict):
+        messages: Annotated[list[AnyMessage], operator.add]
+        turns: Annotated[int, operator.add]
+
+    saver = MemoryCancelSaver()
+    model = scripted(AIMessage("first"), AIMessage("second"), strict=False)
+    builder = StateGraph(CountedState)
+    builder.add_node(
+        "agent", lambda state: {"messages": [model.invoke(state["messages"])], "turns": 1}
+    )
+    graph = _approval_graph(saver, builder, reconcile_interactive=False)
+    config: Any = {"configurable": {"thread_id": "a3"}}
+    graph.invoke({"messages": [HumanMessage("hi")]}, config)
+    effect_id = _left_in_flight(saver, "a3", "o1")
+
+    out = graph.invoke({"messages": [HumanMessage("and now?")]}, config)
+
+    assert saver.ledger.get_effect(effect_id).status.value == "unknown"  # it went through
+    assert [m.content for m in out["messages"]] == ["hi", "first", "and now?", "second"]
+    assert out["turns"] == 2

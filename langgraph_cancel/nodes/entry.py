@@ -10,7 +10,7 @@ nothing to settle, answer or stop goes straight on.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, TypedDict
 
 from langchain_core.runnables import RunnableConfig
 from langgraph._internal._runnable import RunnableCallable
@@ -110,12 +110,14 @@ def _answer_step(settings: CancellationSettings) -> Any:
         if scope.run.terminal or scope.cancel_called():
             return Command(graph=Command.PARENT, goto=CANCEL_NODE, update=update or None)
         if update:
-            # Straight to the graph's own channel: a subgraph's output is merged by
-            # message id, which would keep the new input ahead of the answers.
             return Command(graph=Command.PARENT, update=update)
         return None
 
     return answer_unanswered
+
+
+class _NoOutput(TypedDict):
+    """The reconcile subgraph's output: nothing."""
 
 
 def make_reconcile_subgraph(
@@ -129,7 +131,10 @@ def make_reconcile_subgraph(
     It runs on every new input, before anything of the thread is dispatched
     again, and shows in Studio as the ``reconcile`` node with its own steps.
     """
-    sub = StateGraph(state_schema)
+    # It gives the graph nothing back as its output: a subgraph's output is its whole
+    # state, which the graph's reducers would apply again (an ``operator.add`` channel
+    # doubled). What it changes goes to the graph by ``Command(graph=Command.PARENT)``.
+    sub = StateGraph(state_schema, output_schema=_NoOutput)
     sub.add_node(
         "settle", _settle_step(settings), destinations=("ask_human", "answer_dangling", END)
     )
