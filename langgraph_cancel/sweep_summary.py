@@ -18,6 +18,9 @@ class SweepActionKind(str, Enum):
     TOOK_OVER_LEASE = "took_over_lease"
     #: Finished a stop whose worker died: the run is now ``cancelled``.
     FINISHED_CANCEL = "finished_cancel"
+    #: Closed the thread of a run its worker had cancelled before dying, ahead of the
+    #: cancel node's last checkpoint (needs the graph).
+    CLOSED_THREAD = "closed_thread"
     #: Settled an effect left in flight, unknown or half-compensated.
     RECONCILED = "reconciled"
     #: Ran a failed compensation again (it is now compensated, or failed again).
@@ -32,6 +35,7 @@ SweepActionKindName = Literal[
     "reaped_lease",
     "took_over_lease",
     "finished_cancel",
+    "closed_thread",
     "reconciled",
     "compensated",
     "busy",

@@ -8,7 +8,9 @@ again. ``Sweeper.sweep_once()`` (and ``langgraph-cancel sweep``, once or
 
 1. **Leases**: releases expired leases, and takes over (with the takeover in the
    leases' audit trail) and releases the live-looking leases of processes of
-   this host that no longer run.
+   this host that no longer run. A lease left on a thread whose run is already
+   ``cancelled`` is a worker that died after finishing its stop but before its
+   cancel node's checkpoint: given the graph, the thread is closed as in 2.
 2. **Stops whose worker died**: a run asked to stop (``cancel_requested`` or
    ``cancelling``) that no live worker holds, whose worker is gone or whose
    request is older than ``cancel_grace``, is finished with the graph's own
@@ -49,11 +51,9 @@ from langchain_core.tools import BaseTool
 
 from langgraph_cancel.compensation import compensate_effect
 from langgraph_cancel.effects import spec_of
-from langgraph_cancel.errors import ConfigurationError, IllegalTransitionError, ThreadBusyError
-from langgraph_cancel.execution.identity import dangling_tool_calls
+from langgraph_cancel.errors import IllegalTransitionError, ThreadBusyError
 from langgraph_cancel.ledger import Ledger
 from langgraph_cancel.ledgers import coerce_ledger
-from langgraph_cancel.lifecycle import CONFIG_KEY_WORKER
 from langgraph_cancel.nodes.cancel import finalize_cancel
 from langgraph_cancel.nodes.reconcile import reconcile, tools_by_name
 from langgraph_cancel.nodes.settings import CancellationSettings
@@ -65,6 +65,7 @@ from langgraph_cancel.sweep_summary import (
     SweepActionKindName,
     SweepSummary,
 )
+from langgraph_cancel.sweep_threads import SweptThreads, compile_on
 from langgraph_cancel.types import (
     TERMINAL_RUN_STATUSES,
     EffectRecord,
@@ -143,10 +144,10 @@ class Sweeper:
         if max_threads < 1:
             raise ValueError(f"max_threads must be at least 1, not {max_threads}")
         self.ledger: Ledger = coerce_ledger(target)
-        self.saver: Any = target if hasattr(target, "get_tuple") else None
-        self.graph: Any = None if graph is None else self._compile(graph)
-        if settings is None and self.graph is not None:
-            settings = self.graph.builder.cancellation
+        saver: Any = target if hasattr(target, "get_tuple") else None
+        compiled = None if graph is None else compile_on(graph, saver)
+        if settings is None and compiled is not None:
+            settings = compiled.builder.cancellation
         known = tools_by_name(tools)
         if settings is None:
             settings = CancellationSettings(tools=known)
@@ -163,27 +164,11 @@ class Sweeper:
         settings.cancel_timeout = 0.0
         self.settings = settings
         self.owner = owner or worker_id()
+        self.threads = SweptThreads(saver, compiled, self.owner, settings)
         self.max_threads = max_threads
         self.cancel_grace = cancel_grace
         self.compensation_retry_after = compensation_retry_after
         self.lease_ttl = lease_ttl
-
-    def _compile(self, graph: Any) -> Any:
-        """``graph``'s builder compiled on the sweeper's saver.
-
-        Raises:
-            ConfigurationError: ``graph`` was not prepared with ``add_cancellation``,
-                or the sweeper's target is not a saver.
-        """
-        builder = getattr(graph, "builder", graph)
-        if getattr(builder, "cancellation", None) is None:
-            raise ConfigurationError("graph= must be prepared with add_cancellation(builder)")
-        if self.saver is None:
-            raise ConfigurationError(
-                "graph= needs a checkpoint saver as the sweeper's target, to read and "
-                "close its threads"
-            )
-        return builder.compile(checkpointer=self.saver)
 
     # ------------------------------------------------------------------ passes
     def sweep_once(self) -> SweepSummary:
@@ -254,6 +239,54 @@ class Sweeper:
                         f"took over and released the lease of {lease.owner} (no longer runs)",
                     )
                 )
+            else:
+                continue
+            self._close_cancelled_thread(lease.thread_id, lease.owner, work)
+
+    def _close_cancelled_thread(self, thread_id: str, holder: str, work: _Pass) -> None:
+        """A dead holder's thread whose run it had cancelled: close the thread.
+
+        A worker gives its lease back only once its graph has ended, so a lease left
+        on a thread whose run is ``cancelled`` means the worker died between the
+        cancel node's terminal transition and the node's checkpoint: the stop is
+        finished, but the checkpoint still has the cancel node next, without the
+        run's report (and, had the worker died inside the tool node, with calls
+        unanswered). Given the graph, the thread is closed as after a finished stop;
+        without it (or when closing it failed), the step left is named.
+        """
+        run = self.ledger.latest_run(thread_id)
+        if run is None or run.status is not RunStatus.CANCELLED:
+            return
+        if self.threads.graph is not None:
+            if not work.claim(thread_id):
+                return
+            with self._holding(thread_id, work) as held:
+                if not held:
+                    return
+                if self.threads.close(thread_id):
+                    work.actions.append(
+                        SweepAction(
+                            SweepActionKind.CLOSED_THREAD,
+                            thread_id,
+                            f"closed the thread of run {run.run_id}, cancelled by {holder}, "
+                            "which died before its last checkpoint",
+                            run_id=run.run_id,
+                            status=run.status.value,
+                        )
+                    )
+                    return
+        if self.threads.left_open(thread_id, run):
+            work.actions.append(
+                SweepAction(
+                    SweepActionKind.LEFT_TO_OWNER,
+                    thread_id,
+                    f"run {run.run_id} was cancelled by {holder}, which died before its "
+                    "last checkpoint",
+                    run_id=run.run_id,
+                    status=run.status.value,
+                    next_action=_close_later(thread_id),
+                )
+            )
 
     def _stale(self, run: RunRecord) -> bool:
         """True when no live worker will finish ``run``'s stop."""
@@ -285,9 +318,9 @@ class Sweeper:
                     owner=self.owner,
                     signal=CancelSignal(self.ledger, run.run_id, poll_interval=1.0),
                 )
-                dangling = self._dangling(run.thread_id)
+                dangling = self.threads.dangling(run.thread_id)
                 report = finalize_cancel(scope, self.settings, dangling)
-                closed = self._close_thread(run.thread_id)
+                closed = self.threads.close(run.thread_id)
                 work.actions.append(
                     SweepAction(
                         SweepActionKind.FINISHED_CANCEL,
@@ -299,45 +332,6 @@ class Sweeper:
                         next_action=None if closed or not dangling else _close_later(run.thread_id),
                     )
                 )
-
-    def _close_thread(self, thread_id: str) -> bool:
-        """Run a finished stop's thread on to its end, as ``resume`` would.
-
-        Its run is over, so every node its checkpoint has pending diverts to the
-        cancel node, which finds the stored report, answers each call left
-        unanswered and ends the graph; nothing is dispatched. The sweeper holds the
-        thread's lease and invokes as its owner.
-
-        Returns:
-            True when closed. False when there was nothing to close (no graph given,
-            the graph had ended), when the nodes it has pending are not the given
-            graph's (a thread of another agent on the same database), or when closing
-            failed (logged): the thread is closed when next invoked or resumed.
-        """
-        if self.graph is None:
-            return False
-        config: Any = {"configurable": {"thread_id": thread_id, CONFIG_KEY_WORKER: self.owner}}
-        try:
-            snapshot = self.graph.get_state(config)
-            if not snapshot.next or not set(snapshot.next) <= set(self.graph.nodes):
-                return False
-            self.graph.invoke(None, config)
-        except Exception:
-            # The stop itself is finished; the summary names the one step left.
-            logger.warning("could not close thread %s after its stop", thread_id, exc_info=True)
-            return False
-        return True
-
-    def _dangling(self, thread_id: str) -> list[Any]:
-        """The tool calls the thread's last checkpoint left unanswered (needs a saver)."""
-        if self.saver is None:
-            return []
-        saved = self.saver.get_tuple({"configurable": {"thread_id": thread_id}})
-        if saved is None:
-            return []
-        values = saved.checkpoint.get("channel_values") or {}
-        messages = values.get(self.settings.messages_key) or []
-        return dangling_tool_calls(messages)
 
     def _reconcilable(self, rec: EffectRecord) -> bool:
         if rec.status is EffectStatus.DISPATCHED and (rec.owner or "").startswith(

@@ -2,9 +2,9 @@
 blocks until the test kills it, waits for the test's word, or marks that it passed.
 
 ``install_points`` wraps, in the job's process only, the ledger's writes (points
-``before:<status>:<tool>`` / ``after:<status>:<tool>``, ``before:finish_run:<status>``)
-and the fake providers' requests (``before_call:<operation>`` /
-``after_call:<operation>``); ``Points`` decides, at each, what the job does.
+``before:<status>:<tool>`` / ``after:<status>:<tool>``, ``before:finish_run:<status>`` /
+``after:finish_run:<status>``) and the fake providers' requests (``before_call:<operation>``
+/ ``after_call:<operation>``); ``Points`` decides, at each, what the job does.
 """
 
 from __future__ import annotations
@@ -123,8 +123,11 @@ def install_points(points: Points) -> None:
 
     @functools.wraps(finish_run)
     def traced_finish_run(self: Ledger, run_id: str, status: Any, **kwargs: Any) -> Any:
-        points.hit(f"before:finish_run:{getattr(status, 'value', status)}")
-        return finish_run(self, run_id, status, **kwargs)
+        name = getattr(status, "value", status)
+        points.hit(f"before:finish_run:{name}")
+        won = finish_run(self, run_id, status, **kwargs)
+        points.hit(f"after:finish_run:{name}")
+        return won
 
     @functools.wraps(mutate)
     def traced_mutate(self: ProviderStore, operation: str, key: str, *args: Any) -> Any:

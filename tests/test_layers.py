@@ -57,7 +57,10 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("execution", ("execution",)),
     ("nodes", ("nodes",)),
     ("graph", ("graph", "lifecycle", "thread_state")),
-    ("integrations", ("middleware", "recovery", "sweeper", "sweep_summary", "outbox")),
+    (
+        "integrations",
+        ("middleware", "recovery", "sweeper", "sweep_summary", "sweep_threads", "outbox"),
+    ),
     ("operations", ("metrics", "follow", "telemetry", "testing")),
     ("applications", ("demo",)),
     ("command line", ("cli", "demo.__main__")),

@@ -221,6 +221,95 @@ def test_sweep_command_closes_a_stopped_thread_of_the_agent_it_names(
     assert_thread_closed(world)
 
 
+def a_worker_killed_after_finishing_its_stop(world: World, name: str = "first") -> None:
+    """A worker asked to stop once the refund was sent, killed right after its cancel
+    node made the run's ``cancelled`` transition, before the node's checkpoint: the
+    stop is finished, its thread is not, and the dead worker still holds the lease."""
+    first = world.start(
+        name,
+        "run",
+        pause_at=["after_call:refund"],
+        kill_at="after:finish_run:cancelled",
+        worker_id=None,
+        lease_ttl=600,
+    )
+    first.wait_point("after_call:refund", "paused")
+    asked = request_cancel(world.db_url, world.thread_id, reason="ops", requested_by="test")
+    assert asked.accepted, asked
+    first.go("after_call:refund")
+    first.wait_point("after:finish_run:cancelled")
+    first.kill9()
+
+
+@pytest.mark.slow
+def test_sweeper_closes_the_thread_of_a_stop_its_dead_worker_had_finished(world: World) -> None:
+    """The sweeper, given the agent, takes over the dead worker's lease and closes the
+    thread of its cancelled run (every call answered right after it, the report in the
+    state); the refund was sent once and nothing more ran; a later pass does nothing."""
+    from langgraph_cancel.demo import tools as refund_tools
+    from langgraph_cancel.sweeper import SweepActionKind, Sweeper
+    from langgraph_cancel.types import RunStatus
+
+    a_worker_killed_after_finishing_its_stop(world)
+    ledger = world.ledger()
+    run = ledger.require_latest_run(world.thread_id)
+    assert run.status is RunStatus.CANCELLED and run.report, run
+    assert thread_state(world).next  # the checkpoint its worker left
+    refund_tools.set_providers_path(world.providers_path)
+    try:
+        with rw.open_saver(world.db_url) as saver:
+            sweeper = Sweeper(saver, graph=rw.build_builder({}), tools=refund_tools.TOOLS)
+            summary = sweeper.sweep_once()
+            later = sweeper.sweep_once()
+    finally:
+        refund_tools.set_providers_path(None)
+
+    (closed,) = [a for a in summary.actions if a.kind is SweepActionKind.CLOSED_THREAD]
+    assert closed.run_id == run.run_id and closed.status == "cancelled", closed
+    assert closed.next_action is None, closed
+    assert summary.count(SweepActionKind.TOOK_OVER_LEASE) == 1, summary
+    assert summary.count(SweepActionKind.FINISHED_CANCEL) == 0, summary
+    assert later.actions == (), later
+    assert_thread_closed(world)
+    assert ledger.lease(world.thread_id) is None
+    assert len(ledger.runs(world.thread_id)) == 1  # closing started no run
+    truth = world.providers().truth()
+    assert_no_double_execution(truth)
+    assert len(truth["refunds"]) == 1 and not truth["emails"], truth
+    assert_settled(ledger, world.thread_id)
+    assert_report_matches_truth(world, truth)
+
+
+@pytest.mark.slow
+def test_sweeper_without_the_agent_names_the_step_a_finished_stop_left(
+    sqlite_world: World,
+) -> None:
+    """Without the agent, the sweeper releases the dead worker's lease and names the
+    step left on the thread; ``resume`` then closes it."""
+    from langgraph_cancel.demo import tools as refund_tools
+    from langgraph_cancel.sweeper import SweepActionKind, Sweeper
+
+    world = sqlite_world
+    a_worker_killed_after_finishing_its_stop(world)
+    refund_tools.set_providers_path(world.providers_path)
+    try:
+        with rw.open_saver(world.db_url) as saver:
+            summary = Sweeper(saver, tools=refund_tools.TOOLS).sweep_once()
+    finally:
+        refund_tools.set_providers_path(None)
+    (left,) = [a for a in summary.actions if a.kind is SweepActionKind.LEFT_TO_OWNER]
+    assert left.thread_id == world.thread_id and left.status == "cancelled", left
+    assert left.next_action == (
+        f"langgraph-cancel resume {world.thread_id}, or new input on the thread: either "
+        "answers the calls its worker left"
+    )
+    assert world.ledger().lease(world.thread_id) is None
+    assert thread_state(world).next
+    again = world.start("again", "recover", wait_lease=0, worker_id=None, resume_via="cli")
+    assert again.ok()["run_status"] == "cancelled"
+    assert_thread_closed(world)
+
+
 @pytest.mark.slow
 def test_sweep_command_settles_a_killed_workers_refund_and_names_the_next_step(
     sqlite_world: World,

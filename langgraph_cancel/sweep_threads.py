@@ -1,0 +1,109 @@
+"""The sweeper's side of a thread's graph: its last checkpoint read, and the thread of
+a finished stop closed as ``resume`` would close it (``langgraph_cancel.sweeper``)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from langgraph_cancel.errors import ConfigurationError
+from langgraph_cancel.execution.identity import dangling_tool_calls
+from langgraph_cancel.lifecycle import CONFIG_KEY_WORKER
+from langgraph_cancel.nodes.settings import CancellationSettings
+from langgraph_cancel.types import RunRecord
+
+logger = logging.getLogger("langgraph_cancel.sweeper")
+
+
+def compile_on(graph: Any, saver: Any) -> Any:
+    """``graph``'s builder compiled on the sweeper's saver.
+
+    Raises:
+        ConfigurationError: ``graph`` was not prepared with ``add_cancellation``,
+            or there is no saver to compile it on.
+    """
+    builder = getattr(graph, "builder", graph)
+    if getattr(builder, "cancellation", None) is None:
+        raise ConfigurationError("graph= must be prepared with add_cancellation(builder)")
+    if saver is None:
+        raise ConfigurationError(
+            "graph= needs a checkpoint saver as the sweeper's target, to read and close its threads"
+        )
+    return builder.compile(checkpointer=saver)
+
+
+class SweptThreads:
+    """What a sweeper reads of its threads' checkpoints, and how it closes a thread.
+
+    Args:
+        saver: The checkpoint saver, if the sweeper was given one.
+        graph: The agent compiled on ``saver`` (``compile_on``), if given.
+        owner: The worker identity the sweeper acts as.
+        settings: The graph's cancellation settings (its messages and report keys).
+    """
+
+    def __init__(self, saver: Any, graph: Any, owner: str, settings: CancellationSettings) -> None:
+        self.saver = saver
+        self.graph = graph
+        self.owner = owner
+        self.settings = settings
+
+    def close(self, thread_id: str) -> bool:
+        """Run a finished stop's thread on to its end, as ``resume`` would.
+
+        Its run is over, so every node its checkpoint has pending diverts to the
+        cancel node, which finds the stored report, answers each call left
+        unanswered and ends the graph; nothing is dispatched. The caller holds the
+        thread's lease; the graph is invoked as its owner.
+
+        Returns:
+            True when closed. False when there was nothing to close (no graph given,
+            the graph had ended), when the nodes it has pending are not the given
+            graph's (a thread of another agent on the same database), or when closing
+            failed (logged): the thread is closed when next invoked or resumed.
+        """
+        if self.graph is None:
+            return False
+        config: Any = {"configurable": {"thread_id": thread_id, CONFIG_KEY_WORKER: self.owner}}
+        try:
+            snapshot = self.graph.get_state(config)
+            if not snapshot.next or not set(snapshot.next) <= set(self.graph.nodes):
+                return False
+            self.graph.invoke(None, config)
+        except Exception:
+            # The stop itself is finished; the summary names the one step left.
+            logger.warning("could not close thread %s after its stop", thread_id, exc_info=True)
+            return False
+        return True
+
+    def last_values(self, thread_id: str) -> Mapping[str, Any] | None:
+        """The channel values of the thread's last checkpoint (None without a saver)."""
+        if self.saver is None:
+            return None
+        saved = self.saver.get_tuple({"configurable": {"thread_id": thread_id}})
+        if saved is None:
+            return None
+        values: Mapping[str, Any] = saved.checkpoint.get("channel_values") or {}
+        return values
+
+    def dangling(self, thread_id: str) -> list[Any]:
+        """The tool calls the thread's last checkpoint left unanswered (needs a saver)."""
+        values = self.last_values(thread_id)
+        if values is None:
+            return []
+        return dangling_tool_calls(values.get(self.settings.messages_key) or [])
+
+    def left_open(self, thread_id: str, run: RunRecord) -> bool:
+        """Whether the thread's last checkpoint lacks what the cancel node of ``run``
+        leaves in it: every call answered and the run's report (needs a saver)."""
+        values = self.last_values(thread_id)
+        if values is None:
+            return False
+        report = values.get(self.settings.report_key)
+        reported = report.get("run_id") if isinstance(report, Mapping) else None
+        unanswered = dangling_tool_calls(values.get(self.settings.messages_key) or [])
+        return bool(unanswered) or reported != run.run_id
+
+
+__all__ = ["SweptThreads", "compile_on"]
