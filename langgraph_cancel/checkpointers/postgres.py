@@ -10,8 +10,8 @@ import asyncio
 import time
 import weakref
 from collections.abc import AsyncIterator, Iterator, Sequence
-from contextlib import asynccontextmanager, contextmanager
-from typing import Any
+from contextlib import asynccontextmanager, contextmanager, nullcontext
+from typing import Any, cast
 
 from langgraph.checkpoint.postgres import PostgresSaver
 from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
@@ -41,6 +41,20 @@ def _pool_closed_with(saver: object, conn: Any) -> PostgresBackend:
     return backend
 
 
+def _unlocked_on_pool(saver: PostgresSaver | AsyncPostgresSaver) -> None:
+    """Drop the saver-wide lock around each use of the connection when it is a pool.
+
+    LangGraph's savers take one lock per saver around every checkpoint read and
+    write, which a single connection needs. A pool hands each use a connection of
+    its own, so there the lock only queues a process's concurrent runs behind one
+    another (LangGraph's own ``_cursor`` is the lock's one user). A saver on a pool
+    never runs in pipeline mode: LangGraph refuses a pipeline with a pool.
+    """
+    if isinstance(saver.conn, ConnectionPool | AsyncConnectionPool):
+        # nullcontext serves ``with`` and ``async with`` alike, and any number of users.
+        saver.lock = cast(Any, nullcontext())
+
+
 def _conninfo(conn: Any) -> str:
     if isinstance(conn, ConnectionPool | AsyncConnectionPool):
         return str(conn.conninfo)
@@ -57,11 +71,14 @@ class PostgresCancelSaver(NotesSavedCheckpoints, ThreadedAsyncMixin, PostgresSav
 
     Args:
         conn: A psycopg ``Connection`` (autocommit, dict rows) or ``ConnectionPool``.
+            On a pool, each checkpoint read or write takes a connection of its own
+            and no saver-wide lock, so the runs of one process proceed side by side
+            (``PostgresSaver`` queues them behind one lock even on a pool).
         pipe: An optional pipeline (single connection only).
-        ledger: The ledger to use; default: one on the same pool or connection (its
-            statements take the saver's lock, as the checkpoints' do; with ``pipe``,
-            each use of the connection begins and ends with a sync of the pipeline),
-            so the saver holds no session the caller does not.
+        ledger: The ledger to use; default: one on the same pool or connection (on a
+            connection its statements take the saver's lock, as the checkpoints' do;
+            with ``pipe``, each use of the connection begins and ends with a sync of
+            the pipeline), so the saver holds no session the caller does not.
         serde: Checkpoint serializer.
     """
 
@@ -74,6 +91,7 @@ class PostgresCancelSaver(NotesSavedCheckpoints, ThreadedAsyncMixin, PostgresSav
         ledger: Ledger | None = None,
     ) -> None:
         super().__init__(conn, pipe=pipe, serde=serde)
+        _unlocked_on_pool(self)
         if ledger is None:
             if isinstance(conn, ConnectionPool):
                 backend = PostgresBackend(conn)
@@ -147,13 +165,16 @@ class AsyncPostgresCancelSaver(NotesSavedCheckpoints, AsyncPostgresSaver, Ledger
 
     Async graphs on it do their ledger I/O through an ``AsyncLedger`` on their own
     loop, opened by ``setup()`` or ``from_conn_string``: on the caller's
-    ``AsyncConnectionPool`` or ``AsyncConnection`` (under the saver's lock, as the
-    checkpoints, syncing a pipeline before and after). A small sync pool of its own,
-    empty until used, serves the sync parts of the package; it closes with the saver
-    (or at the end of ``from_conn_string``).
+    ``AsyncConnectionPool`` or ``AsyncConnection`` (on a connection under the saver's
+    lock, as the checkpoints, syncing a pipeline before and after). A small sync pool
+    of its own, empty until used, serves the sync parts of the package; it closes with
+    the saver (or at the end of ``from_conn_string``).
 
     Args:
-        conn: A psycopg ``AsyncConnection`` or ``AsyncConnectionPool``.
+        conn: A psycopg ``AsyncConnection`` or ``AsyncConnectionPool``. On a pool,
+            each checkpoint read or write takes a connection of its own and no
+            saver-wide lock, so the runs on one event loop proceed side by side
+            (``AsyncPostgresSaver`` queues them behind one lock even on a pool).
         pipe: An optional pipeline (single connection only).
         serde: Checkpoint serializer.
         ledger: The ledger to use; default: one on the same database, as above.
@@ -168,6 +189,7 @@ class AsyncPostgresCancelSaver(NotesSavedCheckpoints, AsyncPostgresSaver, Ledger
         ledger: Ledger | None = None,
     ) -> None:
         super().__init__(conn, pipe=pipe, serde=serde)
+        _unlocked_on_pool(self)
         #: The caller's pool or connection, which the async ledger shares when the
         #: ledger is ours.
         self._shared = conn if ledger is None else None
