@@ -7,6 +7,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from langgraph_cancel.agents import guarded_agent
 from langgraph_cancel.errors import ConfigurationError
 from langgraph_cancel.execution.identity import dangling_tool_calls
 from langgraph_cancel.lifecycle import CONFIG_KEY_WORKER
@@ -16,21 +17,25 @@ from langgraph_cancel.types import RunRecord
 logger = logging.getLogger("langgraph_cancel.sweeper")
 
 
-def compile_on(graph: Any, saver: Any) -> Any:
-    """``graph``'s builder compiled on the sweeper's saver.
+def compile_on(graph: Any, saver: Any) -> tuple[Any, CancellationSettings]:
+    """The agent ``graph`` names compiled on the sweeper's saver, and its settings.
 
     Raises:
-        ConfigurationError: ``graph`` was not prepared with ``add_cancellation``,
-            or there is no saver to compile it on.
+        ConfigurationError: ``graph`` is neither prepared with ``add_cancellation``
+            nor a ``create_agent`` agent with ``EffectMiddleware``, or there is no
+            saver to compile it on.
     """
-    builder = getattr(graph, "builder", graph)
-    if getattr(builder, "cancellation", None) is None:
-        raise ConfigurationError("graph= must be prepared with add_cancellation(builder)")
+    agent = guarded_agent(graph)
+    if agent is None:
+        raise ConfigurationError(
+            "graph= must be prepared with add_cancellation(builder), or be a "
+            "create_agent agent with EffectMiddleware"
+        )
     if saver is None:
         raise ConfigurationError(
             "graph= needs a checkpoint saver as the sweeper's target, to read and close its threads"
         )
-    return builder.compile(checkpointer=saver)
+    return agent.compile_on(saver), agent.settings
 
 
 class SweptThreads:

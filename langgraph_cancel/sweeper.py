@@ -113,9 +113,10 @@ class Sweeper:
             to use; tools known to an ``EffectToolNode`` of this process are used too.
         settings: The graph's cancellation settings (``builder.cancellation``), for
             ``compensate_on_cancel``; default: the graph's, else none, with ``tools``.
-        graph: The agent, prepared with ``add_cancellation`` (its builder, or the
-            builder compiled): compiled on ``target`` (a saver), it closes the thread
-            of each stop the sweeper finishes. Without it such a thread keeps the
+        graph: The agent: prepared with ``add_cancellation`` (its builder, or the
+            builder compiled), or a ``create_agent`` agent with ``EffectMiddleware``.
+            Compiled on ``target`` (a saver), it closes the thread of each stop the
+            sweeper finishes. Without it such a thread keeps the
             checkpoint its worker left (calls unanswered, a node next) until it is
             next invoked or resumed, which closes it the same way.
         owner: The worker identity to act as (default: this process's).
@@ -145,9 +146,9 @@ class Sweeper:
             raise ValueError(f"max_threads must be at least 1, not {max_threads}")
         self.ledger: Ledger = coerce_ledger(target)
         saver: Any = target if hasattr(target, "get_tuple") else None
-        compiled = None if graph is None else compile_on(graph, saver)
-        if settings is None and compiled is not None:
-            settings = compiled.builder.cancellation
+        compiled, graph_settings = (None, None) if graph is None else compile_on(graph, saver)
+        if settings is None:
+            settings = graph_settings
         known = tools_by_name(tools)
         if settings is None:
             settings = CancellationSettings(tools=known)

@@ -208,14 +208,43 @@ def build_builder(spec: dict[str, Any]) -> Any:
     return builder
 
 
+def build_agent(spec: dict[str, Any], saver: Any = None) -> Any:
+    """The same refund agent made by ``create_agent`` with ``EffectMiddleware``
+    (``spec["agent"] == "create_agent"``): the same tools and script; a turn's calls
+    run at once, as ``create_agent`` runs them."""
+    from langchain.agents import create_agent
+
+    from langgraph_cancel.middleware import EffectMiddleware
+
+    model = ScriptedChatModel(
+        [scripted_turn(refund_script(float(spec.get("refund_amount", REFUND_AMOUNT))))],
+        on_exhausted="repeat_last",
+    )
+    middleware = EffectMiddleware(
+        compensate_on_cancel=bool(spec.get("compensate_on_cancel")),
+        cancel_timeout=float(spec.get("cancel_timeout", 5.0)),
+    )
+    return create_agent(
+        model, list(refund_tools.TOOLS), middleware=[middleware], checkpointer=saver
+    )
+
+
 def build_graph(spec: dict[str, Any], saver: Any) -> Any:
     """The refund agent compiled on ``saver``."""
+    if spec.get("agent") == "create_agent":
+        return build_agent(spec, saver)
     return build_builder(spec).compile(checkpointer=saver)
 
 
 def builder_from_env() -> Any:
     """The job's builder (``langgraph-cancel resume --graph recovery_worker:builder_from_env``)."""
     return build_builder(json.loads(os.environ[SPEC_ENV]))
+
+
+def agent_from_env() -> Any:
+    """The job's ``create_agent`` agent, with no saver
+    (``langgraph-cancel resume --graph recovery_worker:agent_from_env``)."""
+    return build_agent(json.loads(os.environ[SPEC_ENV]))
 
 
 def run_cli(argv: list[str]) -> tuple[int, Any]:
@@ -233,6 +262,19 @@ def run_cli(argv: list[str]) -> tuple[int, Any]:
         return code, json.loads(text)
     except json.JSONDecodeError:
         return code, text
+
+
+def sweep_with_cli(spec: dict[str, Any], db_url: str, providers: Path) -> tuple[int, Any]:
+    """``langgraph-cancel sweep --json --graph`` naming the job's agent (its builder, or
+    its ``create_agent`` agent), in this process; its exit code and JSON summary."""
+    graph = "agent_from_env" if spec.get("agent") == "create_agent" else "builder_from_env"
+    os.environ[SPEC_ENV] = json.dumps(spec)
+    refund_tools.set_providers_path(str(providers))
+    try:
+        return run_cli(["sweep", "--db", db_url, "--json", "--graph", f"recovery_worker:{graph}"])
+    finally:
+        refund_tools.set_providers_path(None)
+        del os.environ[SPEC_ENV]
 
 
 @contextlib.contextmanager
@@ -391,7 +433,9 @@ def resume_with_cli(graph: Any, spec: dict[str, Any], db_url: str) -> list[str]:
         db_url,
         "--json",
         "--graph",
-        "recovery_worker:builder_from_env",
+        "recovery_worker:agent_from_env"
+        if spec.get("agent") == "create_agent"
+        else "recovery_worker:builder_from_env",
     ]
     if graph.get_state(config_for(spec)).interrupts:
         argv += ["--resume-value", json.dumps(spec.get("resume_value", APPROVE_ALL))]

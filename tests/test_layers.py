@@ -59,7 +59,15 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("graph", ("graph", "lifecycle", "thread_state")),
     (
         "integrations",
-        ("middleware", "recovery", "sweeper", "sweep_summary", "sweep_threads", "outbox"),
+        (
+            "middleware",
+            "agents",
+            "recovery",
+            "sweeper",
+            "sweep_summary",
+            "sweep_threads",
+            "outbox",
+        ),
     ),
     ("operations", ("metrics", "follow", "telemetry", "testing")),
     ("applications", ("demo",)),

@@ -12,8 +12,6 @@ The harness and the invariant checks are in ``kill9_harness.py``.
 
 from __future__ import annotations
 
-import json
-import os
 from contextlib import ExitStack
 from typing import Any
 
@@ -186,14 +184,8 @@ def test_sweep_command_closes_a_stopped_thread_of_the_agent_it_names(
 
     world = sqlite_world
     stop_a_worker_killed_after_the_refund(world)
-    os.environ[rw.SPEC_ENV] = json.dumps({"thread_id": world.thread_id})
-    refund_tools.set_providers_path(world.providers_path)
-    try:
-        argv = ["sweep", "--db", world.db_url, "--json"]
-        code, summary = rw.run_cli([*argv, "--graph", "recovery_worker:builder_from_env"])
-    finally:
-        refund_tools.set_providers_path(None)
-        del os.environ[rw.SPEC_ENV]
+    spec = {"thread_id": world.thread_id}
+    code, summary = rw.sweep_with_cli(spec, world.db_url, world.providers_path)
     assert code == 0, summary
     (finished,) = [a for a in summary["actions"] if a["kind"] == "finished_cancel"]
     assert finished["detail"].endswith("closed its thread"), finished

@@ -27,6 +27,7 @@ from langgraph_cancel.types import RunRecord
 from langgraph_cancel.workers import lease_is_live
 
 if TYPE_CHECKING:
+    from langgraph_cancel.agents import GuardedAgent
     from langgraph_cancel.ledger import Ledger
     from langgraph_cancel.report import CancellationReport
 
@@ -190,18 +191,23 @@ class Resumed:
     last_message: Any
 
 
-def _resumable_builder(args: argparse.Namespace, db: Database) -> Any:
-    """The ``--graph`` builder, its ledger left to the saver on ``--db``."""
+def _resumable_agent(args: argparse.Namespace, db: Database) -> GuardedAgent:
+    """The ``--graph`` agent, to compile on the saver on ``--db``."""
+    from langgraph_cancel.agents import guarded_agent
+
     if db.url.is_memory:
         raise CommandLineError(
             "memory:// keeps nothing between processes: there is nothing to resume"
         )
-    builder = builder_of(load_object(args.graph))
-    settings = getattr(builder, "cancellation", None)
-    if settings is None:
-        raise CommandLineError("--graph was not prepared with add_cancellation(builder)")
-    settings.ledger = None  # the saver on --db owns the ledger here
-    return builder
+    agent = guarded_agent(load_object(args.graph))
+    if agent is None:
+        raise CommandLineError(
+            "--graph must be prepared with add_cancellation(builder), or be a "
+            "create_agent agent with EffectMiddleware"
+        )
+    if agent.middleware is None:
+        agent.settings.ledger = None  # the saver on --db owns the ledger here
+    return agent
 
 
 def _force_take_over(ledger: Ledger, thread_id: str, out: Console) -> None:
@@ -279,8 +285,8 @@ def _run_on(graph: Any, ledger: Ledger, args: argparse.Namespace, out: Console) 
 def resume(args: argparse.Namespace) -> int:
     """``langgraph-cancel resume THREAD``: reconcile, then continue from the last checkpoint."""
     db = resolve_database(args.db)
-    builder = _resumable_builder(args, db)
-    tools = tools_of(builder)
+    agent = _resumable_agent(args, db)
+    tools = tools_of(agent.graph)
     out = render.console(stderr=args.json)
     with open_saver(db) as saver:
         ledger = saver.ledger
@@ -288,7 +294,7 @@ def resume(args: argparse.Namespace) -> int:
         if args.force:
             _force_take_over(ledger, args.thread, out)
         _settle_first(ledger, args.thread, tools, out, quiet=args.json)
-        graph = builder.compile(checkpointer=saver)
+        graph = agent.compile_on(saver)
         snapshot = graph.get_state({"configurable": {"thread_id": args.thread}})
         before = ledger.require_latest_run(args.thread)
         message = _nothing_to_resume(snapshot, before, args.thread)

@@ -1,8 +1,9 @@
 """``langgraph-cancel sweep``: settle what dead workers left, once or ``--watch``.
 
 It loads the agent named by ``--graph`` for its tools' reconcile and compensate
-hooks (as ``reconcile --all`` does) and, when it names a graph prepared with
-``add_cancellation``, to close the threads of the stops it finishes; it runs
+hooks (as ``reconcile --all`` does) and, when it names an agent the package guards
+(prepared with ``add_cancellation``, or a ``create_agent`` agent with
+``EffectMiddleware``), to close the threads of the stops it finishes; it runs
 :class:`langgraph_cancel.sweeper.Sweeper` passes on ``--db``.
 """
 
@@ -15,22 +16,24 @@ from typing import Any
 from langgraph_cancel.cli import render
 from langgraph_cancel.cli.config import DEFAULT_GRAPH, resolve_database
 from langgraph_cancel.cli.database import open_saver
-from langgraph_cancel.cli.recovery import builder_of, load_object, tools_of
+from langgraph_cancel.cli.recovery import load_object, tools_of
 from langgraph_cancel.errors import CommandLineError
 
 
-def _prepared_builder(value: Any) -> Any:
-    """The builder ``--graph`` names, when prepared with ``add_cancellation`` (its
-    ledger left to the saver on ``--db``, as ``resume`` leaves it); else None."""
-    try:
-        builder = builder_of(value)
-    except CommandLineError:
-        return None  # a list of tools: no graph
-    settings = getattr(builder, "cancellation", None)
-    if settings is None:
+def _guarded(value: Any) -> Any:
+    """The agent ``--graph`` names, when the package guards it (an ``add_cancellation``
+    graph's ledger left to the saver on ``--db``, as ``resume`` leaves it); else None
+    (a list of tools)."""
+    from langgraph_cancel.agents import guarded_agent
+
+    if isinstance(value, list | tuple):
         return None
-    settings.ledger = None
-    return builder
+    agent = guarded_agent(value)
+    if agent is None:
+        return None
+    if agent.middleware is None:
+        agent.settings.ledger = None
+    return agent.graph
 
 
 def run(args: argparse.Namespace) -> int:
@@ -44,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
         )
     agent = load_object(args.graph)
     tools = tools_of(agent)
-    builder = _prepared_builder(agent)
+    graph = _guarded(agent)
     out = render.console()
 
     def show(summary: SweepSummary) -> None:
@@ -69,9 +72,8 @@ def run(args: argparse.Namespace) -> int:
         sweeper = Sweeper(
             saver,
             tools=tools,
-            settings=getattr(builder, "cancellation", None),
             # The demo's agent, the default, lends its tools; it never runs a user's thread.
-            graph=builder if args.graph != DEFAULT_GRAPH else None,
+            graph=graph if args.graph != DEFAULT_GRAPH else None,
             max_threads=args.max_threads,
             cancel_grace=args.cancel_grace,
         )

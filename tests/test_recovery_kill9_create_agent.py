@@ -1,0 +1,150 @@
+"""The kill -9 suite for the refund agent made by ``create_agent`` with ``EffectMiddleware``.
+
+The same worker processes, kill points and providers as the other kill -9 suites
+(``kill9_harness.py``), with the agent built by LangChain's ``create_agent``: a
+worker killed mid-refund is resumed at once on the same machine, by ``invoke`` or
+``langgraph-cancel resume``, and the refund is sent once; the stop of a worker that
+died is finished by the sweeper, given the agent (``Sweeper(graph=agent)`` or
+``langgraph-cancel sweep --graph``), and the agent's thread closed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import recovery_worker as rw
+from graphs import answered_late, dangling_calls
+from kill9_harness import (
+    World,
+    _fork_server,  # noqa: F401 (a fixture, found by name)
+    assert_no_double_execution,
+    assert_report_matches_truth,
+    assert_settled,
+    effect_of,
+    sqlite_world_fixture,  # noqa: F401 (a fixture, found by name)
+    world_fixture,  # noqa: F401 (a fixture, found by name)
+)
+from langgraph_cancel import EffectStatus, get_report, request_cancel
+from langgraph_cancel.types import RunStatus
+
+pytest.importorskip("langchain.agents")
+
+AGENT = {"agent": "create_agent"}
+
+
+def kill_a_worker_after_the_refund(world: World) -> None:
+    """The agent's worker killed once the refund reached the provider; its lease is
+    the process's own (``worker_id=None``) and would outlive it by ten minutes."""
+    first = world.start(
+        "first", "run", kill_at="after_call:refund", worker_id=None, lease_ttl=600, **AGENT
+    )
+    first.wait_point("after_call:refund")
+    first.kill9()
+
+
+def agent_state(world: World) -> Any:
+    """The thread's last state, read through the ``create_agent`` agent."""
+    spec: dict[str, Any] = {"thread_id": world.thread_id, "worker_id": None, **AGENT}
+    with rw.open_saver(world.db_url) as saver:
+        return rw.build_graph(spec, saver).get_state(rw.config_for(spec))
+
+
+def assert_agent_thread_closed(world: World) -> None:
+    """The thread ends as the middleware ends a stopped agent: nothing next or
+    waiting, every call answered right after it, the run's report in the state."""
+    snapshot = agent_state(world)
+    messages = snapshot.values["messages"]
+    assert snapshot.next == () and not snapshot.interrupts, snapshot
+    assert not dangling_calls(messages) and not answered_late(messages), messages
+    report = get_report(world.ledger(), world.thread_id)
+    assert snapshot.values["cancellation_report"] == report.model_dump(mode="json")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("via", ["invoke", "cli"])
+def test_a_killed_create_agent_worker_is_resumed_at_once_and_refunds_once(
+    world: World, via: str
+) -> None:
+    """Started again on the same machine right after ``kill -9``, the worker takes the
+    dead process's lease over at once and runs the agent to its end: the refund in
+    flight is settled as the provider has it, never sent again."""
+    kill_a_worker_after_the_refund(world)
+    second = world.start("second", "recover", wait_lease=0, worker_id=None, resume_via=via, **AGENT)
+    result = second.ok()
+    assert result["run_status"] == "completed", result
+    assert result["last_message"] == rw.FINAL_ANSWER, result
+    ledger = world.ledger()
+    assert len(ledger.runs(world.thread_id)) == 1  # the same run, resumed
+    refund = effect_of(ledger, world.thread_id, "issue_refund")
+    assert refund.status is EffectStatus.COMMITTED, refund
+    truth = world.providers().truth()
+    assert_no_double_execution(truth)
+    assert len(truth["refunds"]) == 1, truth["refunds"]
+    assert len(truth["emails"]) == 1, truth["emails"]
+    assert truth["keys"][refund.idempotency_key]["executions"] == 1, truth["keys"]
+    assert_settled(ledger, world.thread_id)
+
+
+@pytest.mark.slow
+def test_sweeper_given_a_create_agent_agent_finishes_its_stop_and_closes_its_thread(
+    world: World,
+) -> None:
+    """A stop asked of a worker that died mid-refund: the sweeper, given the agent and
+    no tools of its own, settles the refund through the agent's tools' hooks, writes
+    the report, cancels the run and closes the agent's thread; nothing runs twice,
+    and a later pass does nothing."""
+    from langgraph_cancel.demo import tools as refund_tools
+    from langgraph_cancel.sweeper import SweepActionKind, Sweeper
+
+    kill_a_worker_after_the_refund(world)
+    asked = request_cancel(world.db_url, world.thread_id, reason="ops", requested_by="test")
+    assert asked.accepted, asked
+    refund_tools.set_providers_path(world.providers_path)
+    try:
+        with rw.open_saver(world.db_url) as saver:
+            sweeper = Sweeper(saver, graph=rw.build_agent({}), owner="sweeper")
+            summary = sweeper.sweep_once()
+            later = sweeper.sweep_once()
+    finally:
+        refund_tools.set_providers_path(None)
+
+    (finished,) = [a for a in summary.actions if a.kind is SweepActionKind.FINISHED_CANCEL]
+    assert finished.detail.endswith("closed its thread") and finished.next_action is None
+    assert not later.actions, later
+    ledger = world.ledger()
+    run = ledger.require_latest_run(world.thread_id)
+    assert run.status is RunStatus.CANCELLED and run.report, run
+    refund = effect_of(ledger, world.thread_id, "issue_refund")
+    assert refund.status is EffectStatus.COMMITTED, refund
+    truth = world.providers().truth()
+    assert_no_double_execution(truth)
+    assert len(truth["refunds"]) == 1, truth["refunds"]
+    assert_settled(ledger, world.thread_id)
+    report = assert_report_matches_truth(world, truth)
+    assert refund.idempotency_key in {e.idempotency_key for e in report.permanent}
+    assert ledger.lease(world.thread_id) is None
+    assert_agent_thread_closed(world)
+
+
+@pytest.mark.slow
+def test_sweep_command_closes_a_stopped_thread_of_a_create_agent_agent(
+    sqlite_world: World,
+) -> None:
+    """``langgraph-cancel sweep --graph`` naming a ``create_agent`` agent finishes the
+    dead worker's stop and closes the agent's thread."""
+
+    world = sqlite_world
+    kill_a_worker_after_the_refund(world)
+    asked = request_cancel(world.db_url, world.thread_id, reason="ops", requested_by="test")
+    assert asked.accepted, asked
+    spec = {"thread_id": world.thread_id, **AGENT}
+    code, summary = rw.sweep_with_cli(spec, world.db_url, world.providers_path)
+    assert code == 0, summary
+    (finished,) = [a for a in summary["actions"] if a["kind"] == "finished_cancel"]
+    assert finished["detail"].endswith("closed its thread"), finished
+    assert_agent_thread_closed(world)
+    truth = world.providers().truth()
+    assert_no_double_execution(truth)
+    assert len(truth["refunds"]) == 1, truth["refunds"]
