@@ -2,10 +2,11 @@
 
 The same worker processes, kill points and providers as the other kill -9 suites
 (``kill9_harness.py``), with the agent built by LangChain's ``create_agent``: a
-worker killed mid-refund is resumed at once on the same machine, by ``invoke`` or
-``langgraph-cancel resume``, and the refund is sent once; the stop of a worker that
-died is finished by the sweeper, given the agent (``Sweeper(graph=agent)`` or
-``langgraph-cancel sweep --graph``), and the agent's thread closed.
+worker killed mid-refund is resumed, by ``invoke`` or ``langgraph-cancel resume``,
+and the refund is sent once; the stop of a worker that died is finished by the
+sweeper, given the agent (``Sweeper(graph=agent)`` or ``langgraph-cancel sweep
+--graph``), and the agent's thread closed; a stop its worker finished just before
+dying is closed by ``resume``.
 """
 
 from __future__ import annotations
@@ -35,11 +36,8 @@ AGENT = {"agent": "create_agent"}
 
 
 def kill_a_worker_after_the_refund(world: World) -> None:
-    """The agent's worker killed once the refund reached the provider; its lease is
-    the process's own (``worker_id=None``) and would outlive it by ten minutes."""
-    first = world.start(
-        "first", "run", kill_at="after_call:refund", worker_id=None, lease_ttl=600, **AGENT
-    )
+    """The agent's worker killed once the refund reached the provider."""
+    first = world.start("first", "run", kill_at="after_call:refund", worker_id=None, **AGENT)
     first.wait_point("after_call:refund")
     first.kill9()
 
@@ -67,9 +65,9 @@ def assert_agent_thread_closed(world: World) -> None:
 def test_a_killed_create_agent_worker_is_resumed_at_once_and_refunds_once(
     world: World, via: str
 ) -> None:
-    """Started again on the same machine right after ``kill -9``, the worker takes the
-    dead process's lease over at once and runs the agent to its end: the refund in
-    flight is settled as the provider has it, never sent again."""
+    """Started again right after ``kill -9``, the worker runs the agent on to its end
+    at once (a ``create_agent`` run holds no lease to wait out): the refund in flight
+    is settled as the provider has it, never sent again."""
     kill_a_worker_after_the_refund(world)
     second = world.start("second", "recover", wait_lease=0, worker_id=None, resume_via=via, **AGENT)
     result = second.ok()
@@ -148,3 +146,54 @@ def test_sweep_command_closes_a_stopped_thread_of_a_create_agent_agent(
     truth = world.providers().truth()
     assert_no_double_execution(truth)
     assert len(truth["refunds"]) == 1, truth["refunds"]
+
+
+@pytest.mark.slow
+def test_a_create_agent_stop_whose_worker_died_before_its_checkpoint_is_closed_by_resume(
+    world: World,
+) -> None:
+    """The agent's worker, asked to stop once the refund was sent, killed right after
+    its model step made the run's ``cancelled`` transition and before that step's
+    checkpoint: the stop is whole in the ledger (a ``create_agent`` run holds no lease,
+    so none is left behind and the sweeper has nothing to settle), and ``resume``
+    closes the thread without running anything again."""
+    from langgraph_cancel.demo import tools as refund_tools
+    from langgraph_cancel.sweeper import Sweeper
+
+    first = world.start(
+        "first",
+        "run",
+        pause_at=["after_call:refund"],
+        kill_at="after:finish_run:cancelled",
+        worker_id=None,
+        **AGENT,
+    )
+    first.wait_point("after_call:refund", "paused")
+    asked = request_cancel(world.db_url, world.thread_id, reason="ops", requested_by="test")
+    assert asked.accepted, asked
+    first.go("after_call:refund")
+    first.wait_point("after:finish_run:cancelled")
+    first.kill9()
+    ledger = world.ledger()
+    run = ledger.require_latest_run(world.thread_id)
+    assert run.status is RunStatus.CANCELLED and run.report, run
+    assert ledger.lease(world.thread_id) is None
+    assert agent_state(world).next  # the step that stopped the agent was not saved
+
+    refund_tools.set_providers_path(world.providers_path)
+    try:
+        with rw.open_saver(world.db_url) as saver:
+            swept = Sweeper(saver, graph=rw.build_agent({}), owner="sweeper").sweep_once()
+    finally:
+        refund_tools.set_providers_path(None)
+    assert swept.actions == (), swept
+
+    again = world.start("again", "recover", wait_lease=0, worker_id=None, resume_via="cli", **AGENT)
+    assert again.ok()["run_status"] == "cancelled"
+    assert_agent_thread_closed(world)
+    assert len(ledger.runs(world.thread_id)) == 1  # closing started no run
+    truth = world.providers().truth()
+    assert_no_double_execution(truth)
+    assert len(truth["refunds"]) == 1, truth["refunds"]
+    assert_settled(ledger, world.thread_id)
+    assert_report_matches_truth(world, truth)
