@@ -197,3 +197,34 @@ def test_a_create_agent_stop_whose_worker_died_before_its_checkpoint_is_closed_b
     assert len(truth["refunds"]) == 1, truth["refunds"]
     assert_settled(ledger, world.thread_id)
     assert_report_matches_truth(world, truth)
+
+
+@pytest.mark.slow
+def test_a_create_agent_worker_killed_waiting_for_approval_is_resumed_with_the_answer(
+    sqlite_world: World,
+) -> None:
+    """A refund over 100 waits for a reviewer; the worker dies while it waits.
+    ``langgraph-cancel resume --resume-value`` answers the question in a new process:
+    the refund is sent once, after the approval, and the agent runs to its end."""
+    world = sqlite_world
+    first = world.start("first", "run", kill_at="interrupted", refund_amount=120.0, **AGENT)
+    first.wait_point("interrupted")
+    first.kill9()
+    truth = world.providers().truth()
+    assert not truth["refunds"], truth["refunds"]
+
+    second = world.start(
+        "second", "recover", wait_lease=0, resume_via="cli", refund_amount=120.0, **AGENT
+    )
+    result = second.ok()
+    (question,) = second.answers()["next"]["interrupts"]
+    assert question["type"] == "tool_approval" and question["name"] == "issue_refund", question
+    assert result["run_status"] == "completed", result
+    assert result["last_message"] == rw.FINAL_ANSWER, result
+    ledger = world.ledger()
+    refund = effect_of(ledger, world.thread_id, "issue_refund")
+    assert refund.status is EffectStatus.COMMITTED, refund
+    truth = world.providers().truth()
+    assert_no_double_execution(truth)
+    assert len(truth["refunds"]) == 1, truth["refunds"]
+    assert_settled(ledger, world.thread_id)
