@@ -519,10 +519,13 @@ def run_job(spec: dict[str, Any]) -> dict[str, Any]:
             else:
                 result["steps"] = resume(graph, ledger, spec)
         elif action == "reconcile":
+            from langgraph_cancel.agents import guarded_agent
             from langgraph_cancel.recovery import reconcile
 
+            agent = guarded_agent(graph)
+            assert agent is not None
             done = reconcile(
-                ledger, spec["thread_id"], tools=graph.cancellation.tools, owner=result["worker_id"]
+                ledger, spec["thread_id"], tools=agent.settings.tools, owner=result["worker_id"]
             )
             result["left_unknown"] = [e.effect_id for r in done for e in r.still_unknown]
             result["busy"] = [r.busy for r in done if r.busy]

@@ -11,15 +11,22 @@ dying is closed by ``resume``.
 
 from __future__ import annotations
 
+import json
+import time
 from typing import Any
 
 import pytest
 
 import recovery_worker as rw
 from graphs import answered_late, dangling_calls
+from kill9_boundaries import BOUNDARIES, Boundary, expire_in_flight
 from kill9_harness import (
+    MARKER_TIMEOUT,
+    POLL,
     World,
     _fork_server,  # noqa: F401 (a fixture, found by name)
+    applied_keys,
+    assert_answers_match_truth,
     assert_no_double_execution,
     assert_report_matches_truth,
     assert_settled,
@@ -28,6 +35,7 @@ from kill9_harness import (
     world_fixture,  # noqa: F401 (a fixture, found by name)
 )
 from langgraph_cancel import EffectStatus, get_report, request_cancel
+from langgraph_cancel.demo.tools import compensation_key
 from langgraph_cancel.types import RunStatus
 
 pytest.importorskip("langchain.agents")
@@ -228,3 +236,114 @@ def test_a_create_agent_worker_killed_waiting_for_approval_is_resumed_with_the_a
     assert_no_double_execution(truth)
     assert len(truth["refunds"]) == 1, truth["refunds"]
     assert_settled(ledger, world.thread_id)
+
+
+# ------------------------------------------------------------------- the boundaries
+@pytest.mark.slow
+@pytest.mark.parametrize("boundary", BOUNDARIES, ids=[b.id for b in BOUNDARIES])
+def test_create_agent_kill9_at_boundary_then_recover(world: World, boundary: Boundary) -> None:
+    """``test_recovery_kill9.py``'s boundaries with the ``create_agent`` agent: killed at
+    each, a new process answers the three questions from the database alone and
+    resumes (``langgraph-cancel resume`` on SQLite, ``invoke`` on PostgreSQL); I2, I3,
+    I6 and I7 hold against the providers' truth. ``create_agent`` sends a turn's calls
+    at once, so a call beside the one at the kill point may be anywhere in its own
+    course; the checks are those that hold wherever it is."""
+    providers = world.providers()
+    if boundary.hang_refund:
+        providers.set_fault("refund", "hang:30", times=1)
+    first = world.start(
+        "first",
+        "run",
+        kill_at=None if boundary.hang_refund else boundary.kill_at,
+        signal_at=[boundary.kill_at] if boundary.hang_refund else [],
+        refund_amount=boundary.refund_amount,
+        compensate_on_cancel=boundary.compensate,
+        pause_at=[boundary.cancel_after] if boundary.cancel_after else [],
+        slow_checkpoints=boundary.slow_checkpoints,
+        **AGENT,
+    )
+    if boundary.cancel_after:
+        first.wait_point(boundary.cancel_after, "paused")
+        asked = request_cancel(world.db_url, world.thread_id, reason="stop", requested_by="test")
+        assert asked.accepted, asked
+        first.go(boundary.cancel_after)
+    first.wait_point(boundary.kill_at)
+    if boundary.hang_refund:
+        deadline = time.monotonic() + MARKER_TIMEOUT
+        while not providers.pending(boundary.refund_key):
+            assert time.monotonic() < deadline, "the refund never reached the provider"
+            time.sleep(POLL)
+    first.kill9()
+    truth_at_kill = providers.truth()
+
+    second = world.start(
+        "second",
+        "recover",
+        refund_amount=boundary.refund_amount,
+        compensate_on_cancel=boundary.compensate,
+        resume_via="cli" if world.backend == "sqlite" else "invoke",
+        **AGENT,
+    )
+    result = second.ok()
+    answers = second.answers()
+    ledger = world.ledger()
+    try:
+        assert_answers_match_truth(answers, truth_at_kill, ledger, world.thread_id)
+        if boundary.approval:
+            (question,) = answers["next"]["interrupts"]
+            assert question["name"] == "issue_refund", question
+            assert boundary.refund_key not in applied_keys(truth_at_kill)
+        truth = providers.truth()
+        assert_no_double_execution(truth)
+        # A call in flight at the kill may be sent again, under its key, when nothing
+        # could tell whether it arrived; never more than that.
+        assert all(v["attempts"] <= 2 for v in truth["keys"].values()), truth["keys"]
+        if boundary.hang_refund:
+            refund = effect_of(ledger, world.thread_id, "issue_refund")
+            assert refund.status is EffectStatus.UNKNOWN, refund
+            assert refund.owner and refund.next_action, refund
+        assert_settled(ledger, world.thread_id)
+        report = assert_report_matches_truth(world, truth)
+        run = ledger.require_latest_run(world.thread_id)
+        if boundary.cancel_after:
+            assert run.status is RunStatus.CANCELLED and run.report is not None, run
+            assert report.status == "cancelled" and not report.unknown, report
+            assert result["run_status"] == "cancelled", result
+            assert boundary.refund_key in applied_keys(truth)
+            assert not truth["tickets"], truth["tickets"]  # the next turn's call never ran
+            update = effect_of(ledger, world.thread_id, "update_order")
+            if boundary.compensate:
+                assert update.status is EffectStatus.COMPENSATED, update
+                assert truth["orders"][rw.ORDER]["status"] == "refund_requested"
+                undo = truth["keys"][compensation_key(update.idempotency_key)]
+                assert undo["executions"] == 1, undo
+            else:
+                assert update.status is EffectStatus.COMMITTED, update
+        else:
+            assert run.status is RunStatus.COMPLETED, run
+            assert result["last_message"] == rw.FINAL_ANSWER, result
+            assert len(truth["emails"]) == 1 and len(truth["tickets"]) == 1, truth
+            assert len(truth["updates"]) == 1, truth["updates"]
+            if not boundary.hang_refund:
+                assert [r["amount"] for r in truth["refunds"]] == [boundary.refund_amount]
+                assert {e.tool for e in report.permanent} == {"issue_refund", "send_email"}
+            if boundary.approval:
+                refund = effect_of(ledger, world.thread_id, "issue_refund")
+                assert (refund.approval or {}).get("reviewer") == "reviewer-after-crash", refund
+        if boundary.hang_refund:
+            # The provider gives up on the orphaned request; a reconcile in a new
+            # process learns that the refund did not happen.
+            assert not truth["refunds"]
+            expire_in_flight(world.providers_path, boundary.refund_key)
+            third = world.start("third", "reconcile", **AGENT)
+            assert third.ok()["left_unknown"] == []
+            refund = effect_of(ledger, world.thread_id, "issue_refund")
+            assert refund.status is EffectStatus.NOT_APPLIED, refund
+            truth = providers.truth()
+            assert_no_double_execution(truth)
+            assert not truth["refunds"]
+            assert_settled(ledger, world.thread_id)
+            assert_report_matches_truth(world, truth)
+    except AssertionError:
+        print(first.log(), second.log(), json.dumps(answers, indent=1), sep="\n-----\n")
+        raise
