@@ -1,23 +1,41 @@
 """What the served end-to-end tests share: the running ``langgraph dev`` with its two
-sources of truth (``Served``), the inputs a Studio user types or answers, and the
-waits and checks on the ledger, the providers and the thread's messages."""
+sources of truth (``Served``, started by :func:`serving`), the ``client`` and
+``thread_id`` fixtures, the inputs a Studio user types or answers, and the waits and
+checks on the ledger, the providers and the thread's messages.
+
+Import the fixtures into a test module (``from served_helpers import client_fixture,
+thread_id_fixture``): pytest registers them under their ``name=``; the module
+defines its own module-scoped ``served``.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+import pytest
+
+from conftest import require_or_skip, selected_backends, with_dbname
 from langgraph_cancel import EffectStatus, Ledger
 from langgraph_cancel.demo.services import Providers
 from langgraph_cancel.demo.tools import refund_key
 from langgraph_cancel.types import EffectRecord, RunStatus
-from server_util import LangGraphServer
+from server_util import LangGraphServer, langgraph_dev
 
 REVIEWER = "alice@example.com"
+#: The ledger backends a module's ``served`` fixture runs on, one server each.
+SERVED_BACKENDS = [
+    pytest.param(b, id=b, marks=[pytest.mark.postgres] if b == "postgres" else [])
+    for b in selected_backends()
+    if b in ("sqlite", "postgres")
+]
 
 T = TypeVar("T")
 
@@ -40,6 +58,86 @@ class Served:
     @property
     def providers(self) -> Providers:
         return Providers(self.providers_db)
+
+
+@contextlib.contextmanager
+def ledger_url_on(request: pytest.FixtureRequest, backend: str, root: Path) -> Iterator[str]:
+    """A ledger URL on ``backend``: a SQLite file, or a fresh PostgreSQL database."""
+    if backend == "sqlite":
+        yield "sqlite:///" + str((root / "ledger.db").resolve())
+        return
+    from conftest import _admin_execute
+
+    dsn: str = request.getfixturevalue("pg_dsn")  # skipped locally / failed in CI without it
+    dbname = f"lgc_srv_{uuid.uuid4().hex[:10]}"
+    _admin_execute(dsn, "CREATE DATABASE {}", dbname)
+    try:
+        yield with_dbname(dsn, dbname)
+    finally:
+        _admin_execute(dsn, "DROP DATABASE IF EXISTS {} WITH (FORCE)", dbname)
+
+
+@contextlib.contextmanager
+def serving(
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    config: str | os.PathLike[str],
+    graph_id: str,
+    *,
+    allow_blocking: bool = False,
+) -> Iterator[Served]:
+    """``langgraph dev`` serving ``config`` with the ledger on the backend the fixture's
+    ``request.param`` names, and the providers' file the served tools use."""
+    try:
+        import langgraph_api  # noqa: F401
+    except ImportError:
+        require_or_skip("needs langgraph-cli[inmem] (the 'server' extra)")
+    backend: str = request.param
+    root = tmp_path_factory.mktemp(f"langgraph_dev_{backend}")
+    providers_db = root / "providers.db"
+    reset_providers(providers_db)
+    with ledger_url_on(request, backend, root) as ledger_url:
+        env = {
+            "LANGGRAPH_CANCEL_DB": ledger_url,
+            "REFUND_AGENT_PROVIDERS_DB": str(providers_db),
+        }
+        ledger = Ledger.from_url(ledger_url)
+        try:
+            with langgraph_dev(
+                config, workdir=root / "server", env=env, allow_blocking=allow_blocking
+            ) as server:
+                print(f"[{backend}] langgraph dev up in {server.started_in:.2f}s at {server.url}")
+                yield Served(server, backend, graph_id, ledger_url, ledger, providers_db)
+            print(f"[{backend}] langgraph dev stopped in {server.stopped_in:.2f}s")
+        finally:
+            ledger.close()
+
+
+@pytest.fixture(name="client")
+def client_fixture(served: Served, request: pytest.FixtureRequest) -> Iterator[Any]:
+    """An async ``langgraph_sdk`` client on a fresh providers' file.
+
+    Prints the server log if the test failed.
+    """
+    from langgraph_sdk import get_client
+
+    reset_providers(served.providers_db)
+    failed_before = request.session.testsfailed
+    yield get_client(url=served.url)
+    if request.session.testsfailed > failed_before:
+        served.server.dump_log(f"langgraph dev log after {request.node.name} failed")
+
+
+@pytest.fixture(name="thread_id")
+async def thread_id_fixture(served: Served, client: Any) -> Any:
+    """A new server thread, forgotten by the ledger after the test.
+
+    The example's refund keys are per order and amount, unique across threads,
+    so each test starts from a ledger without the previous tests' effects.
+    """
+    tid = str((await client.threads.create())["thread_id"])
+    yield tid
+    await asyncio.to_thread(served.ledger.delete_thread, tid)
 
 
 def reset_providers(path: Path) -> Providers:
@@ -162,3 +260,33 @@ async def interrupted_on_refund(served: Served, client: Any, thread_id: str, amo
     assert served.providers.attempts(key) == 0
     assert in_status(served.ledger, key, EffectStatus.PENDING_APPROVAL)
     return key
+
+
+async def stopped_in_studio_mid_refund(
+    served: Served, client: Any, thread_id: str, amount: float = 45.0
+) -> EffectRecord:
+    """Studio's stop (``runs.cancel``) while a refund under the approval threshold is in
+    flight; the refund's record once it has left ``dispatched``."""
+    key = refund_key({"order_id": "o-88", "amount": amount})
+    served.providers.set_fault("refund", "hang:2", times=1)
+    run = await client.runs.create(thread_id, served.graph_id, input=human(refund_request(amount)))
+    await wait_for("the refund to be in flight", lambda: in_flight(served, key))
+    await client.runs.cancel(thread_id, run["run_id"], action="interrupt", wait=True)
+    return await wait_for("the refund to settle", lambda: settled_from_flight(served.ledger, key))
+
+
+async def stopped_durably(served: Served, client: Any, thread_id: str, run_id: str) -> Any:
+    """Stop pressed from another process (``request_cancel``) during the server's run:
+    the run ends ``success`` with nothing next; the thread's state, its report in it."""
+    from langgraph_cancel import request_cancel
+
+    answer = await asyncio.to_thread(
+        request_cancel, served.ledger_url, thread_id, reason="stop pressed", requested_by="studio"
+    )
+    assert answer.accepted, answer
+    await asyncio.wait_for(client.runs.join(thread_id, run_id), timeout=30)
+    assert (await client.runs.get(thread_id, run_id))["status"] == "success"
+    state = await client.threads.get_state(thread_id)
+    assert state["next"] == []
+    assert state["values"].get("cancellation_report") is not None, sorted(state["values"])
+    return state

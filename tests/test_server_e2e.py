@@ -30,7 +30,6 @@ other order) and nothing is dispatched twice.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import time
 import uuid
@@ -41,14 +40,15 @@ from typing import Any
 import pytest
 from langchain_core.runnables import RunnableConfig
 
-from conftest import require_or_skip, selected_backends, with_dbname
 from langgraph_cancel import EffectStatus, Ledger, get_report, request_cancel
 from langgraph_cancel.demo.tools import refund_key
 from langgraph_cancel.types import RunStatus
 from served_helpers import (
     REVIEWER,
+    SERVED_BACKENDS,
     Served,
     approve,
+    client_fixture,  # noqa: F401 (a fixture, found by name)
     dispatch_count,
     human,
     in_flight,
@@ -56,12 +56,16 @@ from served_helpers import (
     no_dangling_calls,
     refund_request,
     reset_providers,
+    serving,
     settled_from_flight,
+    stopped_durably,
+    stopped_in_studio_mid_refund,
+    thread_id_fixture,  # noqa: F401 (a fixture, found by name)
     tool_answers_follow_their_calls,
     update_order_in_flight,
     wait_for,
 )
-from server_util import REPO_ROOT, langgraph_dev
+from server_util import REPO_ROOT
 
 pytestmark = pytest.mark.timeout(110)
 
@@ -84,86 +88,16 @@ def example_graph_id() -> str:
 
 
 # ------------------------------------------------------------------ fixtures
-@contextlib.contextmanager
-def _ledger_url(request: pytest.FixtureRequest, backend: str, root: Path) -> Iterator[str]:
-    """A ledger URL on ``backend``: a SQLite file, or a fresh PostgreSQL database."""
-    if backend == "sqlite":
-        yield "sqlite:///" + str((root / "ledger.db").resolve())
-        return
-    from conftest import _admin_execute
-
-    dsn: str = request.getfixturevalue("pg_dsn")  # skipped locally / failed in CI without it
-    dbname = f"lgc_srv_{uuid.uuid4().hex[:10]}"
-    _admin_execute(dsn, "CREATE DATABASE {}", dbname)
-    try:
-        yield with_dbname(dsn, dbname)
-    finally:
-        _admin_execute(dsn, "DROP DATABASE IF EXISTS {} WITH (FORCE)", dbname)
-
-
-@pytest.fixture(
-    scope="module",
-    params=[
-        pytest.param(b, id=b, marks=[pytest.mark.postgres] if b == "postgres" else [])
-        for b in selected_backends()
-        if b in ("sqlite", "postgres")
-    ],
-)
+@pytest.fixture(scope="module", params=SERVED_BACKENDS)
 def served(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Served]:
     """``langgraph dev`` serving the repository's ``langgraph.json``, ledger on one backend."""
-    try:
-        import langgraph_api  # noqa: F401
-    except ImportError:
-        require_or_skip("needs langgraph-cli[inmem] (the 'server' extra)")
-    graph_id = example_graph_id()
-    backend: str = request.param
-    root = tmp_path_factory.mktemp(f"langgraph_dev_{backend}")
-    providers_db = root / "providers.db"
-    reset_providers(providers_db)
-    with _ledger_url(request, backend, root) as ledger_url:
-        env = {
-            "LANGGRAPH_CANCEL_DB": ledger_url,
-            "REFUND_AGENT_PROVIDERS_DB": str(providers_db),
-        }
-        ledger = Ledger.from_url(ledger_url)
-        try:
-            with langgraph_dev(
-                REPO_CONFIG, workdir=root / "server", env=env, allow_blocking=ALLOW_BLOCKING
-            ) as server:
-                print(f"[{backend}] langgraph dev up in {server.started_in:.2f}s at {server.url}")
-                yield Served(server, backend, graph_id, ledger_url, ledger, providers_db)
-            print(f"[{backend}] langgraph dev stopped in {server.stopped_in:.2f}s")
-        finally:
-            ledger.close()
-
-
-@pytest.fixture
-def client(served: Served, request: pytest.FixtureRequest) -> Iterator[Any]:
-    """An async ``langgraph_sdk`` client on a fresh providers' file.
-
-    Prints the server log if the test failed.
-    """
-    from langgraph_sdk import get_client
-
-    reset_providers(served.providers_db)
-    failed_before = request.session.testsfailed
-    yield get_client(url=served.url)
-    if request.session.testsfailed > failed_before:
-        served.server.dump_log(f"langgraph dev log after {request.node.name} failed")
-
-
-@pytest.fixture
-async def thread_id(served: Served, client: Any) -> Any:
-    """A new server thread, forgotten by the ledger after the test.
-
-    The example's refund keys are per order and amount, unique across threads,
-    so each test starts from a ledger without the previous tests' effects.
-    """
-    tid = str((await client.threads.create())["thread_id"])
-    yield tid
-    await asyncio.to_thread(served.ledger.delete_thread, tid)
+    config, graph_id = REPO_CONFIG, example_graph_id()
+    with serving(
+        request, tmp_path_factory, config, graph_id, allow_blocking=ALLOW_BLOCKING
+    ) as running:
+        yield running
 
 
 # --------------------------------------------------------------------- tests
@@ -393,17 +327,8 @@ async def test_durable_cancel_of_seed_run_reports_in_thread_state(
         lambda: update_order_in_flight(served, thread_id),
     )
     assert in_flight.args["order_id"] == "o-88"
-    answer = await asyncio.to_thread(
-        request_cancel, served.ledger_url, thread_id, reason="stop pressed", requested_by="studio"
-    )
-    assert answer.accepted, answer
-    await asyncio.wait_for(client.runs.join(thread_id, run["run_id"]), timeout=30)
-
-    assert (await client.runs.get(thread_id, run["run_id"]))["status"] == "success"
-    state = await client.threads.get_state(thread_id)
-    assert state["next"] == []
-    report = state["values"].get("cancellation_report")
-    assert report is not None, sorted(state["values"])
+    state = await stopped_durably(served, client, thread_id, run["run_id"])
+    report = state["values"]["cancellation_report"]
     assert report["status"] == "cancelled"
     assert report["reason"] == "stop pressed"
     assert report["requested_by"] == "studio"
@@ -502,12 +427,8 @@ async def test_new_input_after_runs_cancel_keeps_tool_answers_in_order(
     served: Served, client: Any, thread_id: str
 ) -> None:
     """Stop (``runs.cancel``) mid-batch, then type again, as a Studio user would."""
-    key = refund_key({"order_id": "o-88", "amount": 45.0})  # under 100: no approval
-    served.providers.set_fault("refund", "hang:2", times=1)
-    run = await client.runs.create(thread_id, served.graph_id, input=human(refund_request(45)))
-    await wait_for("the refund to be in flight", lambda: in_flight(served, key))
-    await client.runs.cancel(thread_id, run["run_id"], action="interrupt", wait=True)
-    rec = await wait_for("the refund to settle", lambda: settled_from_flight(served.ledger, key))
+    rec = await stopped_in_studio_mid_refund(served, client, thread_id)  # under 100: no approval
+    key = rec.idempotency_key
 
     values = await client.runs.wait(
         thread_id, served.graph_id, input=human("Thanks. Did that go through?")
