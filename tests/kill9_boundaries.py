@@ -6,10 +6,14 @@ made by ``create_agent``)."""
 from __future__ import annotations
 
 import sqlite3
+import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import recovery_worker as rw
+from kill9_harness import MARKER_TIMEOUT, POLL, Job, World
+from langgraph_cancel import request_cancel
 from langgraph_cancel.demo.tools import refund_key
 
 
@@ -98,3 +102,58 @@ def expire_in_flight(providers_path: Path, key: str) -> None:
             )
     finally:
         conn.close()
+
+
+def killed_at(world: World, boundary: Boundary, **options: Any) -> tuple[Job, dict[str, Any]]:
+    """The first worker run to ``boundary`` (its stop asked for on the way, when the
+    boundary says so) and killed there; the job, and the providers' truth at the kill.
+
+    ``options`` go to the job's spec (``agent=`` names the ``create_agent`` agent).
+    """
+    providers = world.providers()
+    if boundary.hang_refund:
+        providers.set_fault("refund", "hang:30", times=1)
+    first = world.start(
+        "first",
+        "run",
+        kill_at=None if boundary.hang_refund else boundary.kill_at,
+        signal_at=[boundary.kill_at] if boundary.hang_refund else [],
+        refund_amount=boundary.refund_amount,
+        compensate_on_cancel=boundary.compensate,
+        pause_at=[boundary.cancel_after] if boundary.cancel_after else [],
+        slow_checkpoints=boundary.slow_checkpoints,
+        **options,
+    )
+    if boundary.cancel_after:
+        first.wait_point(boundary.cancel_after, "paused")
+        asked = request_cancel(
+            world.db_url, world.thread_id, reason="user pressed stop", requested_by="test"
+        )
+        assert asked.accepted, asked
+        first.go(boundary.cancel_after)
+    first.wait_point(boundary.kill_at)
+    if boundary.hang_refund:
+        deadline = time.monotonic() + MARKER_TIMEOUT
+        while not providers.pending(boundary.refund_key):
+            assert time.monotonic() < deadline, "the refund never reached the provider"
+            time.sleep(POLL)
+    first.kill9()
+    return first, providers.truth()
+
+
+def recovered(
+    world: World, boundary: Boundary, **options: Any
+) -> tuple[Job, dict[str, Any], dict[str, Any]]:
+    """A new process after the kill: the three questions first, from the database
+    alone; then it resumes, on SQLite with ``langgraph-cancel resume`` (which
+    reconciles first), on PostgreSQL with ``graph.invoke(None)`` (the tool node settles
+    what it left in flight). The job, its result and its answers."""
+    second = world.start(
+        "second",
+        "recover",
+        refund_amount=boundary.refund_amount,
+        compensate_on_cancel=boundary.compensate,
+        resume_via="cli" if world.backend == "sqlite" else "invoke",
+        **options,
+    )
+    return second, second.ok(), second.answers()

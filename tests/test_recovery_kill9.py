@@ -31,15 +31,12 @@ that misbehave and the sweeper in ``test_recovery_kill9_reconcile.py``.
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 
 import recovery_worker as rw
-from kill9_boundaries import BOUNDARIES, Boundary, expire_in_flight
+from kill9_boundaries import BOUNDARIES, Boundary, expire_in_flight, killed_at, recovered
 from kill9_harness import (
-    MARKER_TIMEOUT,
-    POLL,
     World,
     _fork_server,  # noqa: F401 (a fixture, found by name)
     applied_keys,
@@ -51,7 +48,7 @@ from kill9_harness import (
     sqlite_world_fixture,  # noqa: F401 (a fixture, found by name)
     world_fixture,  # noqa: F401 (a fixture, found by name)
 )
-from langgraph_cancel import EffectStatus, request_cancel
+from langgraph_cancel import EffectStatus
 from langgraph_cancel.demo.tools import compensation_key
 
 
@@ -59,46 +56,9 @@ from langgraph_cancel.demo.tools import compensation_key
 @pytest.mark.parametrize("boundary", BOUNDARIES, ids=[b.id for b in BOUNDARIES])
 def test_kill9_at_boundary_then_recover(world: World, boundary: Boundary) -> None:
     providers = world.providers()
-    if boundary.hang_refund:
-        providers.set_fault("refund", "hang:30", times=1)
-    first = world.start(
-        "first",
-        "run",
-        kill_at=None if boundary.hang_refund else boundary.kill_at,
-        signal_at=[boundary.kill_at] if boundary.hang_refund else [],
-        refund_amount=boundary.refund_amount,
-        compensate_on_cancel=boundary.compensate,
-        pause_at=[boundary.cancel_after] if boundary.cancel_after else [],
-        slow_checkpoints=boundary.slow_checkpoints,
-    )
-    if boundary.cancel_after:
-        first.wait_point(boundary.cancel_after, "paused")
-        accepted = request_cancel(
-            world.db_url, world.thread_id, reason="user pressed stop", requested_by="test"
-        )
-        assert accepted.accepted
-        first.go(boundary.cancel_after)
-    first.wait_point(boundary.kill_at)
-    if boundary.hang_refund:
-        deadline = time.monotonic() + MARKER_TIMEOUT
-        while not providers.pending(boundary.refund_key):
-            assert time.monotonic() < deadline, "the refund never reached the provider"
-            time.sleep(POLL)
-    first.kill9()
-    truth_at_kill = providers.truth()
+    first, truth_at_kill = killed_at(world, boundary)
 
-    # A new process: the three questions first, from the database alone; then resume:
-    # on SQLite with `langgraph-cancel resume` (reconciles first, then continues), on
-    # PostgreSQL with `graph.invoke(None)` (the tool node settles what it left in flight).
-    second = world.start(
-        "second",
-        "recover",
-        refund_amount=boundary.refund_amount,
-        compensate_on_cancel=boundary.compensate,
-        resume_via="cli" if world.backend == "sqlite" else "invoke",
-    )
-    result = second.ok()
-    answers = second.answers()
+    second, result, answers = recovered(world, boundary)
     ledger = world.ledger()
     try:
         assert_answers_match_truth(answers, truth_at_kill, ledger, world.thread_id)

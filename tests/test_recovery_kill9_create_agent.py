@@ -12,17 +12,14 @@ dying is closed by ``resume``.
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
 import pytest
 
 import recovery_worker as rw
 from graphs import answered_late, dangling_calls
-from kill9_boundaries import BOUNDARIES, Boundary, expire_in_flight
+from kill9_boundaries import BOUNDARIES, Boundary, expire_in_flight, killed_at, recovered
 from kill9_harness import (
-    MARKER_TIMEOUT,
-    POLL,
     World,
     _fork_server,  # noqa: F401 (a fixture, found by name)
     applied_keys,
@@ -249,43 +246,9 @@ def test_create_agent_kill9_at_boundary_then_recover(world: World, boundary: Bou
     at once, so a call beside the one at the kill point may be anywhere in its own
     course; the checks are those that hold wherever it is."""
     providers = world.providers()
-    if boundary.hang_refund:
-        providers.set_fault("refund", "hang:30", times=1)
-    first = world.start(
-        "first",
-        "run",
-        kill_at=None if boundary.hang_refund else boundary.kill_at,
-        signal_at=[boundary.kill_at] if boundary.hang_refund else [],
-        refund_amount=boundary.refund_amount,
-        compensate_on_cancel=boundary.compensate,
-        pause_at=[boundary.cancel_after] if boundary.cancel_after else [],
-        slow_checkpoints=boundary.slow_checkpoints,
-        **AGENT,
-    )
-    if boundary.cancel_after:
-        first.wait_point(boundary.cancel_after, "paused")
-        asked = request_cancel(world.db_url, world.thread_id, reason="stop", requested_by="test")
-        assert asked.accepted, asked
-        first.go(boundary.cancel_after)
-    first.wait_point(boundary.kill_at)
-    if boundary.hang_refund:
-        deadline = time.monotonic() + MARKER_TIMEOUT
-        while not providers.pending(boundary.refund_key):
-            assert time.monotonic() < deadline, "the refund never reached the provider"
-            time.sleep(POLL)
-    first.kill9()
-    truth_at_kill = providers.truth()
+    first, truth_at_kill = killed_at(world, boundary, **AGENT)
 
-    second = world.start(
-        "second",
-        "recover",
-        refund_amount=boundary.refund_amount,
-        compensate_on_cancel=boundary.compensate,
-        resume_via="cli" if world.backend == "sqlite" else "invoke",
-        **AGENT,
-    )
-    result = second.ok()
-    answers = second.answers()
+    second, result, answers = recovered(world, boundary, **AGENT)
     ledger = world.ledger()
     try:
         assert_answers_match_truth(answers, truth_at_kill, ledger, world.thread_id)
