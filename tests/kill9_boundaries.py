@@ -12,8 +12,17 @@ from pathlib import Path
 from typing import Any
 
 import recovery_worker as rw
-from kill9_harness import MARKER_TIMEOUT, POLL, Job, World
-from langgraph_cancel import request_cancel
+from kill9_harness import (
+    MARKER_TIMEOUT,
+    POLL,
+    Job,
+    World,
+    assert_no_double_execution,
+    assert_report_matches_truth,
+    assert_settled,
+    effect_of,
+)
+from langgraph_cancel import EffectStatus, request_cancel
 from langgraph_cancel.demo.tools import refund_key
 
 
@@ -157,3 +166,23 @@ def recovered(
         **options,
     )
     return second, second.ok(), second.answers()
+
+
+def assert_orphaned_refund_not_applied(
+    world: World, boundary: Boundary, truth: dict[str, Any], **options: Any
+) -> None:
+    """A hanging refund's boundary, after the recovery left it ``unknown``: later the
+    provider gives up on the orphaned request, and a reconcile in another new process
+    learns that the refund did not happen (``options`` go to that job's spec)."""
+    ledger = world.ledger()
+    assert not truth["refunds"]
+    expire_in_flight(world.providers_path, boundary.refund_key)
+    third = world.start("third", "reconcile", **options)
+    assert third.ok()["left_unknown"] == []
+    refund = effect_of(ledger, world.thread_id, "issue_refund")
+    assert refund.status is EffectStatus.NOT_APPLIED, refund
+    truth = world.providers().truth()
+    assert_no_double_execution(truth)
+    assert not truth["refunds"]
+    assert_settled(ledger, world.thread_id)
+    assert_report_matches_truth(world, truth)

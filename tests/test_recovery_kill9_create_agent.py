@@ -18,7 +18,13 @@ import pytest
 
 import recovery_worker as rw
 from graphs import answered_late, dangling_calls
-from kill9_boundaries import BOUNDARIES, Boundary, expire_in_flight, killed_at, recovered
+from kill9_boundaries import (
+    BOUNDARIES,
+    Boundary,
+    assert_orphaned_refund_not_applied,
+    killed_at,
+    recovered,
+)
 from kill9_harness import (
     World,
     _fork_server,  # noqa: F401 (a fixture, found by name)
@@ -294,19 +300,7 @@ def test_create_agent_kill9_at_boundary_then_recover(world: World, boundary: Bou
                 refund = effect_of(ledger, world.thread_id, "issue_refund")
                 assert (refund.approval or {}).get("reviewer") == "reviewer-after-crash", refund
         if boundary.hang_refund:
-            # The provider gives up on the orphaned request; a reconcile in a new
-            # process learns that the refund did not happen.
-            assert not truth["refunds"]
-            expire_in_flight(world.providers_path, boundary.refund_key)
-            third = world.start("third", "reconcile", **AGENT)
-            assert third.ok()["left_unknown"] == []
-            refund = effect_of(ledger, world.thread_id, "issue_refund")
-            assert refund.status is EffectStatus.NOT_APPLIED, refund
-            truth = providers.truth()
-            assert_no_double_execution(truth)
-            assert not truth["refunds"]
-            assert_settled(ledger, world.thread_id)
-            assert_report_matches_truth(world, truth)
+            assert_orphaned_refund_not_applied(world, boundary, truth, **AGENT)
     except AssertionError:
         print(first.log(), second.log(), json.dumps(answers, indent=1), sep="\n-----\n")
         raise
