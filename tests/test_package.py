@@ -40,3 +40,47 @@ def test_importing_the_package_imports_no_langgraph() -> None:
     from langgraph_cancel.cli.config import version
 
     assert version() == langgraph_cancel.__version__
+
+
+#: How the README names each requirement whose lower bound it states.
+README_NAMES = {
+    "langgraph": "LangGraph",
+    "langgraph-prebuilt": "langgraph-prebuilt",
+    "langchain": "LangChain",
+    "langgraph-checkpoint-postgres": "langgraph-checkpoint-postgres",
+    "langgraph-checkpoint-sqlite": "langgraph-checkpoint-sqlite",
+    "psycopg": "psycopg",
+    "pydantic": "pydantic",
+}
+
+
+def _lower_bounds() -> dict[str, str]:
+    import tomllib
+    from pathlib import Path
+
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads(
+        (Path(langgraph_cancel.__file__).parents[1] / "pyproject.toml").read_text()
+    )["project"]
+    lines = [*project["dependencies"]]
+    for extra in project["optional-dependencies"].values():
+        lines.extend(line for line in extra if not line.startswith("langgraph-cancel"))
+    bounds: dict[str, str] = {}
+    for line in lines:
+        requirement = Requirement(line)
+        for spec in requirement.specifier:
+            if spec.operator == ">=":
+                bounds[requirement.name] = spec.version
+    return bounds
+
+
+def test_the_readme_states_the_lower_bounds_pyproject_declares() -> None:
+    from pathlib import Path
+
+    readme = " ".join(
+        (Path(langgraph_cancel.__file__).parents[1] / "README.md").read_text().split()
+    )
+    bounds = _lower_bounds()
+    stated = {name: f"{shown} {bounds[name]}" for name, shown in README_NAMES.items()}
+    assert {name: text for name, text in stated.items() if text not in readme} == {}
