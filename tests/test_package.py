@@ -1,4 +1,5 @@
-"""The package's top level: every public name resolves, none of them imported eagerly."""
+"""The package's top level: every public name resolves, none of them imported eagerly;
+the lower bounds of its requirements, as the README states them."""
 
 from __future__ import annotations
 
