@@ -63,6 +63,8 @@ from langgraph_cancel import EffectKind, EffectStatus, Ledger
 from langgraph_cancel.errors import DispatchRefusedError
 from langgraph_cancel.types import RunStatus
 
+pytestmark = pytest.mark.version_neutral
+
 HERE = Path(__file__).resolve().parent
 
 

@@ -92,6 +92,8 @@ from langgraph_cancel.recovery import reconcile
 from langgraph_cancel.subagents import child_config
 from langgraph_cancel.types import UNSETTLED_STATUSES, EffectRecord, RunStatus
 
+pytestmark = pytest.mark.version_neutral
+
 
 class OneThread(RuleBasedStateMachine):
     """One thread on one saver, driven by the steps Hypothesis picks.

@@ -40,6 +40,8 @@ from langgraph_cancel.testing import tool_call
 from langgraph_cancel.types import EffectStatus, RunStatus
 from module_fixtures import db_url_fixture, saver_fixture  # noqa: F401 (fixtures)
 
+pytestmark = pytest.mark.version_neutral
+
 PROVIDER_HELD = "notify"
 PACKAGE_HELD = "send_later"
 #: A slow read: it keeps the run alive while earlier calls sit in their windows.

@@ -18,6 +18,8 @@ from langgraph_cancel.demo.send_at import SendAtMail
 from langgraph_cancel.demo.services import Providers
 from langgraph_cancel.report import CancellationReport
 
+pytestmark = pytest.mark.version_neutral
+
 QUEUED = {"create_ticket", "send_email", "update_order", "issue_refund"}
 
 

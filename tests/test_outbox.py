@@ -125,6 +125,7 @@ def _cli_outbox(db_url: str, providers: Path, *extra: str) -> subprocess.Popen[s
     )
 
 
+@pytest.mark.version_neutral
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
 def test_kill9_of_the_graph_and_of_the_outbox_worker_sends_the_call_once(
     backend: str, tmp_path: Path, request: pytest.FixtureRequest
