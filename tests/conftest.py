@@ -36,6 +36,7 @@ creates lands in a temporary directory, never in the repository.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -177,25 +178,32 @@ def _admin_execute(dsn: str, statement: str, dbname: str) -> None:
         conn.execute(query)
 
 
-@pytest.fixture
-def pg_url(pg_dsn: str) -> Iterator[str]:
-    """URL of a fresh database ``lgc_<12 hex>`` on the test server, dropped afterwards."""
-    dbname = f"lgc_{uuid.uuid4().hex[:12]}"
-    _admin_execute(pg_dsn, "CREATE DATABASE {}", dbname)
+@contextlib.contextmanager
+def fresh_database(dsn: str, prefix: str = "lgc") -> Iterator[str]:
+    """URL of a fresh database ``<prefix>_<12 hex>`` on ``dsn``'s server, dropped on exit."""
+    dbname = f"{prefix}_{uuid.uuid4().hex[:12]}"
+    _admin_execute(dsn, "CREATE DATABASE {}", dbname)
     try:
-        yield with_dbname(pg_dsn, dbname)
+        yield with_dbname(dsn, dbname)
     finally:
         # The test may have restarted or stopped the server: retry for a little while.
         last: Exception | None = None
         for _ in range(20):
             try:
-                _admin_execute(pg_dsn, "DROP DATABASE IF EXISTS {} WITH (FORCE)", dbname)
+                _admin_execute(dsn, "DROP DATABASE IF EXISTS {} WITH (FORCE)", dbname)
                 break
             except Exception as exc:  # pragma: no cover - depends on the test's doings
                 last = exc
                 time.sleep(0.5)
         else:
             warnings.warn(f"could not drop test database {dbname}: {last}", stacklevel=1)
+
+
+@pytest.fixture
+def pg_url(pg_dsn: str) -> Iterator[str]:
+    """URL of a fresh database ``lgc_<12 hex>`` on the test server, dropped afterwards."""
+    with fresh_database(pg_dsn) as url:
+        yield url
 
 
 # --------------------------------------------------------------------------- SQLite / db_url

@@ -193,15 +193,10 @@ def module_database(request: Any) -> Iterator[str]:
         folder = request.getfixturevalue("tmp_path_factory").mktemp("db")
         yield "sqlite:///" + str((folder / "ledger.db").resolve())
         return
-    from conftest import _admin_execute, with_dbname
+    from conftest import fresh_database
 
-    dsn = request.getfixturevalue("pg_dsn")
-    dbname = f"lgc_{uuid.uuid4().hex[:12]}"
-    _admin_execute(dsn, "CREATE DATABASE {}", dbname)
-    try:
-        yield with_dbname(dsn, dbname)
-    finally:
-        _admin_execute(dsn, "DROP DATABASE IF EXISTS {} WITH (FORCE)", dbname)
+    with fresh_database(request.getfixturevalue("pg_dsn")) as url:
+        yield url
 
 
 # ----------------------------------------------------------------------------- the model

@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import os
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +21,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from conftest import require_or_skip, selected_backends, with_dbname
+from conftest import fresh_database, require_or_skip, selected_backends
 from langgraph_cancel import EffectStatus, Ledger
 from langgraph_cancel.demo.services import Providers
 from langgraph_cancel.demo.tools import refund_key
@@ -66,15 +65,9 @@ def ledger_url_on(request: pytest.FixtureRequest, backend: str, root: Path) -> I
     if backend == "sqlite":
         yield "sqlite:///" + str((root / "ledger.db").resolve())
         return
-    from conftest import _admin_execute
-
     dsn: str = request.getfixturevalue("pg_dsn")  # skipped locally / failed in CI without it
-    dbname = f"lgc_srv_{uuid.uuid4().hex[:10]}"
-    _admin_execute(dsn, "CREATE DATABASE {}", dbname)
-    try:
-        yield with_dbname(dsn, dbname)
-    finally:
-        _admin_execute(dsn, "DROP DATABASE IF EXISTS {} WITH (FORCE)", dbname)
+    with fresh_database(dsn, prefix="lgc_srv") as url:
+        yield url
 
 
 @contextlib.contextmanager
