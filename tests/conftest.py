@@ -53,6 +53,7 @@ from urllib.parse import quote, urlencode, urlsplit, urlunsplit
 import pytest
 
 from langgraph_cancel.ledger import Ledger
+from langgraph_cancel.ledgers import forget_url
 
 PG_DSN_ENV = "LANGGRAPH_CANCEL_TEST_PG_DSN"
 
@@ -183,9 +184,13 @@ def fresh_database(dsn: str, prefix: str = "lgc") -> Iterator[str]:
     """URL of a fresh database ``<prefix>_<12 hex>`` on ``dsn``'s server, dropped on exit."""
     dbname = f"{prefix}_{uuid.uuid4().hex[:12]}"
     _admin_execute(dsn, "CREATE DATABASE {}", dbname)
+    url = with_dbname(dsn, dbname)
     try:
-        yield with_dbname(dsn, dbname)
+        yield url
     finally:
+        # The ledger the package keeps for a URL handed to its API (``request_cancel``,
+        # ``get_report``) would outlive the database: its pool would keep dialling it.
+        forget_url(url)
         # The test may have restarted or stopped the server: retry for a little while.
         last: Exception | None = None
         for _ in range(20):

@@ -39,6 +39,7 @@ from kill_points import Points
 from langgraph_cancel import EffectStatus, Ledger, get_report
 from langgraph_cancel.demo.services import Providers
 from langgraph_cancel.demo.tools import compensation_key
+from langgraph_cancel.ledgers import forget_url
 
 POLL = 0.02
 MARKER_TIMEOUT = 30.0
@@ -195,6 +196,7 @@ class World:
                 job.proc.join(5)
         for ledger in self.opened:
             ledger.close()
+        forget_url(self.db_url)  # the package's own ledger for the URL, if the test used it
 
 
 @pytest.fixture(
