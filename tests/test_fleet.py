@@ -320,9 +320,15 @@ def check_fleet(
                 for e in effects
                 if e.kind is EffectKind.IRREVERSIBLE and e.idempotency_key in mine
             }
+            reported = {e.idempotency_key for e in report.permanent}
             checks.that(
-                {e.idempotency_key for e in report.permanent} == permanent,
-                f"{thread_id}: report's permanent effects are not the providers'",
+                reported == permanent,
+                ""
+                if reported == permanent
+                else f"{thread_id}: report's permanent effects are not the providers': "
+                f"reported {sorted(reported)}, applied {sorted(permanent)}, reported unknown "
+                f"{sorted(e.idempotency_key for e in report.unknown)}\n"
+                f"{describe(ledger, thread_id)}",
             )
             checks.that(report.dispatched_after_cancel == 0, f"{thread_id}: dispatched after")
     lost = {k for k in applied if not k.startswith("compensate:")} - ledger_keys
