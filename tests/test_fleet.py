@@ -26,6 +26,7 @@ N is ``LGC_FLEET_THREADS`` (default 24; ``scripts/soak`` runs 200), the chaos la
 
 from __future__ import annotations
 
+import functools
 import json
 import multiprocessing
 import os
@@ -194,6 +195,25 @@ def describe(ledger: Ledger, thread_id: str) -> str:
     return "\n".join([thread_id, *runs, *effects])
 
 
+def not_closed(ledger: Ledger, thread_id: str, status: str, next_nodes: Any) -> str:
+    """The message of a terminal run whose thread was left open."""
+    return (
+        f"{thread_id}: run {status}, thread not closed: next {next_nodes}\n"
+        f"{describe(ledger, thread_id)}"
+    )
+
+
+def report_mismatch(
+    ledger: Ledger, thread_id: str, reported: set[str], applied: set[str], unknown: set[str]
+) -> str:
+    """The message of a stored report whose permanent effects are not the providers'."""
+    return (
+        f"{thread_id}: report's permanent effects are not the providers': reported "
+        f"{sorted(reported)}, applied {sorted(applied)}, reported unknown {sorted(unknown)}\n"
+        f"{describe(ledger, thread_id)}"
+    )
+
+
 class Checks:
     """Counts every invariant checked."""
 
@@ -201,8 +221,11 @@ class Checks:
         self.count = 0
 
     def that(self, condition: bool, message: Any) -> None:
+        """Count the check and assert it; ``message`` may be a function that builds the
+        message, called only when the check fails (``describe`` reads the database)."""
         self.count += 1
-        assert condition, message
+        if not condition:
+            raise AssertionError(message() if callable(message) else message)
 
 
 def test_a_fleet_survives_kills_terminated_connections_and_a_restart(
@@ -289,8 +312,7 @@ def check_fleet(
             messages = snapshot.values.get("messages", [])
             checks.that(
                 not snapshot.next and not dangling_calls(messages) and not answered_late(messages),
-                f"{thread_id}: run {run.status.value}, thread not closed: next "
-                f"{snapshot.next}\n{describe(ledger, thread_id)}",
+                functools.partial(not_closed, ledger, thread_id, run.status.value, snapshot.next),
             )
         effects = ledger.effects(thread_id)
         keys = [e.idempotency_key for e in effects]
@@ -303,7 +325,7 @@ def check_fleet(
                 )
             else:
                 ok = SETTLED_OK if run.terminal else SETTLED_OK | UNDISPATCHED_STATUSES
-                checks.that(record.status in ok, describe(ledger, thread_id))
+                checks.that(record.status in ok, functools.partial(describe, ledger, thread_id))
             if record.kind is EffectKind.READ_ONLY:
                 continue
             if record.status is EffectStatus.COMMITTED:
@@ -323,12 +345,14 @@ def check_fleet(
             reported = {e.idempotency_key for e in report.permanent}
             checks.that(
                 reported == permanent,
-                ""
-                if reported == permanent
-                else f"{thread_id}: report's permanent effects are not the providers': "
-                f"reported {sorted(reported)}, applied {sorted(permanent)}, reported unknown "
-                f"{sorted(e.idempotency_key for e in report.unknown)}\n"
-                f"{describe(ledger, thread_id)}",
+                functools.partial(
+                    report_mismatch,
+                    ledger,
+                    thread_id,
+                    reported,
+                    permanent,
+                    {e.idempotency_key for e in report.unknown},
+                ),
             )
             checks.that(report.dispatched_after_cancel == 0, f"{thread_id}: dispatched after")
     lost = {k for k in applied if not k.startswith("compensate:")} - ledger_keys
