@@ -421,6 +421,13 @@ def test_a_side_effect_outliving_its_grace_is_unknown_then_settles_late(
         late = memory.ledger.find_effect(thread_id, "s1")
         assert late.status is EffectStatus.COMMITTED and log.applied("slow_write") == 1
         assert memory.ledger.latest_run(thread_id).status is RunStatus.CANCELLED
+        # The report of the stop says what was known then: unknown, with an owner.
+        # Built now, it says where the call settled: permanent.
+        at_stop = get_report(memory, thread_id)
+        assert [(e.tool_call_id, e.owner) for e in at_stop.unknown] == [("s1", rec.owner)]
+        assert at_stop.permanent == []
+        now = get_report(memory, thread_id, now=True)
+        assert [e.tool_call_id for e in now.permanent] == ["s1"] and now.unknown == []
 
 
 def test_cancel_right_after_a_write_is_acknowledged(saver: Any, log: ExecutionLog) -> None:
