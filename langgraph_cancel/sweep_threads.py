@@ -7,6 +7,8 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from langgraph.graph.message import add_messages
+
 from langgraph_cancel.agents import guarded_agent
 from langgraph_cancel.errors import ConfigurationError
 from langgraph_cancel.execution.identity import dangling_tool_calls
@@ -62,6 +64,12 @@ class SweptThreads:
         unanswered and ends the graph; nothing is dispatched. The caller holds the
         thread's lease; the graph is invoked as its owner.
 
+        A step whose tasks all finished, their writes saved, but whose own checkpoint
+        was not (the worker died, or its database went away, in between) shows
+        nothing next in LangGraph's state, with those writes in its values: a
+        model's tool calls, say. It is closed too: resuming applies the writes and
+        runs on.
+
         Returns:
             True when closed. False when there was nothing to close (no graph given,
             the graph had ended), when the nodes it has pending are not the given
@@ -73,7 +81,8 @@ class SweptThreads:
         config: Any = {"configurable": {"thread_id": thread_id, CONFIG_KEY_WORKER: self.owner}}
         try:
             snapshot = self.graph.get_state(config)
-            if not snapshot.next or not set(snapshot.next) <= set(self.graph.nodes):
+            pending = {task.name for task in snapshot.tasks}
+            if not pending or not pending <= set(self.graph.nodes):
                 return False
             self.graph.invoke(None, config)
         except Exception:
@@ -83,13 +92,22 @@ class SweptThreads:
         return True
 
     def last_values(self, thread_id: str) -> Mapping[str, Any] | None:
-        """The channel values of the thread's last checkpoint (None without a saver)."""
+        """The thread's last saved state (None without a saver): its checkpoint's
+        channel values, with the messages and the report its step's finished tasks
+        wrote (saved beside the checkpoint, as LangGraph's state shows them, when the
+        step's own checkpoint was not saved)."""
         if self.saver is None:
             return None
         saved = self.saver.get_tuple({"configurable": {"thread_id": thread_id}})
         if saved is None:
             return None
-        values: Mapping[str, Any] = saved.checkpoint.get("channel_values") or {}
+        values: dict[str, Any] = dict(saved.checkpoint.get("channel_values") or {})
+        messages_key, report_key = self.settings.messages_key, self.settings.report_key
+        for _task_id, channel, value in saved.pending_writes or []:
+            if channel == messages_key:
+                values[messages_key] = add_messages(values.get(messages_key) or [], value)
+            elif channel == report_key:
+                values[report_key] = value
         return values
 
     def dangling(self, thread_id: str) -> list[Any]:

@@ -289,12 +289,14 @@ class Sweeper:
                 )
             )
 
-    def _stale(self, run: RunRecord) -> bool:
-        """True when no live worker will finish ``run``'s stop."""
+    def _stale(self, run: RunRecord) -> str | None:
+        """Why no live worker will finish ``run``'s stop, or None while one may."""
         if run.owner is not None and holder_is_gone(run.owner):
-            return True
+            return f"worker {run.owner} is gone"
         requested = run.requested_at or run.updated_at
-        return utcnow() - requested >= timedelta(seconds=self.cancel_grace)
+        if utcnow() - requested >= timedelta(seconds=self.cancel_grace):
+            return f"no worker finished it within {self.cancel_grace:g}s of the request"
+        return None
 
     def _finish_stops(self, work: _Pass) -> None:
         stopping: dict[str, RunRecord] = {}
@@ -302,7 +304,10 @@ class Sweeper:
             for run in self.ledger.runs_by_status(status, limit=self.max_threads * 4):
                 stopping.setdefault(run.run_id, run)
         for run in stopping.values():
-            if lease_is_live(self.ledger.lease(run.thread_id)) or not self._stale(run):
+            if lease_is_live(self.ledger.lease(run.thread_id)):
+                continue
+            why = self._stale(run)
+            if why is None:
                 continue
             if not work.claim(run.thread_id):
                 return
@@ -326,7 +331,7 @@ class Sweeper:
                     SweepAction(
                         SweepActionKind.FINISHED_CANCEL,
                         run.thread_id,
-                        f"finished the stop of run {run.run_id} (worker {run.owner} is gone)"
+                        f"finished the stop of run {run.run_id} ({why})"
                         + ("; closed its thread" if closed else ""),
                         run_id=run.run_id,
                         status=report.status,

@@ -26,15 +26,21 @@ from langgraph_cancel.ledger import Ledger
 
 
 class Hold:
-    """Once armed, the next ``put`` waits for ``release``."""
+    """Once armed, the next ``put`` (of a checkpoint ``only`` accepts, when given) waits
+    for ``release``."""
 
-    def __init__(self, *, fail: bool = False) -> None:
+    def __init__(self, *, fail: bool = False, only: Callable[[Any], bool] | None = None) -> None:
         self.armed = threading.Event()
         self.holding = threading.Event()
         self.release = threading.Event()
         self.fail = fail  # the held save then fails (the database went away)
+        # Which checkpoints may be held: an earlier step's save may still be under way
+        # when the model arms the hold.
+        self.only = only
 
-    def before_put(self) -> None:
+    def before_put(self, checkpoint: Any = None) -> None:
+        if self.only is not None and not self.only(checkpoint):
+            return
         if self.armed.is_set() and not self.release.is_set():
             self.holding.set()
             self.release.wait(30)
@@ -51,11 +57,11 @@ def held(base: type[Any], hold: Hold) -> type[Any]:
 
     class Below(langgraph_saver):  # type: ignore[misc, valid-type]
         def put(self, config: Any, checkpoint: Any, metadata: Any, new_versions: Any) -> Any:
-            hold.before_put()
+            hold.before_put(checkpoint)
             return super().put(config, checkpoint, metadata, new_versions)
 
         async def aput(self, config: Any, checkpoint: Any, metadata: Any, new_versions: Any) -> Any:
-            await asyncio.to_thread(hold.before_put)
+            await asyncio.to_thread(hold.before_put, checkpoint)
             return await super().aput(config, checkpoint, metadata, new_versions)
 
     if base is langgraph_saver:
@@ -73,6 +79,13 @@ def held_saver(url: str, hold: Hold) -> Iterator[Any]:
     with held(base, hold).from_conn_string(url) as saver:
         saver.setup()
         yield saver
+
+
+def asks_for_calls(checkpoint: Any) -> bool:
+    """Whether a checkpoint's last message is a model's with tool calls (its step asked
+    for them)."""
+    messages = checkpoint.get("channel_values", {}).get("messages") or []
+    return bool(messages) and bool(getattr(messages[-1], "tool_calls", None))
 
 
 def held_graph(saver: Any, hold: Hold, node: EffectToolNode, model: Any, *, use_async: bool) -> Any:

@@ -242,9 +242,15 @@ def _settle_first(
 
 
 def _nothing_to_resume(snapshot: Any, before: RunRecord, thread_id: str) -> str | None:
-    """Why the thread has nothing to run on, or ``None`` when it has."""
+    """Why the thread has nothing to run on, or ``None`` when it has.
+
+    A saved step has something to run on while it has tasks: those still to run
+    (``next``), and those that finished with their writes saved while the step's own
+    checkpoint was not (LangGraph's state lists them in ``tasks``, not in ``next``;
+    running on applies their writes).
+    """
     saved = snapshot.created_at is not None
-    if saved and (snapshot.next or snapshot.interrupts or not before.terminal):
+    if saved and (snapshot.tasks or snapshot.interrupts or not before.terminal):
         return None
     if saved:
         return f"nothing to resume: run {before.run_id} is {before.status.value}"
