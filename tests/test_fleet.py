@@ -22,7 +22,7 @@ providers' own truth (their SQLite file counts every application per key):
   the report built now names exactly those applied and settled; nothing was
   dispatched after the stop.
 
-N is ``LGC_FLEET_THREADS`` (default 24; ``scripts/soak`` runs 200), the chaos lasts
+N is ``LGC_FLEET_THREADS`` (default 200), the chaos lasts
 ``LGC_FLEET_CHAOS_S`` seconds (default 20).
 """
 
@@ -43,6 +43,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from langchain_core.messages import BaseMessage, ToolMessage
 
 import fleet_worker as fw
 from fork_server import ensure_fork_server
@@ -63,7 +64,7 @@ CTX = multiprocessing.get_context("forkserver")
 CTX.set_forkserver_preload(["fleet_worker"])
 HERE = Path(__file__).resolve().parent
 
-THREADS = int(os.environ.get("LGC_FLEET_THREADS", "24"))
+THREADS = int(os.environ.get("LGC_FLEET_THREADS", "200"))
 CHAOS_S = float(os.environ.get("LGC_FLEET_CHAOS_S", "20"))
 WORKERS = 4
 SETTLE_TIMEOUT_S = 60.0 + THREADS * 0.6
@@ -197,11 +198,23 @@ def describe(ledger: Ledger, thread_id: str) -> str:
     return "\n".join([thread_id, *runs, *effects])
 
 
-def not_closed(ledger: Ledger, thread_id: str, status: str, next_nodes: Any) -> str:
+def not_closed(
+    ledger: Ledger, thread_id: str, status: str, next_nodes: Any, messages: list[BaseMessage]
+) -> str:
     """The message of a terminal run whose thread was left open."""
+    lines = [
+        f"  {type(m).__name__} {m.id}: "
+        + (
+            f"answers {m.tool_call_id} {str(m.content)[:60]!r}"
+            if isinstance(m, ToolMessage)
+            else f"calls {[c.get('id') for c in getattr(m, 'tool_calls', None) or []]}"
+        )
+        for m in messages
+    ]
     return (
-        f"{thread_id}: run {status}, thread not closed: next {next_nodes}\n"
-        f"{describe(ledger, thread_id)}"
+        f"{thread_id}: run {status}, thread not closed: next {next_nodes}, dangling "
+        f"{dangling_calls(messages)}, answered late {answered_late(messages)}\n"
+        f"{describe(ledger, thread_id)}\n" + "\n".join(lines)
     )
 
 
@@ -322,7 +335,9 @@ def check_fleet(
             messages = snapshot.values.get("messages", [])
             checks.that(
                 not snapshot.next and not dangling_calls(messages) and not answered_late(messages),
-                functools.partial(not_closed, ledger, thread_id, run.status.value, snapshot.next),
+                functools.partial(
+                    not_closed, ledger, thread_id, run.status.value, snapshot.next, messages
+                ),
             )
         effects = ledger.effects(thread_id)
         keys = [e.idempotency_key for e in effects]
