@@ -312,10 +312,25 @@ class Invocation:
                 self._close_run(ending)
         finally:
             try:
-                if not self._released:
+                if not self._released and not self._cancelled_mid_way(ending):
                     self.ledger.release_lease(self.scope.thread_id, self.owner)
             finally:
                 drop_scope(self.scope)
+
+    def _cancelled_mid_way(self, ending: RunEnding) -> bool:
+        """Whether the invocation failed after its run's ``cancelled`` transition.
+
+        Its cancel node's saves were lost (the database went away, say), so the
+        thread is not closed: the lease is kept, to expire unrenewed, and the
+        sweeper that finds it then closes the thread, as it does after a worker
+        that died there.
+        """
+        if ending is not RunEnding.FAILED:
+            return False
+        try:
+            return self.ledger.get_run(self.scope.run_id).status is RunStatus.CANCELLED
+        except Exception:
+            return False  # unknown: release it, as any failed invocation does
 
     def _record_interruption(self) -> None:
         try:

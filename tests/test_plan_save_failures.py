@@ -8,36 +8,21 @@ from __future__ import annotations
 
 import asyncio
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
 from langchain_core.runnables import RunnableConfig
 
-import plan_hold
-from cli_util import ok_json, run_main
-from graphs import (
-    ExecutionLog,
-    answered_late,
-    calls,
-    counting_tool,
-    dangling_calls,
-    new_thread,
-    scripted,
-)
+from graphs import ExecutionLog, calls, counting_tool, new_thread, scripted
 from langgraph_cancel import (
     CheckpointNotSavedError,
     EffectKind,
     EffectStatus,
     EffectToolNode,
-    request_cancel,
 )
 from langgraph_cancel.checkpointers.durable import PlanCheckpoint
-from langgraph_cancel.sweeper import SweepActionKind, Sweeper
-from langgraph_cancel.types import RunStatus
 from plan_hold import (
     Hold,
-    asks_for_calls,
     held_agent,
     held_graph,
     held_saver,
@@ -209,88 +194,3 @@ def test_a_failed_save_ends_the_waits_for_the_rest_of_its_run_only() -> None:
     assert noted.failure("cp-5", thread) is None
     noted.note("cp-2", thread=thread)  # read back after all: saved
     assert "cp-2" in noted and noted.failure("cp-2") is None
-
-
-def _stop_after_an_unsaved_model_step(saver: Any, hold: Hold, refund: Any, thread: str) -> Any:
-    """Run the agent until its model step's save fails, then ask the thread to stop.
-
-    The worker saved the model step's writes, not the step's checkpoint (the database
-    went away), and ended. LangGraph's live state then shows the step's tool call
-    unanswered and nothing next (the step's one task has its writes). Returns the graph.
-    """
-    model = scripted(calls(("refund", "r-9", "c1")), "done")
-    node = EffectToolNode([refund], checkpoint_timeout=20.0)
-    graph = held_graph(saver, hold, node, model, use_async=False)
-    worker, out = start_in_thread(graph, thread, use_async=False)
-    assert hold.holding.wait(20)
-    hold.release.set()
-    worker.join(60)
-    assert out and isinstance(out[0], CheckpointNotSavedError), out
-    request_cancel(saver, thread, reason="stop", requested_by="t")
-    left = graph.get_state({"configurable": {"thread_id": thread}})
-    assert not left.next and dangling_calls(left.values["messages"]) == ["c1"]
-    return graph
-
-
-def _assert_closed(graph: Any, saver: Any, thread: str) -> None:
-    """The thread as a finished stop leaves it: nothing next, every call answered right
-    after it, the run's report in the state."""
-    closed = graph.get_state({"configurable": {"thread_id": thread}})
-    messages = closed.values["messages"]
-    assert not closed.next and not closed.tasks
-    assert dangling_calls(messages) == [] and answered_late(messages) == []
-    run = saver.ledger.require_latest_run(thread)
-    assert run.status is RunStatus.CANCELLED
-    assert closed.values["cancellation_report"]["run_id"] == run.run_id
-
-
-def test_the_sweeper_closes_a_stopped_thread_whose_model_step_was_never_saved(
-    sqlite_url: str, log: ExecutionLog
-) -> None:
-    # The sweeper finishing the stop closes the thread, as a resume would.
-    hold = Hold(fail=True, only=asks_for_calls)
-    refund = counting_tool(log, "refund", EffectKind.IRREVERSIBLE)
-    thread = new_thread()
-    with held_saver(sqlite_url, hold) as saver:
-        graph = _stop_after_an_unsaved_model_step(saver, hold, refund, thread)
-        # A sweeper without the graph reads the same call from the saver.
-        bare = Sweeper(saver, tools=[refund]).threads
-        assert [call["id"] for call in bare.dangling(thread)] == ["c1"]
-
-        summary = Sweeper(saver, graph=graph, tools=[refund], cancel_grace=0.0).sweep_once()
-
-        finished = [a for a in summary.actions if a.kind is SweepActionKind.FINISHED_CANCEL]
-        assert [(a.thread_id, a.next_action) for a in finished] == [(thread, None)], summary
-        assert finished[0].detail.endswith(
-            "(no worker finished it within 0s of the request); closed its thread"
-        ), finished[0].detail
-        _assert_closed(graph, saver, thread)
-        assert log.attempts("refund") == 0
-
-
-def test_resume_closes_the_thread_a_sweeper_without_the_agent_left_open(
-    sqlite_url: str, log: ExecutionLog, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # Without the agent, the sweeper finishes the stop and names the step left; the
-    # operator's resume takes it, though LangGraph's state shows nothing next.
-    hold = Hold(fail=True, only=asks_for_calls)
-    refund = counting_tool(log, "refund", EffectKind.IRREVERSIBLE)
-    thread = new_thread()
-    with held_saver(sqlite_url, hold) as saver:
-        graph = _stop_after_an_unsaved_model_step(saver, hold, refund, thread)
-        summary = Sweeper(saver, tools=[refund], cancel_grace=0.0).sweep_once()
-        finished = [a for a in summary.actions if a.kind is SweepActionKind.FINISHED_CANCEL]
-        assert len(finished) == 1 and finished[0].next_action is not None, summary
-        assert finished[0].next_action.startswith(f"langgraph-cancel resume {thread}")
-
-        monkeypatch.setattr(plan_hold, "RESUMABLE_AGENT", graph, raising=False)
-        agent_spec = "plan_hold:RESUMABLE_AGENT"
-        resumed = ok_json(
-            run_main(
-                ["resume", thread, "--db", sqlite_url, "--graph", agent_spec, "--json"],
-                tmp_path,
-            )
-        )
-        assert resumed["resumed"] is True, resumed
-        _assert_closed(graph, saver, thread)
-        assert log.attempts("refund") == 0

@@ -1,0 +1,213 @@
+"""A stop whose thread state was not saved: the thread is closed all the same.
+
+LangGraph saves a step's finished tasks' writes beside the step's checkpoint; when
+the writes are saved and the checkpoint is not (the worker died, or its database
+went away, in between), its state shows the step's writes and nothing next. A stop
+of such a thread is closed by the sweeper that finishes it, or by ``resume`` when the
+sweeper was not given the agent. An invocation that fails after its run's
+``cancelled`` transition (its cancel node's saves lost) keeps the thread's lease, so
+that the sweeper, once it expires, closes the thread as after a worker that died
+there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from langchain_core.messages import HumanMessage
+
+import plan_hold
+from cli_util import ok_json, run_main
+from graphs import (
+    ExecutionLog,
+    agent_builder,
+    answered_late,
+    calls,
+    cancellable,
+    config_for,
+    counting_tool,
+    dangling_calls,
+    new_thread,
+    open_saver,
+    scripted,
+    wait_until,
+)
+from langgraph_cancel import (
+    CheckpointNotSavedError,
+    EffectKind,
+    EffectToolNode,
+    request_cancel,
+)
+from langgraph_cancel import lifecycle as lgc_lifecycle
+from langgraph_cancel.checkpointers.sqlite import SqliteCancelSaver
+from langgraph_cancel.sweeper import SweepActionKind, Sweeper
+from langgraph_cancel.types import RunStatus, utcnow
+from plan_hold import Hold, asks_for_calls, held_graph, held_saver, start_in_thread
+
+
+@pytest.fixture
+def log(tmp_path: Any) -> ExecutionLog:
+    return ExecutionLog(str(tmp_path / "providers.db"))
+
+
+def _stop_after_an_unsaved_model_step(saver: Any, hold: Hold, refund: Any, thread: str) -> Any:
+    """Run the agent until its model step's save fails, then ask the thread to stop.
+
+    The worker saved the model step's writes, not the step's checkpoint (the database
+    went away), and ended. LangGraph's live state then shows the step's tool call
+    unanswered and nothing next (the step's one task has its writes). Returns the graph.
+    """
+    model = scripted(calls(("refund", "r-9", "c1")), "done")
+    node = EffectToolNode([refund], checkpoint_timeout=20.0)
+    graph = held_graph(saver, hold, node, model, use_async=False)
+    worker, out = start_in_thread(graph, thread, use_async=False)
+    assert hold.holding.wait(20)
+    hold.release.set()
+    worker.join(60)
+    assert out and isinstance(out[0], CheckpointNotSavedError), out
+    request_cancel(saver, thread, reason="stop", requested_by="t")
+    left = graph.get_state({"configurable": {"thread_id": thread}})
+    assert not left.next and dangling_calls(left.values["messages"]) == ["c1"]
+    return graph
+
+
+def _assert_closed(graph: Any, saver: Any, thread: str) -> None:
+    """The thread as a finished stop leaves it: nothing next, every call answered right
+    after it, the run's report in the state."""
+    closed = graph.get_state({"configurable": {"thread_id": thread}})
+    messages = closed.values["messages"]
+    assert not closed.next and not closed.tasks
+    assert dangling_calls(messages) == [] and answered_late(messages) == []
+    run = saver.ledger.require_latest_run(thread)
+    assert run.status is RunStatus.CANCELLED
+    assert closed.values["cancellation_report"]["run_id"] == run.run_id
+
+
+def test_the_sweeper_closes_a_stopped_thread_whose_model_step_was_never_saved(
+    sqlite_url: str, log: ExecutionLog
+) -> None:
+    # The sweeper finishing the stop closes the thread, as a resume would.
+    hold = Hold(fail=True, only=asks_for_calls)
+    refund = counting_tool(log, "refund", EffectKind.IRREVERSIBLE)
+    thread = new_thread()
+    with held_saver(sqlite_url, hold) as saver:
+        graph = _stop_after_an_unsaved_model_step(saver, hold, refund, thread)
+        # A sweeper without the graph reads the same call from the saver.
+        bare = Sweeper(saver, tools=[refund]).threads
+        assert [call["id"] for call in bare.dangling(thread)] == ["c1"]
+
+        summary = Sweeper(saver, graph=graph, tools=[refund], cancel_grace=0.0).sweep_once()
+
+        finished = [a for a in summary.actions if a.kind is SweepActionKind.FINISHED_CANCEL]
+        assert [(a.thread_id, a.next_action) for a in finished] == [(thread, None)], summary
+        assert finished[0].detail.endswith(
+            "(no worker finished it within 0s of the request); closed its thread"
+        ), finished[0].detail
+        _assert_closed(graph, saver, thread)
+        assert log.attempts("refund") == 0
+
+
+def test_resume_closes_the_thread_a_sweeper_without_the_agent_left_open(
+    sqlite_url: str, log: ExecutionLog, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Without the agent, the sweeper finishes the stop and names the step left; the
+    # operator's resume takes it, though LangGraph's state shows nothing next.
+    hold = Hold(fail=True, only=asks_for_calls)
+    refund = counting_tool(log, "refund", EffectKind.IRREVERSIBLE)
+    thread = new_thread()
+    with held_saver(sqlite_url, hold) as saver:
+        graph = _stop_after_an_unsaved_model_step(saver, hold, refund, thread)
+        summary = Sweeper(saver, tools=[refund], cancel_grace=0.0).sweep_once()
+        finished = [a for a in summary.actions if a.kind is SweepActionKind.FINISHED_CANCEL]
+        assert len(finished) == 1 and finished[0].next_action is not None, summary
+        assert finished[0].next_action.startswith(f"langgraph-cancel resume {thread}")
+
+        monkeypatch.setattr(plan_hold, "RESUMABLE_AGENT", graph, raising=False)
+        agent_spec = "plan_hold:RESUMABLE_AGENT"
+        resumed = ok_json(
+            run_main(
+                ["resume", thread, "--db", sqlite_url, "--graph", agent_spec, "--json"],
+                tmp_path,
+            )
+        )
+        assert resumed["resumed"] is True, resumed
+        _assert_closed(graph, saver, thread)
+        assert log.attempts("refund") == 0
+
+
+@contextmanager
+def saves_lost_once_cancelled(url: str, thread: str) -> Iterator[Any]:
+    """A saver whose checkpoint saves fail once ``thread``'s run is cancelled (the
+    database went away right after the ``cancelled`` transition; the ledger's own
+    connections, opened before, still reach it)."""
+    langgraph_saver = next(
+        c for c in SqliteCancelSaver.__mro__ if c.__module__.startswith("langgraph.")
+    )
+
+    def lost(saver: Any) -> bool:
+        run = saver.ledger.latest_run(thread)
+        return run is not None and run.status is RunStatus.CANCELLED
+
+    class Below(langgraph_saver):  # type: ignore[misc, valid-type]
+        def put(self, config: Any, checkpoint: Any, metadata: Any, new_versions: Any) -> Any:
+            if lost(self):
+                raise ConnectionError("server closed the connection unexpectedly")
+            return super().put(config, checkpoint, metadata, new_versions)
+
+        def put_writes(self, config: Any, writes: Any, task_id: str, task_path: str = "") -> None:
+            if lost(self):
+                raise ConnectionError("server closed the connection unexpectedly")
+            super().put_writes(config, writes, task_id, task_path)
+
+    class Losing(SqliteCancelSaver, Below):
+        pass
+
+    with Losing.from_conn_string(url) as saver:
+        saver.setup()
+        yield saver
+
+
+def test_a_stop_whose_saves_were_lost_keeps_its_lease_for_the_sweeper_to_close(
+    sqlite_url: str, log: ExecutionLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(lgc_lifecycle, "LEASE_TTL", 0.5)
+    thread = new_thread()
+
+    def stop(_item: str) -> None:
+        request_cancel(sqlite_url, thread, reason="stop", requested_by="t")
+
+    tools = [
+        counting_tool(log, "w1", EffectKind.IRREVERSIBLE, after=stop),
+        counting_tool(log, "w2", EffectKind.IRREVERSIBLE),
+    ]
+    model = scripted(calls(("w1", "a", "k1"), ("w2", "b", "k2")))
+    with saves_lost_once_cancelled(sqlite_url, thread) as saver:
+        graph = cancellable(agent_builder(model, EffectToolNode(tools)), saver)
+        with pytest.raises(ConnectionError):
+            graph.invoke({"messages": [HumanMessage("go")]}, config_for(thread))
+        run = saver.ledger.require_latest_run(thread)
+        assert run.status is RunStatus.CANCELLED
+        # The cancel node's writes were not saved: the thread is open, without the report.
+        left = graph.get_state(config_for(thread))
+        assert "cancellation_report" not in left.values, left
+        lease = saver.ledger.lease(thread)
+        assert lease is not None and lease.owner == run.owner, lease
+
+    with open_saver(sqlite_url) as saver:
+        graph = cancellable(agent_builder(model, EffectToolNode(tools)), saver)
+
+        def expired() -> bool:
+            lease = saver.ledger.lease(thread)
+            return lease is not None and lease.expires_at <= utcnow()
+
+        # Nobody renews it: it expires after its TTL.
+        wait_until(expired, timeout=10, what="the lease to expire")
+        summary = Sweeper(saver, graph=graph, tools=tools, owner="sweeper").sweep_once()
+        kinds = [(a.kind, a.thread_id) for a in summary.actions]
+        assert (SweepActionKind.CLOSED_THREAD, thread) in kinds, summary
+        _assert_closed(graph, saver, thread)
+    assert log.applied("w1") == 1 and log.attempts("w2") == 0
