@@ -9,6 +9,9 @@ Each process is forked from a fork server (``tests/test_fleet.py``) with this mo
   worker left when it was killed) or whose graph has a node pending (a stop closed
   in the ledger by a worker killed before its last checkpoint), leaves one waiting
   for a reviewer. A thread another worker holds is skipped (``ThreadBusyError``).
+  An ``async`` worker does the same as a LangGraph server runs graphs: ``ainvoke`` on
+  ``AsyncPostgresCancelSaver`` over an ``AsyncConnectionPool`` that checks its
+  connections.
 - ``reviewer``: answers each pending approval (``Command(resume=...)``).
 - ``stopper``: asks some threads' runs to stop (``request_cancel``), each once.
 - ``sweeper``: ``Sweeper.run`` passes, given the agent (it closes the threads of
@@ -22,13 +25,14 @@ exits, and the test starts it again, as a supervisor would.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import random
 import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +42,7 @@ from langgraph.prebuilt import tools_condition
 from langgraph.types import Command
 
 from langgraph_cancel import ApprovalGate, EffectToolNode, Ledger, add_cancellation
+from langgraph_cancel.checkpointers.postgres import AsyncPostgresCancelSaver
 from langgraph_cancel.demo import tools as refund_tools
 from langgraph_cancel.errors import ThreadBusyError
 from langgraph_cancel.sweeper import Sweeper
@@ -126,6 +131,8 @@ class Process:
         self.dir = Path(spec["workdir"])
         self.name = str(spec["name"])
         self.threads: list[str] = list(spec["threads"])
+        #: Each thread's position among all the fleet's threads (its order and amount).
+        self.index = {thread_id: i for i, thread_id in enumerate(spec.get("all_threads", []))}
         self.rng = random.Random(spec.get("seed"))
         self.log = (self.dir / f"{self.name}.log").open("a", buffering=1)
 
@@ -143,45 +150,108 @@ class Process:
                 step()
                 failures = 0
             except Exception:
-                failures += 1
-                self.say("step failed:\n" + traceback.format_exc())
-                if failures >= MAX_FAILURES:
-                    self.say("exiting to be restarted")
-                    sys.exit(3)
+                failures = self.failed(failures + 1)
             time.sleep(pause)
+
+    async def aloop(self, step: Callable[[], Awaitable[None]], pause: float) -> None:
+        """``loop`` for a step of an event loop's."""
+        failures = 0
+        while not self.stopping:
+            try:
+                await step()
+                failures = 0
+            except Exception:
+                failures = self.failed(failures + 1)
+            await asyncio.sleep(pause)
+
+    def failed(self, failures: int) -> int:
+        """Log the step's failure; exit, to be started again, after too many in a row."""
+        self.say("step failed:\n" + traceback.format_exc())
+        if failures >= MAX_FAILURES:
+            self.say("exiting to be restarted")
+            sys.exit(3)
+        return failures
+
+
+def config_of(thread_id: str) -> Any:
+    return {"configurable": {"thread_id": thread_id}}
+
+
+def next_input(proc: Process, thread_id: str, snapshot: Any, run: Any) -> tuple[bool, Any]:
+    """Whether the worker moves the thread on, and with what input (None: continue)."""
+    if snapshot.created_at is None:
+        index = proc.index[thread_id]
+        if index % proc.spec["workers"] != proc.spec["home"]:
+            return False, None  # its home worker starts it (a customer asks once)
+        proc.say(f"start {thread_id}")
+        return True, {"messages": [HumanMessage(json.dumps(request_of(thread_id, index)))]}
+    if snapshot.interrupts:
+        return False, None  # the reviewer's
+    if (run is not None and not run.terminal) or snapshot.next:
+        status = "no run" if run is None else run.status.value
+        proc.say(f"continue {thread_id} ({status}, next {list(snapshot.next)})")
+        return True, None
+    return False, None
 
 
 def run_worker(proc: Process, graph: Any, ledger: Ledger) -> None:
-    index = {t: i for i, t in enumerate(proc.spec["all_threads"])}
-
-    def config(thread_id: str) -> Any:
-        return {"configurable": {"thread_id": thread_id}}
-
     def step() -> None:
         threads = list(proc.threads)
         proc.rng.shuffle(threads)
         for thread_id in threads:
             if proc.stopping:
                 return
-            snapshot = graph.get_state(config(thread_id))
-            run = ledger.latest_run(thread_id)
+            snapshot = graph.get_state(config_of(thread_id))
+            moves, given = next_input(proc, thread_id, snapshot, ledger.latest_run(thread_id))
             try:
-                if snapshot.created_at is None:
-                    if index[thread_id] % proc.spec["workers"] != proc.spec["home"]:
-                        continue  # its home worker starts it (a customer asks once)
-                    asked = json.dumps(request_of(thread_id, index[thread_id]))
-                    proc.say(f"start {thread_id}")
-                    graph.invoke({"messages": [HumanMessage(asked)]}, config(thread_id))
-                elif snapshot.interrupts:
-                    continue  # the reviewer's
-                elif (run is not None and not run.terminal) or snapshot.next:
-                    status = "no run" if run is None else run.status.value
-                    proc.say(f"continue {thread_id} ({status}, next {list(snapshot.next)})")
-                    graph.invoke(None, config(thread_id))
+                if moves:
+                    graph.invoke(given, config_of(thread_id))
             except ThreadBusyError:
                 continue
 
     proc.loop(step, 0.05)
+
+
+async def arun_worker(proc: Process) -> None:
+    """An async worker: its graph on ``AsyncPostgresCancelSaver`` over a pool."""
+    from psycopg.rows import dict_row
+    from psycopg_pool import AsyncConnectionPool
+
+    async with AsyncConnectionPool(
+        proc.spec["db_url"],
+        min_size=1,
+        max_size=4,
+        open=False,
+        check=AsyncConnectionPool.check_connection,
+        # After the server's restart the pool reconnects with a growing backoff:
+        # wait for a connection at most this long, and let the loop's failures
+        # restart the process (as its supervisor would) rather than stall for minutes.
+        timeout=10.0,
+        kwargs={"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row},
+    ) as pool:
+        saver = AsyncPostgresCancelSaver(pool)
+        await saver.setup()
+        graph = build_builder().compile(checkpointer=saver)
+
+        async def step() -> None:
+            threads = list(proc.threads)
+            proc.rng.shuffle(threads)
+            for thread_id in threads:
+                if proc.stopping:
+                    return
+                snapshot = await graph.aget_state(config_of(thread_id))
+                run = await asyncio.to_thread(saver.ledger.latest_run, thread_id)
+                moves, given = next_input(proc, thread_id, snapshot, run)
+                try:
+                    if moves:
+                        await graph.ainvoke(given, config_of(thread_id))
+                except ThreadBusyError:
+                    continue
+
+        try:
+            await proc.aloop(step, 0.05)
+        finally:
+            await saver.aclose_ledger()
 
 
 def run_reviewer(proc: Process, graph: Any) -> None:
@@ -236,8 +306,12 @@ def main(spec: dict[str, Any]) -> None:
     """The body of one fleet process (forked by the test)."""
     refund_tools.set_providers_path(spec["providers"])
     proc = Process(spec)
-    proc.say(f"up as {spec['role']}")
+    proc.say(f"up as {'async ' if spec.get('async') else ''}{spec['role']}")
     try:
+        if spec.get("async"):
+            asyncio.run(arun_worker(proc))
+            proc.say("stopped")
+            return
         with open_saver(spec["db_url"]) as saver:
             graph = build_builder().compile(checkpointer=saver)
             role = spec["role"]

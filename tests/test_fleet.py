@@ -1,12 +1,13 @@
 """The fleet test: four workers, a reviewer, a stopper and a sweeper on one PostgreSQL.
 
 Each process is real (forked from a fork server with LangGraph preloaded, see
-``tests/fleet_worker.py``) and shares one database. N threads of the refund agent
-(mixed effect kinds; every other refund needs a reviewer's approval) are run
-while the test, for a while, SIGKILLs random workers, terminates the database
-connections of every process (``pg_terminate_backend``) and restarts PostgreSQL
-once; every process that dies is started again, as a supervisor would. Then the
-fleet is left to finish, and the test checks, thread by thread and against the
+``tests/fleet_worker.py``) and shares one database; two of the workers run the graph
+as a LangGraph server does (``ainvoke``, ``AsyncPostgresCancelSaver`` on a pool). N
+threads of the refund agent (mixed effect kinds; every other refund needs a
+reviewer's approval) are run while the test, for a while, SIGKILLs random workers,
+terminates the database connections of every process (``pg_terminate_backend``) and
+restarts PostgreSQL once; every process that dies is started again, as a supervisor
+would. Then the fleet is left to finish, and the test checks, thread by thread and against the
 providers' own truth (their SQLite file counts every application per key):
 
 - every run is terminal, or cleanly resumable (not over, nobody holds it, a
@@ -104,8 +105,11 @@ class Fleet:
     restarts: int = 0
     kills: int = 0
 
-    def spec(self, name: str, role: str, threads: list[str], home: int = -1) -> None:
+    def spec(
+        self, name: str, role: str, threads: list[str], home: int = -1, *, run_async: bool = False
+    ) -> None:
         self.specs[name] = {
+            "async": run_async,
             "home": home,
             "workers": WORKERS,
             "name": name,
@@ -261,7 +265,14 @@ def test_a_fleet_survives_kills_terminated_connections_and_a_restart(
 
     fleet = Fleet(tmp_path, pg_url, threads, stop_threads)
     for worker_index in range(WORKERS):
-        fleet.spec(f"worker-{worker_index}", "worker", threads, home=worker_index)
+        # Half the workers run the graph as a LangGraph server does (async, on a pool).
+        fleet.spec(
+            f"worker-{worker_index}",
+            "worker",
+            threads,
+            home=worker_index,
+            run_async=worker_index % 2 == 1,
+        )
     fleet.spec("reviewer", "reviewer", threads)
     fleet.spec("stopper", "stopper", threads)
     fleet.spec("sweeper", "sweeper", threads)
