@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -54,25 +55,40 @@ def log(tmp_path: Any) -> ExecutionLog:
     return ExecutionLog(str(tmp_path / "providers.db"))
 
 
-def _stop_after_an_unsaved_model_step(saver: Any, hold: Hold, refund: Any, thread: str) -> Any:
+@dataclass(frozen=True, slots=True)
+class Stopped:
+    """A thread stopped after its model step's save failed, and what ran it."""
+
+    saver: Any
+    graph: Any
+    refund: Any
+    thread: str
+
+
+@contextmanager
+def stopped_after_an_unsaved_model_step(url: str, log: ExecutionLog) -> Iterator[Stopped]:
     """Run the agent until its model step's save fails, then ask the thread to stop.
 
     The worker saved the model step's writes, not the step's checkpoint (the database
     went away), and ended. LangGraph's live state then shows the step's tool call
-    unanswered and nothing next (the step's one task has its writes). Returns the graph.
+    unanswered and nothing next (the step's one task has its writes).
     """
-    model = scripted(calls(("refund", "r-9", "c1")), "done")
-    node = EffectToolNode([refund], checkpoint_timeout=20.0)
-    graph = held_graph(saver, hold, node, model, use_async=False)
-    worker, out = start_in_thread(graph, thread, use_async=False)
-    assert hold.holding.wait(20)
-    hold.release.set()
-    worker.join(60)
-    assert out and isinstance(out[0], CheckpointNotSavedError), out
-    request_cancel(saver, thread, reason="stop", requested_by="t")
-    left = graph.get_state({"configurable": {"thread_id": thread}})
-    assert not left.next and dangling_calls(left.values["messages"]) == ["c1"]
-    return graph
+    hold = Hold(fail=True, only=asks_for_calls)
+    refund = counting_tool(log, "refund", EffectKind.IRREVERSIBLE)
+    thread = new_thread()
+    with held_saver(url, hold) as saver:
+        model = scripted(calls(("refund", "r-9", "c1")), "done")
+        node = EffectToolNode([refund], checkpoint_timeout=20.0)
+        graph = held_graph(saver, hold, node, model, use_async=False)
+        worker, out = start_in_thread(graph, thread, use_async=False)
+        assert hold.holding.wait(20)
+        hold.release.set()
+        worker.join(60)
+        assert out and isinstance(out[0], CheckpointNotSavedError), out
+        request_cancel(saver, thread, reason="stop", requested_by="t")
+        left = graph.get_state({"configurable": {"thread_id": thread}})
+        assert not left.next and dangling_calls(left.values["messages"]) == ["c1"]
+        yield Stopped(saver, graph, refund, thread)
 
 
 def _assert_closed(graph: Any, saver: Any, thread: str) -> None:
@@ -91,24 +107,22 @@ def test_the_sweeper_closes_a_stopped_thread_whose_model_step_was_never_saved(
     sqlite_url: str, log: ExecutionLog
 ) -> None:
     # The sweeper finishing the stop closes the thread, as a resume would.
-    hold = Hold(fail=True, only=asks_for_calls)
-    refund = counting_tool(log, "refund", EffectKind.IRREVERSIBLE)
-    thread = new_thread()
-    with held_saver(sqlite_url, hold) as saver:
-        graph = _stop_after_an_unsaved_model_step(saver, hold, refund, thread)
+    with stopped_after_an_unsaved_model_step(sqlite_url, log) as stopped:
+        saver, thread = stopped.saver, stopped.thread
         # A sweeper without the graph reads the same call from the saver.
-        bare = Sweeper(saver, tools=[refund]).threads
+        bare = Sweeper(saver, tools=[stopped.refund]).threads
         assert [call["id"] for call in bare.dangling(thread)] == ["c1"]
 
-        summary = Sweeper(saver, graph=graph, tools=[refund], cancel_grace=0.0).sweep_once()
+        sweeper = Sweeper(saver, graph=stopped.graph, tools=[stopped.refund], cancel_grace=0.0)
+        summary = sweeper.sweep_once()
 
         finished = [a for a in summary.actions if a.kind is SweepActionKind.FINISHED_CANCEL]
         assert [(a.thread_id, a.next_action) for a in finished] == [(thread, None)], summary
         assert finished[0].detail.endswith(
             "(no worker finished it within 0s of the request); closed its thread"
         ), finished[0].detail
-        _assert_closed(graph, saver, thread)
-        assert log.attempts("refund") == 0
+        _assert_closed(stopped.graph, saver, thread)
+    assert log.attempts("refund") == 0
 
 
 def test_resume_closes_the_thread_a_sweeper_without_the_agent_left_open(
@@ -116,27 +130,19 @@ def test_resume_closes_the_thread_a_sweeper_without_the_agent_left_open(
 ) -> None:
     # Without the agent, the sweeper finishes the stop and names the step left; the
     # operator's resume takes it, though LangGraph's state shows nothing next.
-    hold = Hold(fail=True, only=asks_for_calls)
-    refund = counting_tool(log, "refund", EffectKind.IRREVERSIBLE)
-    thread = new_thread()
-    with held_saver(sqlite_url, hold) as saver:
-        graph = _stop_after_an_unsaved_model_step(saver, hold, refund, thread)
-        summary = Sweeper(saver, tools=[refund], cancel_grace=0.0).sweep_once()
+    with stopped_after_an_unsaved_model_step(sqlite_url, log) as stopped:
+        saver, thread = stopped.saver, stopped.thread
+        summary = Sweeper(saver, tools=[stopped.refund], cancel_grace=0.0).sweep_once()
         finished = [a for a in summary.actions if a.kind is SweepActionKind.FINISHED_CANCEL]
         assert len(finished) == 1 and finished[0].next_action is not None, summary
         assert finished[0].next_action.startswith(f"langgraph-cancel resume {thread}")
 
-        monkeypatch.setattr(plan_hold, "RESUMABLE_AGENT", graph, raising=False)
-        agent_spec = "plan_hold:RESUMABLE_AGENT"
-        resumed = ok_json(
-            run_main(
-                ["resume", thread, "--db", sqlite_url, "--graph", agent_spec, "--json"],
-                tmp_path,
-            )
-        )
+        monkeypatch.setattr(plan_hold, "RESUMABLE_AGENT", stopped.graph, raising=False)
+        command = ["resume", thread, "--db", sqlite_url, "--json"]
+        resumed = ok_json(run_main([*command, "--graph", "plan_hold:RESUMABLE_AGENT"], tmp_path))
         assert resumed["resumed"] is True, resumed
-        _assert_closed(graph, saver, thread)
-        assert log.attempts("refund") == 0
+        _assert_closed(stopped.graph, saver, thread)
+    assert log.attempts("refund") == 0
 
 
 @contextmanager
