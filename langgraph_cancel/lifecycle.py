@@ -299,9 +299,13 @@ class Invocation:
         if ending is RunEnding.COMPLETED and self.watch.paused:
             ending = RunEnding.PAUSED
         self._forget()
+        # Whether the thread's state is as the run's end leaves it: the graph's own
+        # saves went through, and so did this end's writes to the state.
+        settled = False
         try:
+            written = True
             if ending is RunEnding.CANCELLED:
-                self.state.clear_queue()
+                written = self.state.clear_queue()
             if ending is RunEnding.INTERRUPTED:
                 self._record_interruption()
                 if not self._shown_cancelling:
@@ -309,23 +313,25 @@ class Invocation:
             if ending is RunEnding.EMPTY:
                 self._close_empty_run()
             elif ending is not RunEnding.FAILED:
-                self._close_run(ending)
+                written = self._close_run(ending) and written
+            settled = written and ending is not RunEnding.FAILED
         finally:
             try:
-                if not self._released and not self._cancelled_mid_way(ending):
+                if not self._released and not self._left_open(settled):
                     self.ledger.release_lease(self.scope.thread_id, self.owner)
             finally:
                 drop_scope(self.scope)
 
-    def _cancelled_mid_way(self, ending: RunEnding) -> bool:
-        """Whether the invocation failed after its run's ``cancelled`` transition.
+    def _left_open(self, settled: bool) -> bool:
+        """Whether the run is cancelled and its thread's state was not put right here.
 
-        Its cancel node's saves were lost (the database went away, say), so the
-        thread is not closed: the lease is kept, to expire unrenewed, and the
-        sweeper that finds it then closes the thread, as it does after a worker
-        that died there.
+        The cancel node's saves were lost (the invocation failed after the
+        ``cancelled`` transition: the database went away, say), or this end's own
+        write to the state failed: the thread is not closed. The lease is then kept,
+        to expire unrenewed, and the sweeper that finds it closes the thread, as it
+        does after a worker that died there.
         """
-        if ending is not RunEnding.FAILED:
+        if settled:
             return False
         try:
             return self.ledger.get_run(self.scope.run_id).status is RunStatus.CANCELLED
@@ -347,23 +353,25 @@ class Invocation:
         self._shown_cancelling = True
         self.state.show_cancelling()
 
-    def _close_run(self, ending: RunEnding) -> None:
+    def _close_run(self, ending: RunEnding) -> bool:
+        """Close the run as ``ending`` says; False if its state could not be settled."""
         # A run whose task was cancelled is a stopped run, never a completed one, even
         # when the task cancel was swallowed and the graph ran on to its end.
         if ending is RunEnding.COMPLETED and self._complete():
-            return
+            return True
         run = self.ledger.get_run(self.scope.run_id)
         if run.terminal:
             if run.status is RunStatus.CANCELLED:
-                self.state.settle(None, [])
-            return
+                return self.state.settle(None, [])
+            return True
         if run.cancel_requested:
             # The signal arrived after the last check: finish the cancel here. Calls the
             # saved state leaves unanswered (e.g. paused at an approval interrupt) will
             # never run: the cancel records them as not run.
             dangling = self.state.dangling()
             report = finalize_cancel(self.scope, self.settings, dangling)
-            self.state.settle(report, dangling)
+            return self.state.settle(report, dangling)
+        return True
 
     def _close_empty_run(self) -> None:
         """Close a run that nothing ran under (see ``end``); leave any other alone."""

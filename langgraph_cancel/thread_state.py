@@ -103,31 +103,37 @@ class ThreadState:
         except Exception:
             logger.warning("could not show the stop under way in the thread state", exc_info=True)
 
-    def clear_queue(self) -> None:
-        """Drop the tasks a drained run still had queued."""
+    def clear_queue(self) -> bool:
+        """Drop the tasks a drained run still had queued; False if that failed (logged)."""
         checkpointer = self.invocation_config.get("configurable", {}).get("__pregel_checkpointer")
         if not self.saved and not checkpointer:
-            return
+            return True
         try:
             self.graph.update_state(self.config, None, as_node=END)
         except Exception:
             logger.warning("could not clear queued tasks of a cancelled run", exc_info=True)
+            return False
+        return True
 
-    def settle(self, report: CancellationReport | None, dangling: list[ToolCall]) -> None:
+    def settle(self, report: CancellationReport | None, dangling: list[ToolCall]) -> bool:
         """Leave a cancelled run's state as the cancel node does: nothing queued, and,
         when the cancel was finished here, every call answered and the report stored.
 
         A diverted node's edges still fire, so a run can stop at an interrupt (e.g.
         ``interrupt_before``) after its cancel node ran; a cancel finished after the
         last check never reached the cancel node at all.
+
+        Returns:
+            False when the state could not be written (logged): the thread is left
+            open, for the sweeper to close.
         """
         if not self.saved:
-            return
+            return True
         try:
             if report is None:
                 if self.graph.get_state(self.config).next:
                     self.graph.update_state(self.config, None, as_node=END)
-                return
+                return True
             update: dict[str, Any] = {self.settings.report_key: report.model_dump(mode="json")}
             if dangling:
                 update[self.settings.messages_key] = answer_dangling(self.scope, dangling)
@@ -135,6 +141,8 @@ class ThreadState:
             self.graph.update_state(self.config, update, as_node=CANCEL_NODE)
         except Exception:
             logger.warning("could not settle the state of a cancelled run", exc_info=True)
+            return False
+        return True
 
     def keep_finished_writes(self) -> None:
         """Fold the writes of the saved step's finished tasks into the state.

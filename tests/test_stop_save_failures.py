@@ -4,10 +4,10 @@ LangGraph saves a step's finished tasks' writes beside the step's checkpoint; wh
 the writes are saved and the checkpoint is not (the worker died, or its database
 went away, in between), its state shows the step's writes and nothing next. A stop
 of such a thread is closed by the sweeper that finishes it, or by ``resume`` when the
-sweeper was not given the agent. An invocation that fails after its run's
-``cancelled`` transition (its cancel node's saves lost) keeps the thread's lease, so
-that the sweeper, once it expires, closes the thread as after a worker that died
-there.
+sweeper was not given the agent. An invocation whose run ends ``cancelled`` without
+the thread's state put right (its cancel node's saves lost, or the run's end could
+not write the answers and the report) keeps the thread's lease, so that the sweeper,
+once it expires, closes the thread as after a worker that died there.
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ from typing import Any
 
 import pytest
 from langchain_core.messages import HumanMessage
+from langgraph.graph import START, MessagesState, StateGraph
+from langgraph.prebuilt import tools_condition
 
 import plan_hold
 from cli_util import ok_json, run_main
@@ -41,6 +43,7 @@ from langgraph_cancel import (
     CheckpointNotSavedError,
     EffectKind,
     EffectToolNode,
+    add_cancellation,
     request_cancel,
 )
 from langgraph_cancel import lifecycle as lgc_lifecycle
@@ -145,6 +148,11 @@ def test_resume_closes_the_thread_a_sweeper_without_the_agent_left_open(
     assert log.attempts("refund") == 0
 
 
+def _expired(saver: Any, thread: str) -> bool:
+    lease = saver.ledger.lease(thread)
+    return lease is not None and lease.expires_at <= utcnow()
+
+
 @contextmanager
 def saves_lost_once_cancelled(url: str, thread: str) -> Iterator[Any]:
     """A saver whose checkpoint saves fail once ``thread``'s run is cancelled (the
@@ -206,14 +214,53 @@ def test_a_stop_whose_saves_were_lost_keeps_its_lease_for_the_sweeper_to_close(
     with open_saver(sqlite_url) as saver:
         graph = cancellable(agent_builder(model, EffectToolNode(tools)), saver)
 
-        def expired() -> bool:
-            lease = saver.ledger.lease(thread)
-            return lease is not None and lease.expires_at <= utcnow()
-
         # Nobody renews it: it expires after its TTL.
-        wait_until(expired, timeout=10, what="the lease to expire")
+        wait_until(lambda: _expired(saver, thread), timeout=10, what="the lease to expire")
         summary = Sweeper(saver, graph=graph, tools=tools, owner="sweeper").sweep_once()
         kinds = [(a.kind, a.thread_id) for a in summary.actions]
         assert (SweepActionKind.CLOSED_THREAD, thread) in kinds, summary
         _assert_closed(graph, saver, thread)
     assert log.applied("w1") == 1 and log.attempts("w2") == 0
+
+
+def test_a_stop_finished_at_the_runs_end_whose_state_write_failed_keeps_its_lease(
+    sqlite_url: str, log: ExecutionLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The stop arrives after the graph's last check, and the graph pauses before its
+    # tools: the run's end finishes the cancel and writes its answers and report into
+    # the state, and that write fails. The lease is kept for the sweeper.
+    monkeypatch.setattr(lgc_lifecycle, "LEASE_TTL", 0.5)
+    thread = new_thread()
+    tools = [counting_tool(log, "w1", EffectKind.IRREVERSIBLE)]
+
+    def agent(state: MessagesState) -> dict[str, Any]:
+        request_cancel(sqlite_url, thread, reason="stop", requested_by="t")
+        return {"messages": [calls(("w1", "a", "k1"))]}
+
+    def build() -> Any:
+        builder = StateGraph(MessagesState)
+        builder.add_node("agent", agent)
+        builder.add_node("tools", EffectToolNode(tools))
+        builder.add_edge(START, "agent")
+        builder.add_conditional_edges("agent", tools_condition)
+        builder.add_edge("tools", "agent")
+        return add_cancellation(builder)
+
+    with saves_lost_once_cancelled(sqlite_url, thread) as saver:
+        graph = build().compile(checkpointer=saver, interrupt_before=["tools"])
+        graph.invoke({"messages": [HumanMessage("go")]}, config_for(thread))
+        run = saver.ledger.require_latest_run(thread)
+        assert run.status is RunStatus.CANCELLED
+        left = graph.get_state(config_for(thread))
+        assert left.next == ("tools",) and "cancellation_report" not in left.values, left
+        lease = saver.ledger.lease(thread)
+        assert lease is not None and lease.owner == run.owner, lease
+
+    with open_saver(sqlite_url) as saver:
+        graph = build().compile(checkpointer=saver, interrupt_before=["tools"])
+        wait_until(lambda: _expired(saver, thread), timeout=10, what="the lease to expire")
+        summary = Sweeper(saver, graph=graph, tools=tools, owner="sweeper").sweep_once()
+        kinds = [(a.kind, a.thread_id) for a in summary.actions]
+        assert (SweepActionKind.CLOSED_THREAD, thread) in kinds, summary
+        _assert_closed(graph, saver, thread)
+    assert log.attempts("w1") == 0
