@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import random
 import sys
@@ -306,6 +307,11 @@ def main(spec: dict[str, Any]) -> None:
     """The body of one fleet process (forked by the test)."""
     refund_tools.set_providers_path(spec["providers"])
     proc = Process(spec)
+    # The package's warnings (a state it could not settle, a hook that failed) go to
+    # the process's log, beside its steps.
+    handler = logging.StreamHandler(proc.log)
+    handler.setFormatter(logging.Formatter(f"%(created).3f {os.getpid()} %(name)s: %(message)s"))
+    logging.getLogger("langgraph_cancel").addHandler(handler)
     proc.say(f"up as {'async ' if spec.get('async') else ''}{spec['role']}")
     try:
         if spec.get("async"):
