@@ -90,6 +90,9 @@ class _Pass:
     actions: list[SweepAction] = field(default_factory=list)
     threads: set[str] = field(default_factory=set)
     truncated: bool = False
+    #: Threads whose lease the pass keeps rather than releases: their close failed,
+    #: and a later pass closes them once the lease has expired.
+    kept: set[str] = field(default_factory=set)
 
     def claim(self, thread_id: str) -> bool:
         """Count ``thread_id`` against the pass's budget; False when it is spent."""
@@ -216,8 +219,6 @@ class Sweeper:
     def _sweep_leases(self, work: _Pass) -> None:
         now = utcnow()
         for lease in self.ledger.leases():
-            if lease.owner == self.owner:
-                continue
             if lease.expires_at <= now:
                 self.ledger.release_lease(lease.thread_id, lease.owner)
                 work.actions.append(
@@ -227,7 +228,7 @@ class Sweeper:
                         f"released the expired lease of {lease.owner}",
                     )
                 )
-            elif holder_is_gone(lease.owner):
+            elif lease.owner != self.owner and holder_is_gone(lease.owner):
                 try:
                     self.ledger.acquire_lease(lease.thread_id, self.owner, ttl=self.lease_ttl)
                 except ThreadBusyError:
@@ -269,25 +270,42 @@ class Sweeper:
                         SweepAction(
                             SweepActionKind.CLOSED_THREAD,
                             thread_id,
-                            f"closed the thread of run {run.run_id}, cancelled by {holder}, "
-                            "which died before its last checkpoint",
+                            f"closed the thread of run {run.run_id}, cancelled, which "
+                            f"{holder} had left open",
                             run_id=run.run_id,
                             status=run.status.value,
                         )
                     )
+                    return
+                if self._keep_for_later(thread_id, run, work):
                     return
         if self.threads.left_open(thread_id, run):
             work.actions.append(
                 SweepAction(
                     SweepActionKind.LEFT_TO_OWNER,
                     thread_id,
-                    f"run {run.run_id} was cancelled by {holder}, which died before its "
-                    "last checkpoint",
+                    f"run {run.run_id} is cancelled and {holder} left its thread open",
                     run_id=run.run_id,
                     status=run.status.value,
                     next_action=_close_later(thread_id),
                 )
             )
+
+    def _keep_for_later(self, thread_id: str, run: RunRecord, work: _Pass) -> bool:
+        """After a close of a stopped thread that did not happen: whether the thread is
+        still open, its lease then kept for a later pass to close it once expired.
+
+        A close fails when the database goes away meanwhile; the thread's run is over,
+        so no worker comes back for it, and without the lease no pass would either.
+        """
+        try:
+            still_open = self.threads.left_open(thread_id, run)
+        except Exception:
+            logger.warning("could not read thread %s after its close failed", thread_id)
+            still_open = True  # cannot tell: try again later
+        if still_open:
+            work.kept.add(thread_id)
+        return still_open
 
     def _stale(self, run: RunRecord) -> str | None:
         """Why no live worker will finish ``run``'s stop, or None while one may."""
@@ -327,6 +345,16 @@ class Sweeper:
                 dangling = self.threads.dangling(run.thread_id)
                 report = finalize_cancel(scope, self.settings, dangling)
                 closed = self.threads.close(run.thread_id)
+                later = (
+                    not closed
+                    and self.threads.graph is not None
+                    and self._keep_for_later(run.thread_id, run, work)
+                )
+                next_action = None
+                if later:
+                    next_action = _close_on_expiry(run.thread_id, self.lease_ttl)
+                elif not closed and dangling:
+                    next_action = _close_later(run.thread_id)
                 work.actions.append(
                     SweepAction(
                         SweepActionKind.FINISHED_CANCEL,
@@ -335,7 +363,7 @@ class Sweeper:
                         + ("; closed its thread" if closed else ""),
                         run_id=run.run_id,
                         status=report.status,
-                        next_action=None if closed or not dangling else _close_later(run.thread_id),
+                        next_action=next_action,
                     )
                 )
 
@@ -442,7 +470,15 @@ class Sweeper:
         try:
             yield True
         finally:
-            self.ledger.release_lease(thread_id, self.owner)
+            if thread_id not in work.kept:
+                self.ledger.release_lease(thread_id, self.owner)
+
+
+def _close_on_expiry(thread_id: str, ttl: float) -> str:
+    return (
+        f"a sweeper closes thread {thread_id} once this one's lease on it expires (in "
+        f"{ttl:g}s); or langgraph-cancel resume {thread_id}"
+    )
 
 
 def _close_later(thread_id: str) -> str:

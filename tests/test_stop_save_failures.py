@@ -12,8 +12,9 @@ once it expires, closes the thread as after a worker that died there.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -154,17 +155,12 @@ def _expired(saver: Any, thread: str) -> bool:
 
 
 @contextmanager
-def saves_lost_once_cancelled(url: str, thread: str) -> Iterator[Any]:
-    """A saver whose checkpoint saves fail once ``thread``'s run is cancelled (the
-    database went away right after the ``cancelled`` transition; the ledger's own
-    connections, opened before, still reach it)."""
+def losing_saver(url: str, lost: Callable[[Any], bool]) -> Iterator[Any]:
+    """A saver whose checkpoint saves fail while ``lost(saver)`` says the database is
+    gone (the ledger's own connections, opened before, still reach it)."""
     langgraph_saver = next(
         c for c in SqliteCancelSaver.__mro__ if c.__module__.startswith("langgraph.")
     )
-
-    def lost(saver: Any) -> bool:
-        run = saver.ledger.latest_run(thread)
-        return run is not None and run.status is RunStatus.CANCELLED
 
     class Below(langgraph_saver):  # type: ignore[misc, valid-type]
         def put(self, config: Any, checkpoint: Any, metadata: Any, new_versions: Any) -> Any:
@@ -183,6 +179,60 @@ def saves_lost_once_cancelled(url: str, thread: str) -> Iterator[Any]:
     with Losing.from_conn_string(url) as saver:
         saver.setup()
         yield saver
+
+
+def saves_lost_once_cancelled(url: str, thread: str) -> AbstractContextManager[Any]:
+    """A saver whose checkpoint saves fail once ``thread``'s run is cancelled (the
+    database went away right after the ``cancelled`` transition)."""
+
+    def lost(saver: Any) -> bool:
+        run = saver.ledger.latest_run(thread)
+        return run is not None and run.status is RunStatus.CANCELLED
+
+    return losing_saver(url, lost)
+
+
+def test_a_sweeper_whose_close_failed_keeps_the_lease_and_closes_the_thread_later(
+    sqlite_url: str, log: ExecutionLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The sweeper finishes the stop, and its close of the thread fails (the database
+    # went away): nobody would come back for the thread, so the sweeper keeps its
+    # lease, and a pass after the lease has expired closes the thread. (The close's
+    # own invocation keeps it too, for its TTL.)
+    monkeypatch.setattr(lgc_lifecycle, "LEASE_TTL", 0.5)
+    gone = threading.Event()
+    with (
+        stopped_after_an_unsaved_model_step(sqlite_url, log) as stopped,
+        losing_saver(sqlite_url, lambda _saver: gone.is_set()) as losing,
+    ):
+        thread = stopped.thread
+        sweeper = Sweeper(
+            losing,
+            graph=stopped.graph,
+            tools=[stopped.refund],
+            cancel_grace=0.0,
+            owner="sweeper",
+            lease_ttl=0.3,
+        )
+        gone.set()
+        first = sweeper.sweep_once()
+        finished = [a for a in first.actions if a.kind is SweepActionKind.FINISHED_CANCEL]
+        assert [a.thread_id for a in finished] == [thread], first
+        assert not finished[0].detail.endswith("closed its thread"), finished[0].detail
+        assert finished[0].next_action is not None
+        assert finished[0].next_action.startswith(f"a sweeper closes thread {thread}")
+        lease = losing.ledger.lease(thread)
+        assert lease is not None and lease.owner == "sweeper", lease
+
+        gone.clear()
+        wait_until(lambda: _expired(losing, thread), timeout=10, what="the lease to expire")
+        second = sweeper.sweep_once()
+        kinds = [(a.kind, a.thread_id) for a in second.actions]
+        assert (SweepActionKind.REAPED_LEASE, thread) in kinds, second
+        assert (SweepActionKind.CLOSED_THREAD, thread) in kinds, second
+        _assert_closed(stopped.graph, losing, thread)
+        assert losing.ledger.lease(thread) is None
+    assert log.attempts("refund") == 0
 
 
 def test_a_stop_whose_saves_were_lost_keeps_its_lease_for_the_sweeper_to_close(
