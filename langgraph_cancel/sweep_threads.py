@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import Any
+from enum import Enum
+from typing import Any, Literal
 
 from langgraph.graph.message import add_messages
 
@@ -17,6 +18,19 @@ from langgraph_cancel.nodes.settings import CancellationSettings
 from langgraph_cancel.types import RunRecord
 
 logger = logging.getLogger("langgraph_cancel.sweeper")
+
+
+class CloseOutcome(str, Enum):
+    """What ``SweptThreads.close`` did with a stopped thread."""
+
+    CLOSED = "closed"
+    #: No graph given, the graph had ended, or its pending nodes are another agent's.
+    NOT_CLOSED = "not_closed"
+    #: Running the graph on failed (logged): the database went away, say.
+    FAILED = "failed"
+
+
+CloseOutcomeLiteral = Literal["closed", "not_closed", "failed"]
 
 
 def compile_on(graph: Any, saver: Any) -> tuple[Any, CancellationSettings]:
@@ -56,7 +70,7 @@ class SweptThreads:
         self.owner = owner
         self.settings = settings
 
-    def close(self, thread_id: str) -> bool:
+    def close(self, thread_id: str) -> CloseOutcome:
         """Run a finished stop's thread on to its end, as ``resume`` would.
 
         Its run is over, so every node its checkpoint has pending diverts to the
@@ -71,25 +85,25 @@ class SweptThreads:
         runs on.
 
         Returns:
-            True when closed. False when there was nothing to close (no graph given,
-            the graph had ended), when the nodes it has pending are not the given
-            graph's (a thread of another agent on the same database), or when closing
-            failed (logged): the thread is closed when next invoked or resumed.
+            ``CLOSED``; ``NOT_CLOSED`` when there was nothing to close (no graph
+            given, the graph had ended) or the nodes it has pending are not the given
+            graph's (a thread of another agent on the same database); ``FAILED`` when
+            closing failed (logged).
         """
         if self.graph is None:
-            return False
+            return CloseOutcome.NOT_CLOSED
         config: Any = {"configurable": {"thread_id": thread_id, CONFIG_KEY_WORKER: self.owner}}
         try:
             snapshot = self.graph.get_state(config)
             pending = {task.name for task in snapshot.tasks}
             if not pending or not pending <= set(self.graph.nodes):
-                return False
+                return CloseOutcome.NOT_CLOSED
             self.graph.invoke(None, config)
         except Exception:
-            # The stop itself is finished; the summary names the one step left.
+            # The stop itself is finished; the caller keeps the thread for a later pass.
             logger.warning("could not close thread %s after its stop", thread_id, exc_info=True)
-            return False
-        return True
+            return CloseOutcome.FAILED
+        return CloseOutcome.CLOSED
 
     def last_values(self, thread_id: str) -> Mapping[str, Any] | None:
         """The thread's last saved state (None without a saver): its checkpoint's
@@ -129,4 +143,4 @@ class SweptThreads:
         return bool(unanswered) or reported != run.run_id
 
 
-__all__ = ["SweptThreads", "compile_on"]
+__all__ = ["CloseOutcome", "CloseOutcomeLiteral", "SweptThreads", "compile_on"]

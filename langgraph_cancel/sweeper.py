@@ -65,7 +65,7 @@ from langgraph_cancel.sweep_summary import (
     SweepActionKindName,
     SweepSummary,
 )
-from langgraph_cancel.sweep_threads import SweptThreads, compile_on
+from langgraph_cancel.sweep_threads import CloseOutcome, SweptThreads, compile_on
 from langgraph_cancel.types import (
     TERMINAL_RUN_STATUSES,
     EffectRecord,
@@ -265,7 +265,8 @@ class Sweeper:
             with self._holding(thread_id, work) as held:
                 if not held:
                     return
-                if self.threads.close(thread_id):
+                outcome = self.threads.close(thread_id)
+                if outcome is CloseOutcome.CLOSED:
                     work.actions.append(
                         SweepAction(
                             SweepActionKind.CLOSED_THREAD,
@@ -277,7 +278,7 @@ class Sweeper:
                         )
                     )
                     return
-                if self._keep_for_later(thread_id, run, work):
+                if outcome is CloseOutcome.FAILED and self._keep_for_later(thread_id, run, work):
                     return
         if self.threads.left_open(thread_id, run):
             work.actions.append(
@@ -292,8 +293,8 @@ class Sweeper:
             )
 
     def _keep_for_later(self, thread_id: str, run: RunRecord, work: _Pass) -> bool:
-        """After a close of a stopped thread that did not happen: whether the thread is
-        still open, its lease then kept for a later pass to close it once expired.
+        """After a close of a stopped thread that failed: whether the thread is still
+        open, its lease then kept for a later pass to close it once expired.
 
         A close fails when the database goes away meanwhile; the thread's run is over,
         so no worker comes back for it, and without the lease no pass would either.
@@ -344,11 +345,10 @@ class Sweeper:
                 )
                 dangling = self.threads.dangling(run.thread_id)
                 report = finalize_cancel(scope, self.settings, dangling)
-                closed = self.threads.close(run.thread_id)
-                later = (
-                    not closed
-                    and self.threads.graph is not None
-                    and self._keep_for_later(run.thread_id, run, work)
+                outcome = self.threads.close(run.thread_id)
+                closed = outcome is CloseOutcome.CLOSED
+                later = outcome is CloseOutcome.FAILED and self._keep_for_later(
+                    run.thread_id, run, work
                 )
                 next_action = None
                 if later:

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import pytest
 from langchain_core.messages import HumanMessage
@@ -49,6 +49,7 @@ from langgraph_cancel import (
 )
 from langgraph_cancel import lifecycle as lgc_lifecycle
 from langgraph_cancel.checkpointers.sqlite import SqliteCancelSaver
+from langgraph_cancel.sweep_threads import CloseOutcome, CloseOutcomeLiteral
 from langgraph_cancel.sweeper import SweepActionKind, Sweeper
 from langgraph_cancel.types import RunStatus, utcnow
 from plan_hold import Hold, asks_for_calls, held_graph, held_saver, start_in_thread
@@ -126,6 +127,7 @@ def test_the_sweeper_closes_a_stopped_thread_whose_model_step_was_never_saved(
             "(no worker finished it within 0s of the request); closed its thread"
         ), finished[0].detail
         _assert_closed(stopped.graph, saver, thread)
+        assert saver.ledger.lease(thread) is None  # kept only when a close fails
     assert log.attempts("refund") == 0
 
 
@@ -140,6 +142,7 @@ def test_resume_closes_the_thread_a_sweeper_without_the_agent_left_open(
         finished = [a for a in summary.actions if a.kind is SweepActionKind.FINISHED_CANCEL]
         assert len(finished) == 1 and finished[0].next_action is not None, summary
         assert finished[0].next_action.startswith(f"langgraph-cancel resume {thread}")
+        assert saver.ledger.lease(thread) is None  # without the agent, nothing to retry
 
         monkeypatch.setattr(plan_hold, "RESUMABLE_AGENT", stopped.graph, raising=False)
         command = ["resume", thread, "--db", sqlite_url, "--json"]
@@ -314,3 +317,7 @@ def test_a_stop_finished_at_the_runs_end_whose_state_write_failed_keeps_its_leas
         assert (SweepActionKind.CLOSED_THREAD, thread) in kinds, summary
         _assert_closed(graph, saver, thread)
     assert log.attempts("w1") == 0
+
+
+def test_a_close_outcome_literal_names_each_outcome() -> None:
+    assert set(get_args(CloseOutcomeLiteral)) == {outcome.value for outcome in CloseOutcome}
