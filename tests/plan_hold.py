@@ -48,12 +48,15 @@ class Hold:
                 raise ConnectionError("server closed the connection unexpectedly")
 
 
-def held(base: type[Any], hold: Hold) -> type[Any]:
-    """``base`` whose LangGraph saver underneath holds (and maybe fails) the armed put.
+def langgraph_saver_of(base: type[Any]) -> type[Any]:
+    """The LangGraph saver under one of ours (ours note a save, or its failure, around
+    LangGraph's ``put``: a fault injected below it is seen as the database's)."""
+    return next(c for c in base.__mro__ if c.__module__.startswith("langgraph."))
 
-    Underneath: our savers note a save, or its failure, around LangGraph's ``put``.
-    """
-    langgraph_saver = next(c for c in base.__mro__ if c.__module__.startswith("langgraph."))
+
+def held(base: type[Any], hold: Hold) -> type[Any]:
+    """``base`` whose LangGraph saver underneath holds (and maybe fails) the armed put."""
+    langgraph_saver = langgraph_saver_of(base)
 
     class Below(langgraph_saver):  # type: ignore[misc, valid-type]
         def put(self, config: Any, checkpoint: Any, metadata: Any, new_versions: Any) -> Any:
@@ -71,6 +74,30 @@ def held(base: type[Any], hold: Hold) -> type[Any]:
         pass
 
     return Held
+
+
+@contextmanager
+def losing_saver(url: str, lost: Callable[[Any], bool]) -> Iterator[Any]:
+    """A SQLite saver whose checkpoint saves fail while ``lost(saver)`` says the database
+    is gone (the ledger's own connections, opened before, still reach it)."""
+
+    class Below(langgraph_saver_of(SqliteCancelSaver)):  # type: ignore[misc]
+        def put(self, config: Any, checkpoint: Any, metadata: Any, new_versions: Any) -> Any:
+            if lost(self):
+                raise ConnectionError("server closed the connection unexpectedly")
+            return super().put(config, checkpoint, metadata, new_versions)
+
+        def put_writes(self, config: Any, writes: Any, task_id: str, task_path: str = "") -> None:
+            if lost(self):
+                raise ConnectionError("server closed the connection unexpectedly")
+            super().put_writes(config, writes, task_id, task_path)
+
+    class Losing(SqliteCancelSaver, Below):
+        pass
+
+    with Losing.from_conn_string(url) as saver:
+        saver.setup()
+        yield saver
 
 
 @contextmanager

@@ -13,16 +13,14 @@ once it expires, closes the thread as after a worker that died there.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, get_args
 
 import pytest
-from langchain_core.messages import HumanMessage
-from langgraph.graph import START, MessagesState, StateGraph
-from langgraph.prebuilt import tools_condition
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 
 import plan_hold
 from cli_util import ok_json, run_main
@@ -48,11 +46,18 @@ from langgraph_cancel import (
     request_cancel,
 )
 from langgraph_cancel import lifecycle as lgc_lifecycle
-from langgraph_cancel.checkpointers.sqlite import SqliteCancelSaver
 from langgraph_cancel.sweep_threads import CloseOutcome, CloseOutcomeLiteral
 from langgraph_cancel.sweeper import SweepActionKind, Sweeper
+from langgraph_cancel.testing import ScriptedChatModel
 from langgraph_cancel.types import RunStatus, utcnow
-from plan_hold import Hold, asks_for_calls, held_graph, held_saver, start_in_thread
+from plan_hold import (
+    Hold,
+    asks_for_calls,
+    held_graph,
+    held_saver,
+    losing_saver,
+    start_in_thread,
+)
 
 
 @pytest.fixture
@@ -157,33 +162,6 @@ def _expired(saver: Any, thread: str) -> bool:
     return lease is not None and lease.expires_at <= utcnow()
 
 
-@contextmanager
-def losing_saver(url: str, lost: Callable[[Any], bool]) -> Iterator[Any]:
-    """A saver whose checkpoint saves fail while ``lost(saver)`` says the database is
-    gone (the ledger's own connections, opened before, still reach it)."""
-    langgraph_saver = next(
-        c for c in SqliteCancelSaver.__mro__ if c.__module__.startswith("langgraph.")
-    )
-
-    class Below(langgraph_saver):  # type: ignore[misc, valid-type]
-        def put(self, config: Any, checkpoint: Any, metadata: Any, new_versions: Any) -> Any:
-            if lost(self):
-                raise ConnectionError("server closed the connection unexpectedly")
-            return super().put(config, checkpoint, metadata, new_versions)
-
-        def put_writes(self, config: Any, writes: Any, task_id: str, task_path: str = "") -> None:
-            if lost(self):
-                raise ConnectionError("server closed the connection unexpectedly")
-            super().put_writes(config, writes, task_id, task_path)
-
-    class Losing(SqliteCancelSaver, Below):
-        pass
-
-    with Losing.from_conn_string(url) as saver:
-        saver.setup()
-        yield saver
-
-
 def saves_lost_once_cancelled(url: str, thread: str) -> AbstractContextManager[Any]:
     """A saver whose checkpoint saves fail once ``thread``'s run is cancelled (the
     database went away right after the ``cancelled`` transition)."""
@@ -286,18 +264,13 @@ def test_a_stop_finished_at_the_runs_end_whose_state_write_failed_keeps_its_leas
     thread = new_thread()
     tools = [counting_tool(log, "w1", EffectKind.IRREVERSIBLE)]
 
-    def agent(state: MessagesState) -> dict[str, Any]:
+    def stop_then_call(_messages: list[BaseMessage]) -> AIMessage:
         request_cancel(sqlite_url, thread, reason="stop", requested_by="t")
-        return {"messages": [calls(("w1", "a", "k1"))]}
+        return calls(("w1", "a", "k1"))
 
     def build() -> Any:
-        builder = StateGraph(MessagesState)
-        builder.add_node("agent", agent)
-        builder.add_node("tools", EffectToolNode(tools))
-        builder.add_edge(START, "agent")
-        builder.add_conditional_edges("agent", tools_condition)
-        builder.add_edge("tools", "agent")
-        return add_cancellation(builder)
+        model = ScriptedChatModel([stop_then_call], on_exhausted="repeat_last")
+        return add_cancellation(agent_builder(model, EffectToolNode(tools)))
 
     with saves_lost_once_cancelled(sqlite_url, thread) as saver:
         graph = build().compile(checkpointer=saver, interrupt_before=["tools"])
