@@ -4,13 +4,16 @@ async ledger behind the sync interface."""
 from __future__ import annotations
 
 import asyncio
+import os
 import sqlite3
 import threading
+import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
+from langgraph_cancel.checkpointers.sqlite import SqliteCancelSaver
 from langgraph_cancel.ledger import Ledger
 from langgraph_cancel.ledger.aio import AsyncLedger
 from langgraph_cancel.types import (
@@ -189,3 +192,17 @@ class BlockingAsyncLedger:
             self._thread.join()
             self._loop.close()
             self.raw.close()
+
+
+def open_fresh_sqlite_file(path: str, gate: str, results: Any) -> None:
+    """A racer process (a child of the fork server): open the saver and its ledger on
+    ``path`` as soon as ``gate`` exists."""
+    while not os.path.exists(gate):
+        time.sleep(0.0002)
+    try:
+        with SqliteCancelSaver.from_conn_string(path) as saver:
+            saver.setup()
+            saver.ledger.start_run(new_id("t"))
+        results.put("ok")
+    except Exception as exc:  # reported to the parent, which fails the test with it
+        results.put(repr(exc))

@@ -19,12 +19,12 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import pytest
 
 import langgraph_cancel.ledger.core as ledger_module
-from langgraph_cancel.checkpointers.sqlite import SqliteCancelSaver
+from fork_server import ensure_fork_server
 from langgraph_cancel.errors import (
     DuplicateIdempotencyKeyError,
     IllegalTransitionError,
@@ -41,7 +41,7 @@ from langgraph_cancel.types import (
     EffectStatus,
     RunStatus,
 )
-from ledger_util import make_effect, new_id
+from ledger_util import make_effect, new_id, open_fresh_sqlite_file
 
 T = TypeVar("T")
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -364,32 +364,24 @@ def test_two_processes_racing_terminal_transitions(
             assert ledger.get_run(run_id).status is expected
 
 
-def _open_fresh_file(path: str, gate: str, results: Any) -> None:
-    """A forked racer: open the saver and its ledger on ``path`` as soon as ``gate`` exists."""
-    while not os.path.exists(gate):
-        time.sleep(0.0002)
-    try:
-        with SqliteCancelSaver.from_conn_string(path) as saver:
-            saver.setup()
-            saver.ledger.start_run(new_id("t"))
-        results.put("ok")
-    except Exception as exc:  # reported to the parent, which fails the test with it
-        results.put(repr(exc))
-
-
 def test_processes_opening_a_fresh_sqlite_file_together(tmp_path: Path) -> None:
     """Workers started together on a file that does not exist yet all open it.
 
     Only one of several connections switching a fresh file to WAL gets the lock;
     SQLite tells the others "database is locked" at once, without its busy
     timeout. A worker must not die of that (found by CI in the forked-worker test).
+    The racers come from the fork server: ``fork`` from this multi-threaded process
+    could copy a lock another thread holds.
     """
-    forked = multiprocessing.get_context("fork")
+    forked = multiprocessing.get_context("forkserver")
+    forked.set_forkserver_preload(["ledger_util"])  # when the server starts here
+    ensure_fork_server()
     for round_ in range(12):
         path, gate = str(tmp_path / f"fresh-{round_}.db"), str(tmp_path / f"go-{round_}")
         results = forked.Queue()
         procs = [
-            forked.Process(target=_open_fresh_file, args=(path, gate, results)) for _ in range(4)
+            forked.Process(target=open_fresh_sqlite_file, args=(path, gate, results))
+            for _ in range(4)
         ]
         for proc in procs:
             proc.start()
