@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage
 from langchain_core.tools import tool
+from langgraph.graph import START, MessagesState, StateGraph
 
 from graphs import (
     ExecutionLog,
@@ -37,8 +38,12 @@ from langgraph_cancel import (
 )
 from langgraph_cancel.cli import render
 from langgraph_cancel.graph import CANCEL_NODE, RECONCILE_NODE
+from langgraph_cancel.ledger import Ledger
 from langgraph_cancel.progress import ProgressKind
+from langgraph_cancel.runtime.scope import RunScope
+from langgraph_cancel.runtime.signal import CancelSignal
 from langgraph_cancel.testing.fake_model import ScriptedChatModel, tool_call
+from ledger_util import make_effect, running_thread
 from module_fixtures import (  # noqa: F401 (fixtures: pytest finds them by name)
     db_url_fixture,
     log_fixture,
@@ -70,12 +75,15 @@ def test_compensations_are_streamed_newest_first(
         graph, {"messages": [HumanMessage("go")]}, config_for(thread_id), use_async=use_async
     )
     progress = progress_events(chunks)
-    steps = [(p.event, p.effect.tool_call_id if p.effect else None) for p in progress]
     # The stop is asked from inside u2: the run may see it while c2 is still in flight
-    # (a waiting event for c2 right after the observation) or only once c2 returned.
-    waiting = [(ProgressKind.WAITING, "c2")]
-    if steps[2:3] == waiting:
-        del steps[2]
+    # (then c2 is waited for, and settled, right after the observation) or only once
+    # c2 returned. Either way the events after those two are the same.
+    in_flight = [(ProgressKind.WAITING, "c2"), (ProgressKind.SETTLED, "c2")]
+    if [(p.event, p.effect.tool_call_id if p.effect else None) for p in progress[2:4]] == (
+        in_flight
+    ):
+        del progress[2:4]
+    steps = [(p.event, p.effect.tool_call_id if p.effect else None) for p in progress]
     assert steps == [
         (ProgressKind.REQUESTED, None),
         (ProgressKind.OBSERVED, None),
@@ -100,6 +108,52 @@ def test_compensations_are_streamed_newest_first(
     assert [e.tool_call_id for e in report.not_run] == ["c3"]
     # Each event has a line a client can print.
     assert all(render.describe_progress(p.model_dump(mode="json")) is not None for p in progress)
+
+
+def test_a_stop_that_notices_a_call_after_it_ended_streams_no_wait() -> None:
+    """``waiting`` is always followed by ``settled``: a stop's watcher that reaches a
+    call only after the call ended (its outcome already looked at) says nothing of it.
+
+    The two orders a watcher thread and the call's own end can take, played out one
+    after the other in a real graph's stream.
+    """
+    ledger = Ledger.from_url("memory://")
+    thread_id, run_id = running_thread(ledger)
+    scope = RunScope(
+        ledger=ledger,
+        thread_id=thread_id,
+        run=ledger.get_run(run_id),
+        owner="test",
+        signal=CancelSignal(ledger, run_id, poll_interval=1.0),
+    )
+    ended_first = make_effect(
+        ledger, EffectStatus.COMMITTED, thread_id=thread_id, run_id=run_id, tool_call_id="e1"
+    )
+    noticed_first = make_effect(
+        ledger, EffectStatus.DISPATCHED, thread_id=thread_id, run_id=run_id, tool_call_id="e2"
+    )
+    answers: list[bool] = []
+
+    def race(state: MessagesState) -> dict[str, Any]:
+        assert state["messages"] == []
+        answers.append(scope.conclude(ended_first.effect_id))
+        scope.await_effect(ended_first, 5.0)
+        scope.await_effect(noticed_first, 5.0)
+        scope.await_effect(noticed_first, 5.0)
+        answers.append(scope.conclude(noticed_first.effect_id))
+        return {}
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("race", race)
+    builder.add_edge(START, "race")
+    graph = builder.compile()
+    chunks = list(graph.stream({"messages": []}, stream_mode="custom"))
+    steps = [
+        (p.event, p.effect.tool_call_id if p.effect else None) for p in progress_events(chunks)
+    ]
+    assert steps == [(ProgressKind.WAITING, "e2")]
+    assert answers == [False, True]
+    assert scope.awaited == set()
 
 
 def test_a_run_outside_a_stream_emits_nothing_and_stops_the_same(

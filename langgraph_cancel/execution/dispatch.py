@@ -187,9 +187,8 @@ def _send(
 
 def settled_if_awaited(ctx: CallContext, rec: EffectRecord) -> Protocol[None]:
     """A call a stop waited for has its outcome: stream it (``settled``), durable first."""
-    if rec.effect_id not in ctx.scope.awaited:
+    if not ctx.scope.conclude(rec.effect_id):
         return
-    ctx.scope.awaited.discard(rec.effect_id)
     with contextlib.suppress(LedgerError):
         yield from ctx.batch.flush_outcome()
         settled = yield from ledger_call(Ledger.get_effect, rec.effect_id)

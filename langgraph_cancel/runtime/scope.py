@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,6 +47,14 @@ class RunScope:
     #: Effects in flight that this run's stop waits for: each leaves the set when its
     #: outcome is recorded and streamed as ``settled`` (``progress.py``).
     awaited: set[str] = field(default_factory=set)
+    #: Effects whose call in this process has ended and had its outcome looked at for
+    #: the stream: a stop that notices one of them late has nothing left to wait for.
+    #: Changed together with ``awaited``, under ``awaited_lock``.
+    concluded: set[str] = field(default_factory=set)
+    #: Guards ``awaited`` and ``concluded``: a stop's watcher (another thread) and the
+    #: call's own end may race, and ``waiting`` must never be streamed without the
+    #: ``settled`` that follows it.
+    awaited_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     #: Called once when the run's task is cancelled, after the stop is recorded (the
     #: invocation shows the stop under way in the thread state).
     on_task_cancel: Callable[[], Awaitable[None]] | None = None
@@ -75,11 +84,27 @@ class RunScope:
 
     def await_effect(self, record: EffectRecord, grace: float | None) -> None:
         """The stop waits for ``record``, in flight, for ``grace`` seconds (None: until
-        it returns): say so on the stream, once per effect."""
-        if record.effect_id in self.awaited:
-            return
-        self.awaited.add(record.effect_id)
-        announce_effect(ProgressKind.WAITING, record, grace_s=grace)
+        it returns): say so on the stream, once per effect.
+
+        Nothing is said for a call that has already ended here (``conclude``): its
+        outcome is recorded, and no ``settled`` would follow the ``waiting``.
+        """
+        with self.awaited_lock:
+            if record.effect_id in self.awaited or record.effect_id in self.concluded:
+                return
+            self.awaited.add(record.effect_id)
+            # Said under the lock, so that the call's ``settled`` cannot come first.
+            announce_effect(ProgressKind.WAITING, record, grace_s=grace)
+
+    def conclude(self, effect_id: str) -> bool:
+        """The call of ``effect_id`` has ended here: whether a stop was waiting for it
+        (then its outcome is to be streamed as ``settled``)."""
+        with self.awaited_lock:
+            self.concluded.add(effect_id)
+            if effect_id not in self.awaited:
+                return False
+            self.awaited.discard(effect_id)
+            return True
 
     @property
     def requested_thread(self) -> str | None:
