@@ -40,8 +40,11 @@ from langgraph_cancel.execution.plan import CallPlan
 from langgraph_cancel.execution.settlement import never_sent_steps
 from langgraph_cancel.execution.steps import (
     GroupWrite,
+    IntentWriteCancelled,
+    LedgerCall,
     Protocol,
     ask,
+    intent_write,
     ledger_call,
     ledger_write_before_flush,
 )
@@ -319,23 +322,37 @@ class Batch:
             detail={"idempotency_key": rec.idempotency_key},
         )
         if self.group is not None:
-            return (yield from ask(GroupWrite(self.group, intent)))
+            try:
+                return (yield from intent_write(GroupWrite(self.group, intent)))
+            except IntentWriteCancelled as cancelled:
+                cancelled.intent = _dispatched(cancelled.answer)
+                raise
         outcome, self.outcome = self.outcome, None
         try:
             if outcome is None:
                 return (
-                    yield from ledger_call(
-                        Ledger.transition,
-                        intent.effect_id,
-                        intent.to,
-                        actor=intent.actor,
-                        owner=intent.owner,
-                        detail=intent.detail,
+                    yield from intent_write(
+                        LedgerCall(
+                            Ledger.transition,
+                            (intent.effect_id, intent.to),
+                            {"actor": intent.actor, "owner": intent.owner, "detail": intent.detail},
+                        )
                     )
                 )
-            done, begun = yield from ledger_call(Ledger.transition_many, [outcome, intent])
+            written: Sequence[EffectRecord | Exception] = yield from intent_write(
+                LedgerCall(Ledger.transition_many, ([outcome, intent],))
+            )
         except (DispatchRefusedError, IllegalTransitionError) as exc:
             return exc
+        except IntentWriteCancelled as cancelled:
+            answer = cancelled.answer
+            if outcome is not None and answer is not None:
+                done, answer = answer
+                if isinstance(done, LedgerError):
+                    _outcome_lost(outcome, done)
+            cancelled.intent = _dispatched(answer)
+            raise
+        done, begun = written
         if isinstance(done, LedgerError):
             _outcome_lost(outcome, done)
         return begun
@@ -381,6 +398,14 @@ def _same(prepared: ToolCall, call: ToolCall) -> bool:
         prepared.get("name") == call.get("name")
         and canonical(prepared.get("args")) == canonical(call.get("args"))
     )
+
+
+def _dispatched(written: object) -> EffectRecord | None:
+    """The record an intent write answered with, when it moved the call to
+    ``dispatched`` (not a refusal, not an error)."""
+    if isinstance(written, EffectRecord) and written.status is EffectStatus.DISPATCHED:
+        return written
+    return None
 
 
 def _outcome_lost(req: TransitionRequest, error: Exception) -> None:

@@ -42,6 +42,7 @@ from langgraph_cancel.execution.steps import (
     AwaitPlanSaved,
     CancelCheck,
     DispatchCancelled,
+    IntentWriteCancelled,
     PlanWaitCancelled,
     Protocol,
     SettleWhenReturned,
@@ -129,7 +130,16 @@ def _write_intent(
     if (yield CancelCheck()):
         yield from batch.flush_outcome()
         return (yield from stopped_before_dispatch(ctx, plan, rec))
-    begun = rec if redispatch else (yield from batch.begin(plan, rec))
+    try:
+        begun = rec if redispatch else (yield from batch.begin(plan, rec))
+    except IntentWriteCancelled as cancelled:
+        # The run's task was cancelled while the intent was written: the call does not
+        # go, and a durable intent says so before the cancellation goes on.
+        if cancelled.intent is not None:
+            yield from mark_never_sent_steps(
+                cancelled.intent, ctx.owner, "the run's task was cancelled"
+            )
+        raise
     if isinstance(begun, DispatchRefusedError):
         ctx.scope.signal.set()
         return (yield from stopped_before_dispatch(ctx, plan, rec))

@@ -4,10 +4,13 @@ A protocol yields steps and is sent their answers, or thrown their exceptions.
 ``drive`` and ``adrive`` run that loop around an ``answer`` function; the
 ledger-only drivers answer nothing but ``LedgerCall`` steps, for code that
 settles records outside a tool call (the cancel node, the reconciler).
+``see_through`` and ``despite_cancel`` keep a ledger write whole when the run's
+task is cancelled while it is under way.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from contextlib import nullcontext
 from typing import Any, TypeVar, cast
@@ -90,4 +93,45 @@ async def adrive_ledger(ledger: Ledger, protocol: Protocol[T]) -> T:
     return await adrive(protocol, answer)
 
 
-__all__ = ["acall_ledger", "adrive", "adrive_ledger", "call_ledger", "drive", "drive_ledger"]
+async def see_through(work: Awaitable[T]) -> tuple[asyncio.Future[T], bool]:
+    """``work`` run to its end even if this task is cancelled meanwhile.
+
+    For a ledger write (bounded by its own retries) that a cancel must not cut short:
+    cut short, it may commit anyway, and nobody would know what it did.
+
+    Returns:
+        ``work``'s future, done, and whether this task was cancelled while it ran; the
+        caller raises the cancel once it has dealt with what the work did (a cancel
+        is never lost).
+    """
+    future = asyncio.ensure_future(work)
+    cancelled = False
+    while not future.done():
+        try:
+            await asyncio.shield(future)
+        except asyncio.CancelledError:
+            cancelled = True
+        except Exception:
+            break
+    return future, cancelled
+
+
+async def despite_cancel(work: Awaitable[T]) -> T:
+    """``work``'s result, run to its end even if this task is cancelled meanwhile;
+    the cancel is raised once it has ended (``see_through``)."""
+    future, cancelled = await see_through(work)
+    if cancelled:
+        raise asyncio.CancelledError from (None if future.cancelled() else future.exception())
+    return future.result()
+
+
+__all__ = [
+    "acall_ledger",
+    "adrive",
+    "adrive_ledger",
+    "call_ledger",
+    "despite_cancel",
+    "drive",
+    "drive_ledger",
+    "see_through",
+]

@@ -34,7 +34,7 @@ from langgraph_cancel.checkpointers.durable import await_plan, wait_for_plan
 from langgraph_cancel.effects import bound_idempotency_key
 from langgraph_cancel.errors import BatchSuperseded
 from langgraph_cancel.execution.batch import Batch
-from langgraph_cancel.execution.drive import acall_ledger, adrive, call_ledger, drive
+from langgraph_cancel.execution.drive import acall_ledger, adrive, call_ledger, drive, see_through
 from langgraph_cancel.execution.group import AsyncGroupCommit, ThreadGroupCommit
 from langgraph_cancel.execution.settlement import (
     mark_never_sent,
@@ -49,6 +49,8 @@ from langgraph_cancel.execution.steps import (
     Dispatch,
     DispatchCancelled,
     GroupWrite,
+    IntentWrite,
+    IntentWriteCancelled,
     LedgerCall,
     Observe,
     Pause,
@@ -103,6 +105,8 @@ class SyncDriver:
         scope = self.scope
         if isinstance(step, LedgerCall):
             return call_ledger(scope.ledger, step)
+        if isinstance(step, IntentWrite):
+            return self.answer(step.write)
         if isinstance(step, CancelCheck):
             return scope.cancel_called()
         if isinstance(step, Observe):
@@ -224,6 +228,8 @@ class AsyncDriver:
         scope = self.scope
         if isinstance(step, LedgerCall):
             return await acall_ledger(scope.ledger, step)
+        if isinstance(step, IntentWrite):
+            return await self._write_intent(step)
         if isinstance(step, CancelCheck):
             if scope.run_task_cancelled():
                 # The run's task was cancelled and the cancel was caught before it
@@ -259,6 +265,25 @@ class AsyncDriver:
             _settle_when_returned(scope, step)
             return None
         raise TypeError(f"unknown step {type(step).__name__}")
+
+    async def _write_intent(self, step: IntentWrite[Any]) -> Any:
+        """The intent write, to its end even if the run's task is cancelled meanwhile.
+
+        Cut short, a write may still commit (its statement left, or its thread runs
+        on), leaving a call ``dispatched`` that never went: so it is seen through, and
+        then ``IntentWriteCancelled`` tells the protocol what it wrote.
+        """
+        write, cancelled = await see_through(self._answer(step.write))
+        if not cancelled:
+            return write.result()
+        self.cancelled = True
+        await self.scope.atask_cancelled()
+        if write.cancelled():
+            raise IntentWriteCancelled() from None
+        error = write.exception()
+        if error is not None:
+            raise IntentWriteCancelled(error=error) from error
+        raise IntentWriteCancelled(write.result()) from None
 
     async def _dispatch(self, step: Dispatch) -> Any:
         task = asyncio.ensure_future(_acall(self.handler, step, self.scope))

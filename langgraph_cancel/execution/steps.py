@@ -136,6 +136,20 @@ class GroupWrite(Step["EffectRecord | Exception"]):
     request: TransitionRequest
 
 
+@dataclass(frozen=True, slots=True)
+class IntentWrite(Step[T]):
+    """A call's intent write (``write``, a ledger call or a group write), seen through.
+
+    The async driver lets the write finish even when the run's task is cancelled
+    meanwhile (a server's ``runs.cancel``), then raises ``IntentWriteCancelled`` with
+    its answer: the intent may be durable while the call never left, and the protocol
+    must record that before the cancellation goes on. The sync driver answers
+    ``write`` as it is.
+    """
+
+    write: Step[T]
+
+
 class StoppedWaiting(Exception):
     """A cancelled run stopped waiting for an in-flight side effect (it still runs).
 
@@ -162,6 +176,26 @@ class PlanWaitCancelled(asyncio.CancelledError):
     every later step shielded, so that a call whose intent went with its batch's
     plan can record that it was never sent before the cancellation goes on.
     """
+
+
+class IntentWriteCancelled(asyncio.CancelledError):
+    """The run's asyncio task was cancelled while a call's intent was being written.
+
+    The driver let the write finish (shielded), noted the stop and shields every
+    later step; the call does not go.
+
+    Attributes:
+        answer: What the write returned (None when it raised ``error``).
+        error: What the write raised, if it did.
+        intent: The call's record when the write moved it to ``dispatched`` (set by
+            the protocol that understands ``answer``): it is to be recorded never sent.
+    """
+
+    def __init__(self, answer: Any = None, error: BaseException | None = None) -> None:
+        super().__init__("run task cancelled while a call's intent was being written")
+        self.answer = answer
+        self.error = error
+        self.intent: EffectRecord | None = None
 
 
 class DispatchCancelled(asyncio.CancelledError):
@@ -197,6 +231,13 @@ class DispatchCancelled(asyncio.CancelledError):
 def ask(step: Step[T]) -> Protocol[T]:
     """Yield ``step`` and return its answer, typed."""
     answer = yield step
+    return cast(T, answer)
+
+
+def intent_write(step: Step[T]) -> Protocol[T]:
+    """``ask`` for a call's intent write, which a task cancel does not cut short
+    (``IntentWrite``)."""
+    answer = yield IntentWrite(step)
     return cast(T, answer)
 
 
@@ -284,6 +325,8 @@ __all__ = [
     "Dispatch",
     "DispatchCancelled",
     "GroupWrite",
+    "IntentWrite",
+    "IntentWriteCancelled",
     "LedgerCall",
     "Observe",
     "Pause",
@@ -295,6 +338,7 @@ __all__ = [
     "StoppedWaiting",
     "ask",
     "from_dispatched",
+    "intent_write",
     "ledger_call",
     "ledger_write_before_flush",
     "transition_steps",

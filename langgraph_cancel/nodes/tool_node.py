@@ -20,8 +20,8 @@ import asyncio
 import concurrent.futures
 import inspect
 import logging
-from collections.abc import Callable, Coroutine, Mapping, Sequence
-from typing import Any, Literal, TypeVar
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal
 
 from langchain_core.messages import AnyMessage, ToolCall, ToolMessage
 from langchain_core.runnables import RunnableConfig
@@ -36,7 +36,7 @@ from langgraph_cancel.checkpointers.durable import PLAN_SAVE_TIMEOUT
 from langgraph_cancel.effects import EffectSpec, spec_of
 from langgraph_cancel.execution.answers import ABANDONED_READ
 from langgraph_cancel.execution.batch import Batch
-from langgraph_cancel.execution.drive import adrive_ledger, drive_ledger
+from langgraph_cancel.execution.drive import adrive_ledger, despite_cancel, drive_ledger
 from langgraph_cancel.execution.group import AsyncGroupCommit, ThreadGroupCommit
 from langgraph_cancel.execution.identity import as_tool_call, history_of
 from langgraph_cancel.execution.interceptor import (
@@ -61,8 +61,6 @@ from langgraph_cancel.execution.supervision import InFlight, Supervisor, supervi
 from langgraph_cancel.ledger import Ledger
 from langgraph_cancel.runtime import RunScope
 from langgraph_cancel.types import CancelPolicy, EffectStatus
-
-T = TypeVar("T")
 
 logger = logging.getLogger("langgraph_cancel.tools")
 
@@ -266,7 +264,7 @@ class EffectToolNode(ToolNode):
             raise failure.error from failure.error.__cause__
         except asyncio.CancelledError:
             if batch.begun:
-                await _despite_cancel(self._aabandon_begun(batch))
+                await despite_cancel(self._aabandon_begun(batch))
             raise
         return self._combine_tool_outputs(outputs, input_type)
 
@@ -334,7 +332,7 @@ class EffectToolNode(ToolNode):
             begin = []
         # A cancel of the run's task must not cut the write short: the calls it begins
         # are known only once it has answered, and are then recorded never sent.
-        await _despite_cancel(
+        await despite_cancel(
             adrive_ledger(scope.ledger, batch.prepare(*phases.planned(), begin=begin))
         )
 
@@ -489,23 +487,6 @@ class EffectToolNode(ToolNode):
         for index, answer in zip(unique, answers, strict=True):
             outputs[index] = answer
         answer_copies(outputs, copies)
-
-
-async def _despite_cancel(work: Coroutine[Any, Any, T]) -> T:
-    """``work`` run to its end even if this task is cancelled meanwhile (a ledger
-    write, bounded by its own retries); the cancel is raised once it has ended."""
-    task = asyncio.ensure_future(work)
-    cancelled = False
-    while not task.done():
-        try:
-            await asyncio.shield(task)
-        except asyncio.CancelledError:
-            cancelled = cancelled or not task.done()
-        except Exception:
-            break
-    if cancelled:
-        raise asyncio.CancelledError from (None if task.cancelled() else task.exception())
-    return task.result()
 
 
 __all__ = ["TOOLNODE_HANDLE_TOOL_ERRORS", "Classification", "EffectToolNode", "ServedEffects"]

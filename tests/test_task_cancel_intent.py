@@ -1,0 +1,214 @@
+"""A run's task cancelled while a call's intent is being written: the call never goes.
+
+A server's ``runs.cancel`` (or a client's disconnect) cancels the run's asyncio task
+wherever it is. When that is the moment a call's intent (``dispatched``) is on its way
+to the database, the write may still commit after the task gave up on it: a call
+recorded as sent that never left. The write is seen through, the call is recorded
+never sent (``not_applied``), and the stop neither waits for it nor leaves its outcome
+unknown for a person to settle.
+
+The first test stops a ``create_agent`` agent, whose calls each write their intent
+alone; the second an ``EffectToolNode`` batch, whose later intents go with the
+previous call's outcome (one call at a time) or in a write shared with the calls in
+flight beside them (``effect_concurrency``).
+
+The database is made to hold the intent write where the test can see it: a trigger on
+the ledger's effects table waits, on an update to ``dispatched``, for an advisory lock
+the test holds. Both ways the async ledger reaches PostgreSQL are covered: the async
+saver's own ledger on the graph's loop, and a sync ledger the driver calls in a thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from langchain.agents import create_agent
+from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+from langchain_core.runnables import RunnableConfig
+from langchain_core.tools import tool
+
+from graphs import agent_builder, cancellable, scripted
+from langgraph_cancel import EffectKind, EffectStatus, EffectToolNode, aget_report, effect
+from langgraph_cancel.checkpointers.memory import MemoryCancelSaver
+from langgraph_cancel.checkpointers.postgres import AsyncPostgresCancelSaver
+from langgraph_cancel.ledger import Ledger
+from langgraph_cancel.middleware import EffectMiddleware
+from langgraph_cancel.testing import ScriptedChatModel, tool_call
+
+pytestmark = pytest.mark.postgres
+
+#: The advisory lock an update to ``dispatched`` waits for while the test holds it.
+GATE_KEY = 4_242_017
+GATE_FUNCTION = f"""CREATE OR REPLACE FUNCTION lgc_test_intent_gate() RETURNS trigger AS $$
+    BEGIN
+        IF NEW.status = 'dispatched' THEN
+            PERFORM pg_advisory_lock({GATE_KEY});
+            PERFORM pg_advisory_unlock({GATE_KEY});
+        END IF;
+        RETURN NEW;
+    END $$ LANGUAGE plpgsql"""
+GATE_TRIGGER = """CREATE TRIGGER lgc_test_intent_gate BEFORE UPDATE ON lgc_effects
+    FOR EACH ROW EXECUTE FUNCTION lgc_test_intent_gate()"""
+WAITING_AT_GATE = f"""SELECT count(*) FROM pg_locks
+    WHERE locktype = 'advisory' AND objid = {GATE_KEY} AND NOT granted"""
+#: Short, so that a stop that waited for the unsent call would show it in the ledger
+#: (``unknown``) without slowing the suite down much.
+CANCEL_TIMEOUT = 2.0
+
+
+@pytest.fixture(params=["async-ledger", "threaded-ledger"])
+async def saver(request: pytest.FixtureRequest, pg_url: str) -> AsyncIterator[Any]:
+    """A checkpointer whose ledger the async driver awaits natively, or in a thread."""
+    if request.param == "async-ledger":
+        async with AsyncPostgresCancelSaver.from_conn_string(pg_url) as native:
+            await native.setup()
+            yield native
+        return
+    ledger = Ledger.from_url(pg_url)
+    try:
+        threaded = MemoryCancelSaver(ledger=ledger)
+        threaded.setup()
+        yield threaded
+    finally:
+        ledger.close()
+
+
+@pytest.fixture
+def gate(pg_url: str) -> Iterator[psycopg.Connection[Any]]:
+    """The trigger installed, and the connection that holds its lock (held on entry)."""
+    with psycopg.connect(pg_url, autocommit=True) as admin:
+        admin.execute(GATE_FUNCTION)
+        admin.execute(GATE_TRIGGER)
+    with psycopg.connect(pg_url, autocommit=True) as holder:
+        holder.execute("SELECT pg_advisory_lock(%s)", (GATE_KEY,))
+        yield holder
+
+
+async def _wait_at_gate(pg_url: str, run: asyncio.Future[Any]) -> None:
+    """Until an intent write waits at the gate (fails if the run ends first)."""
+    async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as watcher:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            assert not run.done(), "the run ended before its intent write reached the gate"
+            cursor = await watcher.execute(WAITING_AT_GATE)
+            row = await cursor.fetchone()
+            if row is not None and row[0] > 0:
+                return
+            await asyncio.sleep(0.02)
+    raise AssertionError("no intent write reached the gate")
+
+
+async def test_a_task_cancel_during_the_intent_write_records_the_call_never_sent(
+    saver: Any, gate: psycopg.Connection[Any], pg_url: str
+) -> None:
+    sent: list[str] = []
+
+    @effect(EffectKind.IRREVERSIBLE, idempotency_key=lambda a: f"refund:{a['order_id']}")
+    @tool
+    def issue_refund(order_id: str) -> str:
+        """Refund an order."""
+        sent.append(order_id)
+        return f"refunded {order_id}"
+
+    model = ScriptedChatModel(
+        [
+            AIMessage("", tool_calls=[tool_call("issue_refund", {"order_id": "o-7"}, id="c-7")]),
+            "how can I help?",
+        ],
+        on_exhausted="repeat_last",
+    )
+    agent = create_agent(
+        model,
+        [issue_refund],
+        middleware=[EffectMiddleware(approval=False, cancel_timeout=CANCEL_TIMEOUT)],
+        checkpointer=saver,
+    )
+    config: RunnableConfig = {"configurable": {"thread_id": "gated"}}
+    run = asyncio.ensure_future(agent.ainvoke({"messages": [HumanMessage("refund")]}, config))
+    await _wait_at_gate(pg_url, run)
+    run.cancel()
+    # The write is held at the gate after the cancel: the run waits for it.
+    await asyncio.sleep(0.2)
+    assert not run.done()
+    gate.execute("SELECT pg_advisory_unlock(%s)", (GATE_KEY,))
+    with pytest.raises(asyncio.CancelledError):
+        await run
+
+    (record,) = saver.ledger.effects("gated")
+    assert record.status is EffectStatus.NOT_APPLIED
+    assert sent == []
+    stopped = saver.ledger.latest_run("gated")
+    assert stopped is not None
+
+    # The next turn closes the stopped run with the call answered as never run.
+    out = await agent.ainvoke({"messages": [HumanMessage("where are we?")]}, config)
+    assert sent == []
+    (record,) = saver.ledger.effects("gated")
+    assert record.status is EffectStatus.DROPPED
+    report = await aget_report(saver, "gated", run_id=stopped.run_id)
+    assert report.status == "cancelled"
+    assert [effect.tool_call_id for effect in report.not_run] == ["c-7"]
+    assert report.unknown == [] and report.permanent == []
+    answers = [m for m in out["messages"] if isinstance(m, ToolMessage)]
+    assert [m.tool_call_id for m in answers] == ["c-7"]
+    assert out["messages"][-1].content == "how can I help?"
+
+
+@pytest.mark.parametrize("effect_concurrency", [1, 2], ids=["one-at-a-time", "two-at-once"])
+async def test_a_batch_stopped_during_a_later_intent_sends_nothing_more(
+    saver: Any, gate: psycopg.Connection[Any], pg_url: str, effect_concurrency: int
+) -> None:
+    sent: list[str] = []
+
+    @effect(EffectKind.IRREVERSIBLE, requires_approval=False)
+    @tool
+    def wire(item: str) -> str:
+        """Wire money."""
+        sent.append(item)
+        return f"wired {item}"
+
+    # The first calls' intents go with the batch's plan (an insert, not held at the
+    # gate); the next one's is an update, held there.
+    first = ["w1", "w2"][:effect_concurrency]
+    model = scripted(
+        AIMessage(
+            "",
+            tool_calls=[tool_call("wire", {"item": item}, id=item) for item in [*first, "w-next"]],
+        ),
+        "done",
+    )
+    node = EffectToolNode(
+        [wire], cancel_timeout=CANCEL_TIMEOUT, effect_concurrency=effect_concurrency
+    )
+    graph = cancellable(agent_builder(model, node, use_async=True), saver)
+    thread_id = f"batch-{effect_concurrency}"
+    config: RunnableConfig = {"configurable": {"thread_id": thread_id}}
+    run = asyncio.ensure_future(graph.ainvoke({"messages": [HumanMessage("wire")]}, config))
+    await _wait_at_gate(pg_url, run)
+    run.cancel()
+    await asyncio.sleep(0.2)
+    assert not run.done()
+    gate.execute("SELECT pg_advisory_unlock(%s)", (GATE_KEY,))
+    with pytest.raises(asyncio.CancelledError):
+        await run
+
+    assert sorted(sent) == sorted(first)
+    records = {record.tool_call_id: record for record in saver.ledger.effects(thread_id)}
+    # The graph's stop ran as the task ended: the call never sent is dropped.
+    assert records["w-next"].status is EffectStatus.DROPPED
+    assert all(records[item].status is EffectStatus.COMMITTED for item in first)
+    stopped = saver.ledger.latest_run(thread_id)
+    assert stopped is not None
+
+    await graph.ainvoke({"messages": [HumanMessage("and now?")]}, config)
+    assert sorted(sent) == sorted(first)
+    report = await aget_report(saver, thread_id, run_id=stopped.run_id)
+    assert report.status == "cancelled"
+    assert sorted(effect.tool_call_id for effect in report.permanent) == sorted(first)
+    assert [effect.tool_call_id for effect in report.not_run] == ["w-next"]
+    assert report.unknown == []
