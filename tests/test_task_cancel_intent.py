@@ -103,6 +103,21 @@ async def _wait_at_gate(pg_url: str, run: asyncio.Future[Any]) -> None:
     raise AssertionError("no intent write reached the gate")
 
 
+async def _cancel_at_the_gate(
+    graph: Any, ask: str, config: RunnableConfig, gate: psycopg.Connection[Any], pg_url: str
+) -> None:
+    """Run ``graph`` on ``ask`` and cancel its task while an intent write waits at the
+    gate; then open the gate. The run ends cancelled, only once the write has ended."""
+    run = asyncio.ensure_future(graph.ainvoke({"messages": [HumanMessage(ask)]}, config))
+    await _wait_at_gate(pg_url, run)
+    run.cancel()
+    await asyncio.sleep(0.2)
+    assert not run.done(), "the cancelled run did not wait for its intent write"
+    gate.execute("SELECT pg_advisory_unlock(%s)", (GATE_KEY,))
+    with pytest.raises(asyncio.CancelledError):
+        await run
+
+
 async def test_a_task_cancel_during_the_intent_write_records_the_call_never_sent(
     saver: Any, gate: psycopg.Connection[Any], pg_url: str
 ) -> None:
@@ -129,15 +144,7 @@ async def test_a_task_cancel_during_the_intent_write_records_the_call_never_sent
         checkpointer=saver,
     )
     config: RunnableConfig = {"configurable": {"thread_id": "gated"}}
-    run = asyncio.ensure_future(agent.ainvoke({"messages": [HumanMessage("refund")]}, config))
-    await _wait_at_gate(pg_url, run)
-    run.cancel()
-    # The write is held at the gate after the cancel: the run waits for it.
-    await asyncio.sleep(0.2)
-    assert not run.done()
-    gate.execute("SELECT pg_advisory_unlock(%s)", (GATE_KEY,))
-    with pytest.raises(asyncio.CancelledError):
-        await run
+    await _cancel_at_the_gate(agent, "refund", config, gate, pg_url)
 
     (record,) = saver.ledger.effects("gated")
     assert record.status is EffectStatus.NOT_APPLIED
@@ -188,14 +195,7 @@ async def test_a_batch_stopped_during_a_later_intent_sends_nothing_more(
     graph = cancellable(agent_builder(model, node, use_async=True), saver)
     thread_id = f"batch-{effect_concurrency}"
     config: RunnableConfig = {"configurable": {"thread_id": thread_id}}
-    run = asyncio.ensure_future(graph.ainvoke({"messages": [HumanMessage("wire")]}, config))
-    await _wait_at_gate(pg_url, run)
-    run.cancel()
-    await asyncio.sleep(0.2)
-    assert not run.done()
-    gate.execute("SELECT pg_advisory_unlock(%s)", (GATE_KEY,))
-    with pytest.raises(asyncio.CancelledError):
-        await run
+    await _cancel_at_the_gate(graph, "wire", config, gate, pg_url)
 
     assert sorted(sent) == sorted(first)
     records = {record.tool_call_id: record for record in saver.ledger.effects(thread_id)}
