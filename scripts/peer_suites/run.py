@@ -16,7 +16,8 @@ configures pytest for them) into a temporary directory, and runs seven passes
   ``ToolNode``, every tool classified;
 * ``toolnode-unclassified``: the same tests, the tools as the tests wrote them; a
   test may fail here only where langgraph-cancel asked for an approval, and only
-  if it passes in the classified pass (or fails there only as the allowlist allows);
+  if it passes in the classified pass (or fails there only as the allowlist allows),
+  which is why ``--pass toolnode-unclassified`` runs the classified pass too;
 * ``create-agent``: LangChain's create_agent tool, HITL and middleware tests with
   ``EffectMiddleware`` added to every agent;
 * ``checkpointers``: LangGraph's own graph tests (from the ``langgraph`` sdist) on our
@@ -364,7 +365,11 @@ def main() -> int:
     parser.add_argument("--pass", dest="passes", action="append", choices=[p.name for p in PASSES])
     parser.add_argument("--keep", action="store_true", help="keep the unpacked tests and logs")
     options = parser.parse_args()
-    chosen = [p for p in PASSES if not options.passes or p.name in options.passes]
+    wanted = set(options.passes or [p.name for p in PASSES])
+    if "toolnode-unclassified" in wanted:
+        # Its failures are judged against the classified pass's outcomes.
+        wanted.add("toolnode-classified")
+    chosen = [p for p in PASSES if p.name in wanted]
     work = Path(tempfile.mkdtemp(prefix="lgc-peer-suites-"))
     roots: dict[str, Path] = {}
     outcomes: dict[str, dict[str, Any]] = {}
