@@ -222,7 +222,29 @@ class AsyncDriver:
         """One step's answer (shielded once the task was cancelled)."""
         if self.cancelled and not isinstance(step, Dispatch):
             return await asyncio.shield(self._answer(step))
+        if isinstance(step, LedgerCall | GroupWrite):
+            return await self._ledger_step(step)
         return await self._answer(step)
+
+    async def _ledger_step(self, step: LedgerCall[Any] | GroupWrite) -> Any:
+        """A ledger read or write, to its end even if the run's task is cancelled
+        meanwhile; then the cancel goes on, the stop noted first.
+
+        Cut short, a write may still commit (its thread runs on) or be cancelled on
+        the server: either way the run would not know what the ledger holds (a call's
+        outcome lost, say, and the stop waiting for a call long returned).
+        """
+        done, cancelled = await see_through(self._answer(step))
+        if cancelled:
+            await self._task_cancelled()
+            raise asyncio.CancelledError from (None if done.cancelled() else done.exception())
+        return done.result()
+
+    async def _task_cancelled(self) -> None:
+        """The run's task was cancelled: every later step is shielded, and the stop is
+        noted (``RunScope.atask_cancelled``)."""
+        self.cancelled = True
+        await self.scope.atask_cancelled()
 
     async def _answer(self, step: Step[Any]) -> Any:
         scope = self.scope
@@ -254,8 +276,7 @@ class AsyncDriver:
             except asyncio.CancelledError:
                 # The run's task was cancelled (a server's runs.cancel) before the call
                 # left: a stop like any other, and what the call writes next is shielded.
-                self.cancelled = True
-                await self.scope.atask_cancelled()
+                await self._task_cancelled()
                 raise PlanWaitCancelled from None
             return None
         if isinstance(step, Pause):
@@ -276,8 +297,7 @@ class AsyncDriver:
         write, cancelled = await see_through(self._answer(step.write))
         if not cancelled:
             return write.result()
-        self.cancelled = True
-        await self.scope.atask_cancelled()
+        await self._task_cancelled()
         if write.cancelled():
             raise IntentWriteCancelled() from None
         error = write.exception()
@@ -296,8 +316,7 @@ class AsyncDriver:
                 self.scope.signal.set()
                 task.cancel()  # a read: nothing outside changes, nothing to wait for
                 raise
-            self.cancelled = True
-            await self.scope.atask_cancelled()
+            await self._task_cancelled()
             spec = step.spec
             wait = (spec.cancel_timeout if spec is not None else None) or self.cancel_timeout
             self.scope.await_effect(step.record, wait)

@@ -255,7 +255,7 @@ class EffectToolNode(ToolNode):
                         )
                     )
                 finally:
-                    await adrive_ledger(scope.ledger, batch.flush_reads())
+                    await despite_cancel(adrive_ledger(scope.ledger, batch.flush_reads()))
                 for index, answer in zip(phases.reads, answers, strict=True):
                     outputs[index] = answer
             if phases.effects:
@@ -467,7 +467,8 @@ class EffectToolNode(ToolNode):
                 for index in unique:
                     outputs[index] = await self._arun_one(calls[index], input_type, runtimes[index])
             finally:
-                await adrive_ledger(ledger, batch.flush_outcome())
+                # The last call's outcome: whole, even if the run's task is cancelled now.
+                await despite_cancel(adrive_ledger(ledger, batch.flush_outcome()))
             answer_copies(outputs, copies)
             return
         group = AsyncGroupCommit(ledger)
