@@ -140,11 +140,9 @@ async def _cancel_at_the_gate(
         await run
 
 
-async def test_a_task_cancel_during_the_intent_write_records_the_call_never_sent(
-    saver: Any, gate: Gate, pg_url: str
-) -> None:
-    gate.hold(EffectStatus.DISPATCHED)
-    sent: list[str] = []
+def _refund_agent(saver: Any, sent: list[str], *, order_id: str, call_id: str) -> Any:
+    """A ``create_agent`` agent whose model asks for one refund; ``sent`` gets each
+    order the tool refunds."""
 
     @effect(EffectKind.IRREVERSIBLE, idempotency_key=lambda a: f"refund:{a['order_id']}")
     @tool
@@ -155,17 +153,27 @@ async def test_a_task_cancel_during_the_intent_write_records_the_call_never_sent
 
     model = ScriptedChatModel(
         [
-            AIMessage("", tool_calls=[tool_call("issue_refund", {"order_id": "o-7"}, id="c-7")]),
+            AIMessage(
+                "", tool_calls=[tool_call("issue_refund", {"order_id": order_id}, id=call_id)]
+            ),
             "how can I help?",
         ],
         on_exhausted="repeat_last",
     )
-    agent = create_agent(
+    return create_agent(
         model,
         [issue_refund],
         middleware=[EffectMiddleware(approval=False, cancel_timeout=CANCEL_TIMEOUT)],
         checkpointer=saver,
     )
+
+
+async def test_a_task_cancel_during_the_intent_write_records_the_call_never_sent(
+    saver: Any, gate: Gate, pg_url: str
+) -> None:
+    gate.hold(EffectStatus.DISPATCHED)
+    sent: list[str] = []
+    agent = _refund_agent(saver, sent, order_id="o-7", call_id="c-7")
     config: RunnableConfig = {"configurable": {"thread_id": "gated"}}
     await _cancel_at_the_gate(agent, "refund", config, gate, pg_url)
 
@@ -243,27 +251,7 @@ async def test_a_task_cancel_during_an_outcome_write_keeps_the_outcome(
 ) -> None:
     gate.hold(EffectStatus.COMMITTED)
     sent: list[str] = []
-
-    @effect(EffectKind.IRREVERSIBLE, idempotency_key=lambda a: f"refund:{a['order_id']}")
-    @tool
-    def issue_refund(order_id: str) -> str:
-        """Refund an order."""
-        sent.append(order_id)
-        return f"refunded {order_id}"
-
-    model = ScriptedChatModel(
-        [
-            AIMessage("", tool_calls=[tool_call("issue_refund", {"order_id": "o-8"}, id="c-8")]),
-            "how can I help?",
-        ],
-        on_exhausted="repeat_last",
-    )
-    agent = create_agent(
-        model,
-        [issue_refund],
-        middleware=[EffectMiddleware(approval=False, cancel_timeout=CANCEL_TIMEOUT)],
-        checkpointer=saver,
-    )
+    agent = _refund_agent(saver, sent, order_id="o-8", call_id="c-8")
     config: RunnableConfig = {"configurable": {"thread_id": "kept"}}
     await _cancel_at_the_gate(agent, "refund", config, gate, pg_url)
 
