@@ -234,11 +234,20 @@ class AsyncDriver:
         the server: either way the run would not know what the ledger holds (a call's
         outcome lost, say, and the stop waiting for a call long returned).
         """
-        done, cancelled = await see_through(self._answer(step))
+        done, cancelled = await see_through(self._ledger_work(step))
         if cancelled:
             await self._task_cancelled()
             raise asyncio.CancelledError from (None if done.cancelled() else done.exception())
         return done.result()
+
+    def _ledger_work(self, step: Step[Any]) -> Awaitable[Any]:
+        """A ledger step's answer, to await: a group write joins its group at once
+        (``AsyncGroupCommit.submit``), before its call counts as finished."""
+        if isinstance(step, GroupWrite):
+            group = step.group
+            assert isinstance(group, AsyncGroupCommit)
+            return group.submit(step.request)
+        return self._answer(step)
 
     async def _task_cancelled(self) -> None:
         """The run's task was cancelled: every later step is shielded, and the stop is
@@ -294,7 +303,7 @@ class AsyncDriver:
         on), leaving a call ``dispatched`` that never went: so it is seen through, and
         then ``IntentWriteCancelled`` tells the protocol what it wrote.
         """
-        write, cancelled = await see_through(self._answer(step.write))
+        write, cancelled = await see_through(self._ledger_work(step.write))
         if not cancelled:
             return write.result()
         await self._task_cancelled()

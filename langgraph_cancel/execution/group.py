@@ -196,6 +196,15 @@ class AsyncGroupCommit(GroupCommit):
 
     async def awrite(self, req: TransitionRequest) -> Written:
         """``req``'s compare-and-set: the moved record, or the error it raised."""
+        return await self.submit(req)
+
+    def submit(self, req: TransitionRequest) -> asyncio.Future[Written]:
+        """Join ``req`` to the group now; the future of its answer (``awrite``'s).
+
+        The request is in the group when this returns, before the caller's call is
+        counted as finished: a write started later (in a task of its own) could find
+        every call done and go without it.
+        """
         loop = asyncio.get_running_loop()
         done: asyncio.Future[Written] = loop.create_future()
         self._waiting.append((req, done))
@@ -203,7 +212,7 @@ class AsyncGroupCommit(GroupCommit):
         if not self._writing:
             self._writing = True
             loop.call_soon(lambda: asyncio.ensure_future(self._drain()))
-        return await done
+        return done
 
     async def _linger(self) -> None:
         deadline = time.monotonic() + OUTCOME_LINGER
