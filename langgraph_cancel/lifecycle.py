@@ -329,14 +329,21 @@ class Invocation:
         ``cancelled`` transition: the database went away, say), or this end's own
         write to the state failed: the thread is not closed. The lease is then kept,
         to expire unrenewed, and the sweeper that finds it closes the thread, as it
-        does after a worker that died there.
+        does after a worker that died there. When the run cannot be read (the database
+        is away), the lease is kept too: released, a cancelled run's open thread would
+        be found by no sweeper, while a kept one costs other workers its TTL at most.
         """
         if settled:
             return False
         try:
             return self.ledger.get_run(self.scope.run_id).status is RunStatus.CANCELLED
         except Exception:
-            return False  # unknown: release it, as any failed invocation does
+            logger.warning(
+                "could not read run %s after it failed; its lease is kept to expire",
+                self.scope.run_id,
+                exc_info=True,
+            )
+            return True
 
     def _record_interruption(self) -> None:
         try:

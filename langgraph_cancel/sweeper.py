@@ -10,7 +10,10 @@ again. ``Sweeper.sweep_once()`` (and ``langgraph-cancel sweep``, once or
    leases' audit trail) and releases the live-looking leases of processes of
    this host that no longer run. A lease left on a thread whose run is already
    ``cancelled`` is a worker that died after finishing its stop but before its
-   cancel node's checkpoint: given the graph, the thread is closed as in 2.
+   cancel node's checkpoint: given the graph, the thread is closed as in 2,
+   and the lease goes only then. A pass that fails between a stop's finish and
+   its thread's close keeps its own lease on the thread for the same reason: a
+   later pass finds the thread when the lease expires.
 2. **Stops whose worker died**: a run asked to stop (``cancel_requested`` or
    ``cancelling``) that no live worker holds, whose worker is gone or whose
    request is older than ``cancel_grace``, is finished with the graph's own
@@ -70,6 +73,7 @@ from langgraph_cancel.types import (
     TERMINAL_RUN_STATUSES,
     EffectRecord,
     EffectStatus,
+    LeaseRecord,
     RunRecord,
     RunStatus,
     utcnow,
@@ -90,8 +94,9 @@ class _Pass:
     actions: list[SweepAction] = field(default_factory=list)
     threads: set[str] = field(default_factory=set)
     truncated: bool = False
-    #: Threads whose lease the pass keeps rather than releases: their close failed,
-    #: and a later pass closes them once the lease has expired.
+    #: Threads whose lease the pass keeps rather than releases: their close failed, or
+    #: the pass failed between a stop's finish and the thread's close. A later pass
+    #: closes them once the lease has expired; released, no pass would find them.
     kept: set[str] = field(default_factory=set)
 
     def claim(self, thread_id: str) -> bool:
@@ -220,52 +225,69 @@ class Sweeper:
         now = utcnow()
         for lease in self.ledger.leases():
             if lease.expires_at <= now:
-                self.ledger.release_lease(lease.thread_id, lease.owner)
-                work.actions.append(
-                    SweepAction(
-                        SweepActionKind.REAPED_LEASE,
-                        lease.thread_id,
-                        f"released the expired lease of {lease.owner}",
-                    )
+                freed = SweepAction(
+                    SweepActionKind.REAPED_LEASE,
+                    lease.thread_id,
+                    f"released the expired lease of {lease.owner}",
                 )
             elif lease.owner != self.owner and holder_is_gone(lease.owner):
-                try:
-                    self.ledger.acquire_lease(lease.thread_id, self.owner, ttl=self.lease_ttl)
-                except ThreadBusyError:
-                    continue  # another worker took it over first
-                self.ledger.release_lease(lease.thread_id, self.owner)
-                work.actions.append(
-                    SweepAction(
-                        SweepActionKind.TOOK_OVER_LEASE,
-                        lease.thread_id,
-                        f"took over and released the lease of {lease.owner} (no longer runs)",
-                    )
+                freed = SweepAction(
+                    SweepActionKind.TOOK_OVER_LEASE,
+                    lease.thread_id,
+                    f"took over and released the lease of {lease.owner} (no longer runs)",
                 )
             else:
                 continue
-            self._close_cancelled_thread(lease.thread_id, lease.owner, work)
+            run = self.ledger.latest_run(lease.thread_id)
+            if run is not None and run.status is RunStatus.CANCELLED:
+                self._close_cancelled_thread(lease, run, freed, work)
+            elif self._free(lease, freed.kind):
+                work.actions.append(freed)
 
-    def _close_cancelled_thread(self, thread_id: str, holder: str, work: _Pass) -> None:
-        """A dead holder's thread whose run it had cancelled: close the thread.
+    def _free(self, lease: LeaseRecord, kind: SweepActionKind) -> bool:
+        """Release an expired lease, or take over and release a gone holder's; False
+        when another worker took it over first."""
+        if kind is SweepActionKind.REAPED_LEASE:
+            self.ledger.release_lease(lease.thread_id, lease.owner)
+            return True
+        try:
+            self.ledger.acquire_lease(lease.thread_id, self.owner, ttl=self.lease_ttl)
+        except ThreadBusyError:
+            return False
+        self.ledger.release_lease(lease.thread_id, self.owner)
+        return True
 
-        A worker gives its lease back only once its graph has ended, so a lease left
-        on a thread whose run is ``cancelled`` means the worker died between the
-        cancel node's terminal transition and the node's checkpoint: the stop is
-        finished, but the checkpoint still has the cancel node next, without the
-        run's report (and, had the worker died inside the tool node, with calls
-        unanswered). Given the graph, the thread is closed as after a finished stop;
-        without it (or when closing it failed), the step left is named.
+    def _close_cancelled_thread(
+        self, lease: LeaseRecord, run: RunRecord, freed: SweepAction, work: _Pass
+    ) -> None:
+        """A dead or expired holder's thread whose run it had cancelled: close the thread.
+
+        A worker gives its lease back only once its graph has ended and the thread's
+        state is put right, so a lease left on a thread whose run is ``cancelled``
+        means the worker died (or its saves were lost) between the cancel node's
+        terminal transition and the node's checkpoint: the stop is finished, but the
+        checkpoint still has the cancel node next, without the run's report (and,
+        had the worker died inside the tool node, with calls unanswered). Given the
+        graph, the sweeper takes the lease over and closes the thread as after a
+        finished stop, and lets the lease go only then: a pass that fails before
+        that leaves the lease on the thread, so that a later pass comes back to it.
+        Without the graph (or when closing it failed), the step left is named.
         """
-        run = self.ledger.latest_run(thread_id)
-        if run is None or run.status is not RunStatus.CANCELLED:
-            return
-        if self.threads.graph is not None:
+        thread_id, holder = lease.thread_id, lease.owner
+        if self.threads.graph is None:
+            if not self._free(lease, freed.kind):
+                return
+            work.actions.append(freed)
+        else:
             if not work.claim(thread_id):
                 return
             with self._holding(thread_id, work) as held:
                 if not held:
                     return
+                work.actions.append(freed)
+                work.kept.add(thread_id)
                 outcome = self.threads.close(thread_id)
+                work.kept.discard(thread_id)
                 if outcome is CloseOutcome.CLOSED:
                     work.actions.append(
                         SweepAction(
@@ -344,8 +366,10 @@ class Sweeper:
                     signal=CancelSignal(self.ledger, run.run_id, poll_interval=1.0),
                 )
                 dangling = self.threads.dangling(run.thread_id)
+                work.kept.add(run.thread_id)
                 report = finalize_cancel(scope, self.settings, dangling)
                 outcome = self.threads.close(run.thread_id)
+                work.kept.discard(run.thread_id)
                 closed = outcome is CloseOutcome.CLOSED
                 later = outcome is CloseOutcome.FAILED and self._keep_for_later(
                     run.thread_id, run, work

@@ -7,7 +7,10 @@ of such a thread is closed by the sweeper that finishes it, or by ``resume`` whe
 sweeper was not given the agent. An invocation whose run ends ``cancelled`` without
 the thread's state put right (its cancel node's saves lost, or the run's end could
 not write the answers and the report) keeps the thread's lease, so that the sweeper,
-once it expires, closes the thread as after a worker that died there.
+once it expires, closes the thread as after a worker that died there. So does an
+invocation that cannot read its run back, and a sweeper pass that fails between a
+stop's finish and the thread's close; and a sweeper lets the lease of a cancelled
+thread go only once it has closed the thread.
 """
 
 from __future__ import annotations
@@ -162,6 +165,17 @@ def _expired(saver: Any, thread: str) -> bool:
     return lease is not None and lease.expires_at <= utcnow()
 
 
+def _closed_once_expired(sweeper: Sweeper, graph: Any, saver: Any, thread: str) -> None:
+    """The pass after the lease on ``thread`` has expired reaps it and closes the thread."""
+    wait_until(lambda: _expired(saver, thread), timeout=10, what="the lease to expire")
+    summary = sweeper.sweep_once()
+    kinds = [(a.kind, a.thread_id) for a in summary.actions]
+    assert (SweepActionKind.REAPED_LEASE, thread) in kinds, summary
+    assert (SweepActionKind.CLOSED_THREAD, thread) in kinds, summary
+    _assert_closed(graph, saver, thread)
+    assert saver.ledger.lease(thread) is None
+
+
 def saves_lost_once_cancelled(url: str, thread: str) -> AbstractContextManager[Any]:
     """A saver whose checkpoint saves fail once ``thread``'s run is cancelled (the
     database went away right after the ``cancelled`` transition)."""
@@ -171,6 +185,49 @@ def saves_lost_once_cancelled(url: str, thread: str) -> AbstractContextManager[A
         return run is not None and run.status is RunStatus.CANCELLED
 
     return losing_saver(url, lost)
+
+
+@dataclass(frozen=True, slots=True)
+class StoppedAfterOneCall:
+    """An agent asked to stop by its first call's tool, the second call queued."""
+
+    thread: str
+    tools: list[Any]
+    model: Any
+
+    def graph(self, saver: Any) -> Any:
+        return cancellable(agent_builder(self.model, EffectToolNode(self.tools)), saver)
+
+    def invoke_failing(self, saver: Any) -> Any:
+        """Run the agent on ``saver``, whose failure the run's stop meets; the graph."""
+        graph = self.graph(saver)
+        with pytest.raises(ConnectionError):
+            graph.invoke({"messages": [HumanMessage("go")]}, config_for(self.thread))
+        return graph
+
+    def closed_on_expiry(self, url: str) -> None:
+        """Once the lease kept on the thread has expired, a sweeper pass closes it."""
+        with open_saver(url) as saver:
+            graph = self.graph(saver)
+            wait_until(lambda: _expired(saver, self.thread), timeout=20, what="the lease to expire")
+            sweeper = Sweeper(saver, graph=graph, tools=self.tools, owner="sweeper")
+            summary = sweeper.sweep_once()
+            kinds = [(a.kind, a.thread_id) for a in summary.actions]
+            assert (SweepActionKind.CLOSED_THREAD, self.thread) in kinds, summary
+            _assert_closed(graph, saver, self.thread)
+
+
+def stopped_after_one_call(url: str, log: ExecutionLog) -> StoppedAfterOneCall:
+    thread = new_thread()
+
+    def stop(_item: str) -> None:
+        request_cancel(url, thread, reason="stop", requested_by="t")
+
+    tools = [
+        counting_tool(log, "w1", EffectKind.IRREVERSIBLE, after=stop),
+        counting_tool(log, "w2", EffectKind.IRREVERSIBLE),
+    ]
+    return StoppedAfterOneCall(thread, tools, scripted(calls(("w1", "a", "k1"), ("w2", "b", "k2"))))
 
 
 def test_a_sweeper_whose_close_failed_keeps_the_lease_and_closes_the_thread_later(
@@ -206,13 +263,7 @@ def test_a_sweeper_whose_close_failed_keeps_the_lease_and_closes_the_thread_late
         assert lease is not None and lease.owner == "sweeper", lease
 
         gone.clear()
-        wait_until(lambda: _expired(losing, thread), timeout=10, what="the lease to expire")
-        second = sweeper.sweep_once()
-        kinds = [(a.kind, a.thread_id) for a in second.actions]
-        assert (SweepActionKind.REAPED_LEASE, thread) in kinds, second
-        assert (SweepActionKind.CLOSED_THREAD, thread) in kinds, second
-        _assert_closed(stopped.graph, losing, thread)
-        assert losing.ledger.lease(thread) is None
+        _closed_once_expired(sweeper, stopped.graph, losing, thread)
     assert log.attempts("refund") == 0
 
 
@@ -220,20 +271,10 @@ def test_a_stop_whose_saves_were_lost_keeps_its_lease_for_the_sweeper_to_close(
     sqlite_url: str, log: ExecutionLog, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(lgc_lifecycle, "LEASE_TTL", 0.5)
-    thread = new_thread()
-
-    def stop(_item: str) -> None:
-        request_cancel(sqlite_url, thread, reason="stop", requested_by="t")
-
-    tools = [
-        counting_tool(log, "w1", EffectKind.IRREVERSIBLE, after=stop),
-        counting_tool(log, "w2", EffectKind.IRREVERSIBLE),
-    ]
-    model = scripted(calls(("w1", "a", "k1"), ("w2", "b", "k2")))
+    stopped = stopped_after_one_call(sqlite_url, log)
+    thread = stopped.thread
     with saves_lost_once_cancelled(sqlite_url, thread) as saver:
-        graph = cancellable(agent_builder(model, EffectToolNode(tools)), saver)
-        with pytest.raises(ConnectionError):
-            graph.invoke({"messages": [HumanMessage("go")]}, config_for(thread))
+        graph = stopped.invoke_failing(saver)
         run = saver.ledger.require_latest_run(thread)
         assert run.status is RunStatus.CANCELLED
         # The cancel node's writes were not saved: the thread is open, without the report.
@@ -242,15 +283,8 @@ def test_a_stop_whose_saves_were_lost_keeps_its_lease_for_the_sweeper_to_close(
         lease = saver.ledger.lease(thread)
         assert lease is not None and lease.owner == run.owner, lease
 
-    with open_saver(sqlite_url) as saver:
-        graph = cancellable(agent_builder(model, EffectToolNode(tools)), saver)
-
-        # Nobody renews it: it expires after its TTL.
-        wait_until(lambda: _expired(saver, thread), timeout=10, what="the lease to expire")
-        summary = Sweeper(saver, graph=graph, tools=tools, owner="sweeper").sweep_once()
-        kinds = [(a.kind, a.thread_id) for a in summary.actions]
-        assert (SweepActionKind.CLOSED_THREAD, thread) in kinds, summary
-        _assert_closed(graph, saver, thread)
+    # Nobody renews it: it expires after its TTL.
+    stopped.closed_on_expiry(sqlite_url)
     assert log.applied("w1") == 1 and log.attempts("w2") == 0
 
 
@@ -294,3 +328,112 @@ def test_a_stop_finished_at_the_runs_end_whose_state_write_failed_keeps_its_leas
 
 def test_a_close_outcome_literal_names_each_outcome() -> None:
     assert set(get_args(CloseOutcomeLiteral)) == {outcome.value for outcome in CloseOutcome}
+
+
+class GoneOnce:
+    """A ledger read that fails once, the first time ``lost(result)`` says so, as
+    when the database goes away at that moment; the read's earlier and later calls
+    reach it."""
+
+    def __init__(self, read: Any, lost: Any) -> None:
+        self.read = read
+        self.lost = lost
+        self.failures = 0
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        result = self.read(*args, **kwargs)
+        if self.failures == 0 and self.lost(result):
+            self.failures += 1
+            raise ConnectionError("server closed the connection unexpectedly")
+        return result
+
+
+def _cancelled(run: Any) -> bool:
+    return run is not None and run.status is RunStatus.CANCELLED
+
+
+def test_a_sweeper_pass_that_fails_after_finishing_a_stop_keeps_the_lease_for_the_close(
+    sqlite_url: str, log: ExecutionLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The pass makes the run's one ``cancelled`` transition, and the database goes
+    # away before the thread is closed: the pass fails. The lease it took stays on the
+    # thread, and a pass after it expires closes the thread. Had the lease gone, the
+    # run would be over, its thread open, and no pass would look at it again.
+    with stopped_after_an_unsaved_model_step(sqlite_url, log) as stopped:
+        saver, thread = stopped.saver, stopped.thread
+        sweeper = Sweeper(
+            saver,
+            graph=stopped.graph,
+            tools=[stopped.refund],
+            cancel_grace=0.0,
+            owner="sweeper",
+            lease_ttl=0.3,
+        )
+        gone = GoneOnce(sweeper.ledger.get_run, _cancelled)
+        monkeypatch.setattr(sweeper.ledger, "get_run", gone)
+        with pytest.raises(ConnectionError):
+            sweeper.sweep_once()
+        assert gone.failures == 1
+        assert saver.ledger.require_latest_run(thread).status is RunStatus.CANCELLED
+        lease = saver.ledger.lease(thread)
+        assert lease is not None and lease.owner == "sweeper", lease
+
+        _closed_once_expired(sweeper, stopped.graph, saver, thread)
+    assert log.attempts("refund") == 0
+
+
+def test_an_expired_lease_on_a_cancelled_thread_stays_until_a_pass_closes_the_thread(
+    sqlite_url: str, log: ExecutionLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A worker's stop lost its saves and kept its lease, which expired. The pass that
+    # finds it fails (the database went away) before it has closed the thread: the
+    # expired lease is still there for the next pass, which closes the thread.
+    monkeypatch.setattr(lgc_lifecycle, "LEASE_TTL", 0.5)
+    stopped = stopped_after_one_call(sqlite_url, log)
+    thread, tools = stopped.thread, stopped.tools
+    with saves_lost_once_cancelled(sqlite_url, thread) as saver:
+        stopped.invoke_failing(saver)
+
+    with open_saver(sqlite_url) as saver:
+        graph = stopped.graph(saver)
+        wait_until(lambda: _expired(saver, thread), timeout=10, what="the lease to expire")
+        sweeper = Sweeper(saver, graph=graph, tools=tools, owner="sweeper")
+        gone = GoneOnce(sweeper.ledger.latest_run, _cancelled)
+        monkeypatch.setattr(sweeper.ledger, "latest_run", gone)
+        with pytest.raises(ConnectionError):
+            sweeper.sweep_once()
+        assert gone.failures == 1
+        assert _expired(saver, thread), saver.ledger.lease(thread)
+        _closed_once_expired(sweeper, graph, saver, thread)
+    assert log.applied("w1") == 1 and log.attempts("w2") == 0
+
+
+def test_a_failed_stop_whose_run_cannot_be_read_keeps_its_lease_for_the_sweeper(
+    sqlite_url: str, log: ExecutionLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The database goes away right after the run's ``cancelled`` transition: the
+    # cancel node fails, and so does the run's end when it reads the run to learn
+    # whether the thread was left open. It keeps the lease, unknowing, and the
+    # sweeper closes the thread once it has expired.
+    monkeypatch.setattr(lgc_lifecycle, "LEASE_TTL", 0.5)
+    stopped = stopped_after_one_call(sqlite_url, log)
+    thread = stopped.thread
+    with saves_lost_once_cancelled(sqlite_url, thread) as saver:
+        read = saver.ledger.get_run
+
+        def get_run(run_id: str) -> Any:
+            run = read(run_id)
+            if _cancelled(run):
+                raise ConnectionError("server closed the connection unexpectedly")
+            return run
+
+        with monkeypatch.context() as away:
+            away.setattr(saver.ledger, "get_run", get_run)
+            stopped.invoke_failing(saver)
+        run = saver.ledger.require_latest_run(thread)
+        assert run.status is RunStatus.CANCELLED
+        lease = saver.ledger.lease(thread)
+        assert lease is not None and lease.owner == run.owner, lease
+
+    stopped.closed_on_expiry(sqlite_url)
+    assert log.applied("w1") == 1 and log.attempts("w2") == 0
