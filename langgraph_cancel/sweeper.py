@@ -25,12 +25,16 @@ again. ``Sweeper.sweep_once()`` (and ``langgraph-cancel sweep``, once or
    diverts to the cancel node, which answers each call left unanswered and stores
    the report in the state, so the thread ends with nothing next and nothing
    dispatched.
-3. **Unknown and in-flight effects**: threads nobody holds whose effects are
-   ``dispatched``, ``unknown`` (with a reconcile hook) or ``compensating`` are
+3. **Unknown and in-flight effects**: threads with no lease on them whose effects
+   are ``dispatched``, ``unknown`` (with a reconcile hook) or ``compensating`` are
    reconciled (``langgraph_cancel.recovery.reconcile``).
 4. **Due compensations**: ``compensation_failed`` effects whose tool has a
    compensate hook, last tried ``compensation_retry_after`` seconds ago or
-   more, are compensated again.
+   more, are compensated again, on threads with no lease on them.
+
+   Steps 3 and 4 leave a thread with an expired lease to step 1 of the next pass:
+   they take a thread's lease and give it back when done, which would let go a
+   lease kept on a cancelled run's open thread without closing the thread.
 5. Everything else (a run left ``running`` by a dead worker, an effect no hook
    can settle) is left to its owner, with the next action in the pass summary.
 
@@ -408,8 +412,8 @@ class Sweeper:
                 if self._reconcilable(rec):
                     threads.setdefault(rec.thread_id, []).append(rec)
         for thread_id in threads:
-            if lease_is_live(self.ledger.lease(thread_id)):
-                continue  # its worker is awaiting those calls
+            if self._leased(thread_id):
+                continue
             if not work.claim(thread_id):
                 return
             for result in reconcile(
@@ -440,7 +444,7 @@ class Sweeper:
             spec = None if tool is None else spec_of(tool)
             if spec is None or spec.compensate is None or rec.updated_at > due:
                 continue
-            if lease_is_live(self.ledger.lease(rec.thread_id)) or not work.claim(rec.thread_id):
+            if self._leased(rec.thread_id) or not work.claim(rec.thread_id):
                 continue
             with self._holding(rec.thread_id, work) as held:
                 if not held:
@@ -482,6 +486,17 @@ class Sweeper:
             )
 
     # ------------------------------------------------------------------ leases
+    def _leased(self, thread_id: str) -> bool:
+        """Whether a lease is on the thread, live or expired: the steps that take a
+        thread's lease and give it back when done leave such a thread alone.
+
+        A live lease's worker is awaiting the thread's calls. An expired one is the
+        lease step's (``_sweep_leases``, first in the next pass), which closes a
+        cancelled run's open thread before letting the lease go: taken over and
+        released here, with the thread still open, nothing would bring it back.
+        """
+        return self.ledger.lease(thread_id) is not None
+
     @contextlib.contextmanager
     def _holding(self, thread_id: str, work: _Pass) -> Iterator[bool]:
         """Hold the thread's lease for the block (yields False, recorded busy, if taken)."""

@@ -24,6 +24,7 @@ from typing import Any, get_args
 
 import pytest
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
+from langchain_core.tools import tool
 
 import plan_hold
 from cli_util import ok_json, run_main
@@ -45,14 +46,16 @@ from langgraph_cancel import (
     CheckpointNotSavedError,
     EffectKind,
     EffectToolNode,
+    Outcome,
     add_cancellation,
+    effect,
     request_cancel,
 )
 from langgraph_cancel import lifecycle as lgc_lifecycle
 from langgraph_cancel.sweep_threads import CloseOutcome, CloseOutcomeLiteral
 from langgraph_cancel.sweeper import SweepActionKind, Sweeper
 from langgraph_cancel.testing import ScriptedChatModel
-from langgraph_cancel.types import RunStatus, utcnow
+from langgraph_cancel.types import EffectStatus, RunStatus, utcnow
 from plan_hold import (
     Hold,
     asks_for_calls,
@@ -437,3 +440,78 @@ def test_a_failed_stop_whose_run_cannot_be_read_keeps_its_lease_for_the_sweeper(
 
     stopped.closed_on_expiry(sqlite_url)
     assert log.applied("w1") == 1 and log.attempts("w2") == 0
+
+
+def test_a_sweeper_leaves_a_thread_with_a_lease_on_it_to_the_step_that_closes_it(
+    sqlite_url: str, log: ExecutionLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A stopped run whose call's outcome is unknown keeps its lease for the sweeper (its
+    # cancel node's saves were lost). The lease expires while a pass reconciles another
+    # thread, after the pass's lease step has seen it live. The pass's reconcile step
+    # must not take that lease and let it go: it leaves the thread to the lease step of
+    # the next pass, which closes the thread. Let go, nothing would bring it back.
+    monkeypatch.setattr(lgc_lifecycle, "LEASE_TTL", 0.5)
+    stopped, held = new_thread(), new_thread()
+    model = scripted(calls(("w1", "a", "k1")))
+    with saves_lost_once_cancelled(sqlite_url, stopped) as losing:
+
+        def stop(_item: str) -> None:
+            request_cancel(losing, stopped, reason="stop", requested_by="t")
+
+        # The worker's tool has no reconcile hook: its lost response leaves the call
+        # unknown.
+        sent = counting_tool(
+            log,
+            "w1",
+            EffectKind.IRREVERSIBLE,
+            reconcile=False,
+            after=stop,
+            fail_after_apply=[ConnectionError("connection reset")],
+            max_attempts=1,
+        )
+        with pytest.raises(ConnectionError):
+            cancellable(agent_builder(model, EffectToolNode([sent])), losing).invoke(
+                {"messages": [HumanMessage("go")]}, config_for(stopped)
+            )
+
+    with open_saver(sqlite_url) as saver:
+        ledger = saver.ledger
+        run = ledger.require_latest_run(stopped)
+        unknown = ledger.find_effect(stopped, "k1")
+        assert run.status is RunStatus.CANCELLED, run
+        assert unknown is not None and unknown.status is EffectStatus.UNKNOWN, unknown
+        # Another thread, its call in flight, whose reconcile hook returns only once
+        # the stopped thread's lease has expired.
+        other = ledger.start_run(held, owner="elsewhere")
+        planned, _ = ledger.plan(
+            thread_id=held,
+            run_id=other.run_id,
+            tool_call_id="h1",
+            tool="hold",
+            kind=EffectKind.IRREVERSIBLE,
+            args={"item": "h"},
+        )
+        ledger.transition(planned.effect_id, EffectStatus.DISPATCHED, actor="t")
+
+        def after_the_lease_expired(_key: str, _args: dict[str, Any]) -> Outcome:
+            wait_until(lambda: _expired(saver, stopped), timeout=10, what="the lease to expire")
+            return Outcome.not_applied("never sent")
+
+        @effect(EffectKind.IRREVERSIBLE, reconcile=after_the_lease_expired)
+        @tool
+        def hold(item: str) -> str:
+            """Hold an item."""
+            return item
+
+        # The sweeper knows a reconcile hook for the stopped thread's call.
+        tools = [hold, counting_tool(log, "w1", EffectKind.IRREVERSIBLE)]
+        graph = cancellable(agent_builder(model, EffectToolNode(tools)), saver)
+        sweeper = Sweeper(saver, graph=graph, tools=tools, owner="sweeper")
+        kept = ledger.acquire_lease(stopped, run.owner or "", ttl=1.0)
+        assert kept.expires_at > utcnow(), kept
+
+        first = sweeper.sweep_once()
+        assert ledger.get_effect(planned.effect_id).status is EffectStatus.NOT_APPLIED, first
+        assert _expired(saver, stopped), (first, ledger.lease(stopped))
+        assert ledger.get_effect(unknown.effect_id).status is EffectStatus.UNKNOWN, first
+        _closed_once_expired(sweeper, graph, saver, stopped)
