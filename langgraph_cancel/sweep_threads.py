@@ -14,6 +14,7 @@ from langgraph_cancel.agents import guarded_agent
 from langgraph_cancel.errors import ConfigurationError
 from langgraph_cancel.execution.identity import dangling_tool_calls
 from langgraph_cancel.lifecycle import CONFIG_KEY_WORKER
+from langgraph_cancel.nodes.names import CANCEL_NODE
 from langgraph_cancel.nodes.settings import CancellationSettings
 from langgraph_cancel.types import RunRecord
 
@@ -24,7 +25,8 @@ class CloseOutcome(str, Enum):
     """What ``SweptThreads.close`` did with a stopped thread."""
 
     CLOSED = "closed"
-    #: No graph given, the graph had ended, or its pending nodes are another agent's.
+    #: No graph given, the graph had ended (with its report, or with no cancel node to
+    #: write it as), or its pending nodes are another agent's.
     NOT_CLOSED = "not_closed"
     #: Running the graph on failed (logged): the database went away, say.
     FAILED = "failed"
@@ -70,7 +72,7 @@ class SweptThreads:
         self.owner = owner
         self.settings = settings
 
-    def close(self, thread_id: str) -> CloseOutcome:
+    def close(self, thread_id: str, report: Mapping[str, Any] | None = None) -> CloseOutcome:
         """Run a finished stop's thread on to its end, as ``resume`` would.
 
         Its run is over, so every node its checkpoint has pending diverts to the
@@ -84,9 +86,20 @@ class SweptThreads:
         model's tool calls, say. It is closed too: resuming applies the writes and
         runs on.
 
+        A graph that had run to its end, every call answered, when its stop was
+        finished (the stop arrived after the graph's last check), and whose state the
+        run's end could not then write, lacks only the run's report: given
+        ``report``, it is written into the state as the cancel node leaves it, as the
+        run's end would have.
+
+        Args:
+            thread_id: The thread.
+            report: The stopped run's stored report (``RunRecord.report``).
+
         Returns:
             ``CLOSED``; ``NOT_CLOSED`` when there was nothing to close (no graph
-            given, the graph had ended) or the nodes it has pending are not the given
+            given, the graph had ended with its report, or without one and no cancel
+            node to write it as) or the nodes it has pending are not the given
             graph's (a thread of another agent on the same database); ``FAILED`` when
             closing failed (logged).
         """
@@ -96,13 +109,33 @@ class SweptThreads:
         try:
             snapshot = self.graph.get_state(config)
             pending = {task.name for task in snapshot.tasks}
-            if not pending or not pending <= set(self.graph.nodes):
+            if not pending:
+                return self._report_ended(config, snapshot.values, report)
+            if not pending <= set(self.graph.nodes):
                 return CloseOutcome.NOT_CLOSED
             self.graph.invoke(None, config)
         except Exception:
             # The stop itself is finished; the caller keeps the thread for a later pass.
             logger.warning("could not close thread %s after its stop", thread_id, exc_info=True)
             return CloseOutcome.FAILED
+        return CloseOutcome.CLOSED
+
+    def _report_ended(
+        self, config: Any, values: Mapping[str, Any], report: Mapping[str, Any] | None
+    ) -> CloseOutcome:
+        """Write ``report`` into an ended graph's state that lacks it, as the cancel node."""
+        stored = values.get(self.settings.report_key)
+        reported = stored.get("run_id") if isinstance(stored, Mapping) else None
+        if (
+            report is None
+            or CANCEL_NODE not in self.graph.nodes
+            or reported == report.get("run_id")
+            or dangling_tool_calls(values.get(self.settings.messages_key) or [])
+        ):
+            return CloseOutcome.NOT_CLOSED
+        self.graph.update_state(
+            config, {self.settings.report_key: dict(report)}, as_node=CANCEL_NODE
+        )
         return CloseOutcome.CLOSED
 
     def last_values(self, thread_id: str) -> Mapping[str, Any] | None:

@@ -290,7 +290,7 @@ class Sweeper:
                     return
                 work.actions.append(freed)
                 work.kept.add(thread_id)
-                outcome = self.threads.close(thread_id)
+                outcome = self.threads.close(thread_id, run.report)
                 work.kept.discard(thread_id)
                 if outcome is CloseOutcome.CLOSED:
                     work.actions.append(
@@ -372,7 +372,7 @@ class Sweeper:
                 dangling = self.threads.dangling(run.thread_id)
                 work.kept.add(run.thread_id)
                 report = finalize_cancel(scope, self.settings, dangling)
-                outcome = self.threads.close(run.thread_id)
+                outcome = self.threads.close(run.thread_id, report.model_dump(mode="json"))
                 work.kept.discard(run.thread_id)
                 closed = outcome is CloseOutcome.CLOSED
                 later = outcome is CloseOutcome.FAILED and self._keep_for_later(

@@ -291,41 +291,44 @@ def test_a_stop_whose_saves_were_lost_keeps_its_lease_for_the_sweeper_to_close(
     assert log.applied("w1") == 1 and log.attempts("w2") == 0
 
 
+@pytest.mark.parametrize("ended", [False, True], ids=["paused-before-tools", "ended"])
 def test_a_stop_finished_at_the_runs_end_whose_state_write_failed_keeps_its_lease(
-    sqlite_url: str, log: ExecutionLog, monkeypatch: pytest.MonkeyPatch
+    sqlite_url: str, log: ExecutionLog, monkeypatch: pytest.MonkeyPatch, ended: bool
 ) -> None:
-    # The stop arrives after the graph's last check, and the graph pauses before its
-    # tools: the run's end finishes the cancel and writes its answers and report into
-    # the state, and that write fails. The lease is kept for the sweeper.
+    # The stop arrives after the graph's last check: with the model's last answer (the
+    # graph ends), or with its calls when the graph pauses before its tools. The run's
+    # end finishes the cancel and writes its answers and report into the state, and
+    # that write fails. The lease is kept for the sweeper, which closes the thread: it
+    # runs the paused graph on, and writes the report into the ended graph's state as
+    # the cancel node leaves it (there is nothing left to run on).
     monkeypatch.setattr(lgc_lifecycle, "LEASE_TTL", 0.5)
     thread = new_thread()
     tools = [counting_tool(log, "w1", EffectKind.IRREVERSIBLE)]
+    interrupt_before = [] if ended else ["tools"]
 
-    def stop_then_call(_messages: list[BaseMessage]) -> AIMessage:
+    def stop_then_reply(_messages: list[BaseMessage]) -> AIMessage:
         request_cancel(sqlite_url, thread, reason="stop", requested_by="t")
-        return calls(("w1", "a", "k1"))
+        return AIMessage("done") if ended else calls(("w1", "a", "k1"))
 
     def build() -> Any:
-        model = ScriptedChatModel([stop_then_call], on_exhausted="repeat_last")
+        model = ScriptedChatModel([stop_then_reply], on_exhausted="repeat_last")
         return add_cancellation(agent_builder(model, EffectToolNode(tools)))
 
     with saves_lost_once_cancelled(sqlite_url, thread) as saver:
-        graph = build().compile(checkpointer=saver, interrupt_before=["tools"])
+        graph = build().compile(checkpointer=saver, interrupt_before=interrupt_before)
         graph.invoke({"messages": [HumanMessage("go")]}, config_for(thread))
         run = saver.ledger.require_latest_run(thread)
-        assert run.status is RunStatus.CANCELLED
+        assert run.status is RunStatus.CANCELLED and run.report is not None, run
         left = graph.get_state(config_for(thread))
-        assert left.next == ("tools",) and "cancellation_report" not in left.values, left
+        assert left.next == (() if ended else ("tools",)), left
+        assert "cancellation_report" not in left.values, left
         lease = saver.ledger.lease(thread)
         assert lease is not None and lease.owner == run.owner, lease
 
     with open_saver(sqlite_url) as saver:
-        graph = build().compile(checkpointer=saver, interrupt_before=["tools"])
-        wait_until(lambda: _expired(saver, thread), timeout=10, what="the lease to expire")
-        summary = Sweeper(saver, graph=graph, tools=tools, owner="sweeper").sweep_once()
-        kinds = [(a.kind, a.thread_id) for a in summary.actions]
-        assert (SweepActionKind.CLOSED_THREAD, thread) in kinds, summary
-        _assert_closed(graph, saver, thread)
+        graph = build().compile(checkpointer=saver, interrupt_before=interrupt_before)
+        sweeper = Sweeper(saver, graph=graph, tools=tools, owner="sweeper")
+        _closed_once_expired(sweeper, graph, saver, thread)
     assert log.attempts("w1") == 0
 
 
