@@ -274,9 +274,7 @@ class AsyncDriver:
         if isinstance(step, Dispatch):
             return await self._dispatch(step)
         if isinstance(step, GroupWrite):
-            group = step.group
-            assert isinstance(group, AsyncGroupCommit)
-            return await group.awrite(step.request)
+            return await self._ledger_work(step)
         if isinstance(step, Reconcile):
             return await call_reconcile(step.spec, step.key, step.args)
         if isinstance(step, AwaitPlanSaved):

@@ -194,12 +194,9 @@ class AsyncGroupCommit(GroupCommit):
         if self._event is not None:
             self._event.set()
 
-    async def awrite(self, req: TransitionRequest) -> Written:
-        """``req``'s compare-and-set: the moved record, or the error it raised."""
-        return await self.submit(req)
-
     def submit(self, req: TransitionRequest) -> asyncio.Future[Written]:
-        """Join ``req`` to the group now; the future of its answer (``awrite``'s).
+        """Join ``req`` to the group now; the future of its compare-and-set's answer
+        (the moved record, or the error it raised), as ``GroupCommit.write`` returns it.
 
         The request is in the group when this returns, before the caller's call is
         counted as finished: a write started later (in a task of its own) could find
