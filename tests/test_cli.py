@@ -381,6 +381,7 @@ def test_kill9_status_reconcile_resume(tmp_path: Path) -> None:
     settled = ok_json(cli("reconcile", "--all", "--json"))
     (entry,) = [r for r in settled if r["thread_id"] == thread]
     assert entry["reaped_lease_of"]
+    assert entry["kept_lease"] is False  # a crashed run's lease goes
     assert [(e["tool"], e["before"], e["status"]) for e in entry["effects"]] == [
         ("update_order", "dispatched", "not_applied")
     ]

@@ -52,6 +52,8 @@ from langgraph_cancel import (
     request_cancel,
 )
 from langgraph_cancel import lifecycle as lgc_lifecycle
+from langgraph_cancel.nodes import reconcile as lgc_reconcile
+from langgraph_cancel.recovery import reap_expired_leases, reconcile
 from langgraph_cancel.sweep_threads import CloseOutcome, CloseOutcomeLiteral
 from langgraph_cancel.sweeper import SweepActionKind, Sweeper
 from langgraph_cancel.testing import ScriptedChatModel
@@ -445,21 +447,15 @@ def test_a_failed_stop_whose_run_cannot_be_read_keeps_its_lease_for_the_sweeper(
     assert log.applied("w1") == 1 and log.attempts("w2") == 0
 
 
-def test_a_sweeper_leaves_a_thread_with_a_lease_on_it_to_the_step_that_closes_it(
-    sqlite_url: str, log: ExecutionLog, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # A stopped run whose call's outcome is unknown keeps its lease for the sweeper (its
-    # cancel node's saves were lost). The lease expires while a pass reconciles another
-    # thread, after the pass's lease step has seen it live. The pass's reconcile step
-    # must not take that lease and let it go: it leaves the thread to the lease step of
-    # the next pass, which closes the thread. Let go, nothing would bring it back.
-    monkeypatch.setattr(lgc_lifecycle, "LEASE_TTL", 0.5)
-    stopped, held = new_thread(), new_thread()
+def stopped_with_an_unknown_call(url: str, log: ExecutionLog) -> tuple[str, Any]:
+    """A stopped run whose one call's outcome is unknown and whose cancel node's saves
+    were lost: its worker kept the thread's lease. The thread and its model."""
+    thread = new_thread()
     model = scripted(calls(("w1", "a", "k1")))
-    with saves_lost_once_cancelled(sqlite_url, stopped) as losing:
+    with saves_lost_once_cancelled(url, thread) as losing:
 
         def stop(_item: str) -> None:
-            request_cancel(losing, stopped, reason="stop", requested_by="t")
+            request_cancel(losing, thread, reason="stop", requested_by="t")
 
         # The worker's tool has no reconcile hook: its lost response leaves the call
         # unknown.
@@ -474,15 +470,34 @@ def test_a_sweeper_leaves_a_thread_with_a_lease_on_it_to_the_step_that_closes_it
         )
         with pytest.raises(ConnectionError):
             cancellable(agent_builder(model, EffectToolNode([sent])), losing).invoke(
-                {"messages": [HumanMessage("go")]}, config_for(stopped)
+                {"messages": [HumanMessage("go")]}, config_for(thread)
             )
+        ledger = losing.ledger
+        run = ledger.require_latest_run(thread)
+        unknown = ledger.find_effect(thread, "k1")
+        assert run.status is RunStatus.CANCELLED, run
+        assert unknown is not None and unknown.status is EffectStatus.UNKNOWN, unknown
+        lease = ledger.lease(thread)
+        assert lease is not None and lease.owner == run.owner, lease
+    return thread, model
 
+
+def test_a_sweeper_leaves_a_thread_with_a_lease_on_it_to_the_step_that_closes_it(
+    sqlite_url: str, log: ExecutionLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A stopped run whose call's outcome is unknown keeps its lease for the sweeper (its
+    # cancel node's saves were lost). The lease expires while a pass reconciles another
+    # thread, after the pass's lease step has seen it live. The pass's reconcile step
+    # must not take that lease and let it go: it leaves the thread to the lease step of
+    # the next pass, which closes the thread. Let go, nothing would bring it back.
+    monkeypatch.setattr(lgc_lifecycle, "LEASE_TTL", 0.5)
+    held = new_thread()
+    stopped, model = stopped_with_an_unknown_call(sqlite_url, log)
     with open_saver(sqlite_url) as saver:
         ledger = saver.ledger
         run = ledger.require_latest_run(stopped)
         unknown = ledger.find_effect(stopped, "k1")
-        assert run.status is RunStatus.CANCELLED, run
-        assert unknown is not None and unknown.status is EffectStatus.UNKNOWN, unknown
+        assert unknown is not None
         # Another thread, its call in flight, whose reconcile hook returns only once
         # the stopped thread's lease has expired.
         other = ledger.start_run(held, owner="elsewhere")
@@ -518,3 +533,48 @@ def test_a_sweeper_leaves_a_thread_with_a_lease_on_it_to_the_step_that_closes_it
         assert _expired(saver, stopped), (first, ledger.lease(stopped))
         assert ledger.get_effect(unknown.effect_id).status is EffectStatus.UNKNOWN, first
         _closed_once_expired(sweeper, graph, saver, stopped)
+
+
+def test_an_operators_reconcile_leaves_the_lease_kept_on_a_stopped_thread(
+    sqlite_url: str, log: ExecutionLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An operator's ``reconcile --all`` reaps expired leases and settles what it can.
+    # The lease kept on a stopped run's open thread is not the lease of a crashed run
+    # to reap: let go, nothing would bring a sweeper back to the thread. Both the reap
+    # and the reconcile of the thread's unknown call leave a lease on the thread, and
+    # the sweeper's pass after it has expired closes the thread.
+    monkeypatch.setattr(lgc_lifecycle, "LEASE_TTL", 0.5)
+    monkeypatch.setattr(lgc_reconcile, "RECONCILE_LEASE_TTL", 0.5)
+    stopped, model = stopped_with_an_unknown_call(sqlite_url, log)
+    crashed = new_thread()
+    with open_saver(sqlite_url) as saver:
+        ledger = saver.ledger
+        # A thread whose worker died mid-run: its expired lease is reaped as before.
+        ledger.start_run(crashed, owner="crashed", lease_ttl=0.5)
+        wait_until(
+            lambda: _expired(saver, stopped) and _expired(saver, crashed),
+            timeout=10,
+            what="both leases to expire",
+        )
+        kept = ledger.lease(stopped)
+        assert kept is not None
+
+        reaped = reap_expired_leases(saver)
+        assert [lease.thread_id for lease in reaped] == [crashed], reaped
+        assert ledger.lease(stopped) == kept
+
+        # The operator, in a process of their own, knows the call's reconcile hook.
+        tools = [counting_tool(log, "w1", EffectKind.IRREVERSIBLE)]
+        results = {
+            result.thread_id: result for result in reconcile(saver, tools=tools, owner="operator")
+        }
+        settled = results[stopped]
+        assert (settled.reaped, settled.kept_lease) == (kept.owner, True), settled
+        assert [each.effect.status for each in settled.effects] == [EffectStatus.COMMITTED]
+        lease = ledger.lease(stopped)
+        assert lease is not None and lease.owner == "operator", lease
+
+        graph = cancellable(agent_builder(model, EffectToolNode(tools)), saver)
+        sweeper = Sweeper(saver, graph=graph, tools=tools, owner="sweeper")
+        _closed_once_expired(sweeper, graph, saver, stopped)
+    assert log.applied("w1") == 1

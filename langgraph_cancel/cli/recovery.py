@@ -120,6 +120,7 @@ def _reconciled_json(results: Sequence[Any]) -> list[dict[str, Any]]:
             "busy": r.busy,
             "busy_until": r.busy_until,
             "reaped_lease_of": r.reaped,
+            "kept_lease": r.kept_lease,
             "effects": [{**effect_json(s.effect), "before": s.before.value} for s in r.effects],
             "still_unknown": [e.effect_id for e in r.still_unknown],
         }
@@ -238,7 +239,8 @@ def _settle_first(
             "--force takes the thread over now)"
         )
     if not quiet and any(result.effects for result in settled):
-        render.render_reconciled(out, settled)
+        # The run on, next, closes a stopped thread whose lease the settling kept.
+        render.render_reconciled(out, settled, kept=False)
 
 
 def _nothing_to_resume(snapshot: Any, before: RunRecord, thread_id: str) -> str | None:

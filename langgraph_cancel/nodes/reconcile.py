@@ -19,7 +19,8 @@ for calls still in flight when a run stops, ``langgraph-cancel reconcile`` /
   live worker: they take the thread's lease first and skip a thread another
   worker holds a live lease on (that worker's in-flight calls are still being
   awaited). With no ``thread_id`` they work on every thread that needs it, after
-  reaping expired leases (workers that stopped heartbeating: a crash).
+  reaping expired leases (workers that stopped heartbeating: a crash), except those
+  kept on a stopped run's thread until the thread is closed.
 """
 
 from __future__ import annotations
@@ -42,7 +43,13 @@ from langgraph_cancel.ledger import Ledger
 from langgraph_cancel.ledgers import coerce_ledger
 from langgraph_cancel.nodes.settings import CancellationSettings
 from langgraph_cancel.runtime import CancelSignal, RunScope, worker_id
-from langgraph_cancel.types import EffectKind, EffectRecord, EffectStatus, LeaseRecord
+from langgraph_cancel.types import (
+    EffectKind,
+    EffectRecord,
+    EffectStatus,
+    LeaseRecord,
+    RunStatus,
+)
 from langgraph_cancel.workers import lease_is_live
 
 #: Effect statuses reconciliation acts on.
@@ -219,6 +226,9 @@ class ThreadReconciliation:
         busy: The worker holding a live lease, when the thread was skipped.
         busy_until: When that lease expires.
         reaped: The owner of the expired lease released first, if any.
+        kept_lease: Whether the lease taken over stays on the thread: its run is
+            ``cancelled`` and its worker had kept the lease for the thread's close,
+            which a sweeper given the graph, ``resume`` or new input does.
     """
 
     thread_id: str
@@ -226,6 +236,7 @@ class ThreadReconciliation:
     busy: str | None = None
     busy_until: str | None = None
     reaped: str | None = None
+    kept_lease: bool = False
 
     @property
     def settled(self) -> list[SettledEffect]:
@@ -252,6 +263,12 @@ def tools_by_name(
 def reap_expired_leases(target: object) -> list[LeaseRecord]:
     """Release every lease whose holder stopped heartbeating (a crashed worker).
 
+    An expired lease on a thread whose last run is ``cancelled`` stays: a worker keeps
+    its lease when its run stopped without the thread's state put right (it died, or
+    its saves were lost, after the run's terminal transition), and only the thread's
+    close lets it go (a sweeper given the graph, ``resume``, or new input on the
+    thread). Released, nothing would bring a sweeper back to the open thread.
+
     Args:
         target: A saver, a ``Ledger`` or a database URL.
 
@@ -261,9 +278,17 @@ def reap_expired_leases(target: object) -> list[LeaseRecord]:
     ledger = coerce_ledger(target)
     reaped: list[LeaseRecord] = []
     for lease in ledger.expired_leases():
+        if _stopped(ledger, lease.thread_id):
+            continue
         ledger.release_lease(lease.thread_id, lease.owner)
         reaped.append(lease)
     return reaped
+
+
+def _stopped(ledger: Ledger, thread_id: str) -> bool:
+    """Whether the thread's last run is ``cancelled``: a lease on it waits for the close."""
+    run = ledger.latest_run(thread_id)
+    return run is not None and run.status is RunStatus.CANCELLED
 
 
 def threads_to_reconcile(target: object) -> list[str]:
@@ -290,6 +315,9 @@ async def _reconcile_leased_thread(
         return out
     if held is not None and held.owner != owner and not lease_is_live(held):
         out.reaped = held.owner  # its worker stopped heartbeating: we took the lease over
+    # A lease found on a stopped run's thread was kept for the thread's close, which
+    # this pass does not do: it stays until that close (``reap_expired_leases``).
+    out.kept_lease = held is not None and run.status is RunStatus.CANCELLED
     try:
         before = {
             e.effect_id: e.status for e in ledger.unsettled(thread_id) if e.status in RECONCILABLE
@@ -309,7 +337,8 @@ async def _reconcile_leased_thread(
         for effect_id, status in before.items():
             out.effects.append(SettledEffect(ledger.get_effect(effect_id), status))
     finally:
-        ledger.release_lease(thread_id, owner)
+        if not out.kept_lease:
+            ledger.release_lease(thread_id, owner)
     return out
 
 

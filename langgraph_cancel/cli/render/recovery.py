@@ -17,13 +17,23 @@ if TYPE_CHECKING:
     from langgraph_cancel.types import EffectRecord, RunRecord
 
 
-def render_reconciled(out: Console, results: Iterable[ThreadReconciliation]) -> None:
-    """What ``reconcile`` (or ``resume``'s first step) settled, skipped or reaped."""
+def render_reconciled(
+    out: Console, results: Iterable[ThreadReconciliation], *, kept: bool = True
+) -> None:
+    """What ``reconcile`` (or ``resume``'s first step) settled, skipped or reaped;
+    ``kept``: also the leases kept on stopped threads for their close."""
     settled = 0
     busy = False
     for result in results:
         if result.reaped:
             line(out, f"Took over the lease of {result.reaped} on thread {result.thread_id}.")
+        if kept and result.kept_lease:
+            line(
+                out,
+                f"Kept that lease: thread {result.thread_id}'s run is cancelled and its "
+                f"worker left the thread open; a sweeper given the agent closes it once "
+                f"the lease expires, or `{PROG} resume {result.thread_id}` now.",
+            )
         if result.busy:
             busy = True
             line(
