@@ -46,26 +46,23 @@ under ``compensating`` once, a run is finished once).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
 from langchain_core.tools import BaseTool
 
-from langgraph_cancel.compensation import compensate_effect
-from langgraph_cancel.effects import spec_of
-from langgraph_cancel.errors import IllegalTransitionError, ThreadBusyError
+from langgraph_cancel.errors import ThreadBusyError
 from langgraph_cancel.ledger import Ledger
 from langgraph_cancel.ledgers import coerce_ledger
 from langgraph_cancel.nodes.cancel import finalize_cancel
-from langgraph_cancel.nodes.reconcile import reconcile, tools_by_name
+from langgraph_cancel.nodes.reconcile import tools_by_name
 from langgraph_cancel.nodes.settings import CancellationSettings
-from langgraph_cancel.outbox import OUTBOX_OWNER_PREFIX
 from langgraph_cancel.runtime import CancelSignal, RunScope, worker_id
+from langgraph_cancel.sweep_effects import EffectSweep
+from langgraph_cancel.sweep_pass import SweepLeases, SweepPass
 from langgraph_cancel.sweep_summary import (
     SweepAction,
     SweepActionKind,
@@ -75,8 +72,6 @@ from langgraph_cancel.sweep_summary import (
 from langgraph_cancel.sweep_threads import CloseOutcome, SweptThreads, compile_on
 from langgraph_cancel.types import (
     TERMINAL_RUN_STATUSES,
-    EffectRecord,
-    EffectStatus,
     LeaseRecord,
     RunRecord,
     RunStatus,
@@ -88,30 +83,6 @@ logger = logging.getLogger("langgraph_cancel.sweeper")
 
 #: How long the sweeper holds a thread's lease while it works on it, in seconds.
 SWEEP_LEASE_TTL = 60.0
-
-
-@dataclass
-class _Pass:
-    """The work of one pass, while it runs."""
-
-    budget: int
-    actions: list[SweepAction] = field(default_factory=list)
-    threads: set[str] = field(default_factory=set)
-    truncated: bool = False
-    #: Threads whose lease the pass keeps rather than releases: their close failed, or
-    #: the pass failed between a stop's finish and the thread's close. A later pass
-    #: closes them once the lease has expired; released, no pass would find them.
-    kept: set[str] = field(default_factory=set)
-
-    def claim(self, thread_id: str) -> bool:
-        """Count ``thread_id`` against the pass's budget; False when it is spent."""
-        if thread_id in self.threads:
-            return True
-        if len(self.threads) >= self.budget:
-            self.truncated = True
-            return False
-        self.threads.add(thread_id)
-        return True
 
 
 class Sweeper:
@@ -182,16 +153,18 @@ class Sweeper:
         self.cancel_grace = cancel_grace
         self.compensation_retry_after = compensation_retry_after
         self.lease_ttl = lease_ttl
+        self.leases = SweepLeases(self.ledger, self.owner, lease_ttl)
+        self.effects = EffectSweep(self.leases, settings, compensation_retry_after)
 
     # ------------------------------------------------------------------ passes
     def sweep_once(self) -> SweepSummary:
         """One bounded pass over every thread; see the module's docstring."""
         started = utcnow()
-        work = _Pass(budget=self.max_threads)
+        work = SweepPass(budget=self.max_threads)
         self._sweep_leases(work)
         self._finish_stops(work)
-        self._reconcile_effects(work)
-        self._retry_compensations(work)
+        self.effects.reconcile_effects(work)
+        self.effects.retry_compensations(work)
         self._leave_running(work)
         summary = SweepSummary(
             sweeper=self.owner,
@@ -225,7 +198,7 @@ class Sweeper:
                 stopping.wait(interval)
 
     # ------------------------------------------------------------------ steps
-    def _sweep_leases(self, work: _Pass) -> None:
+    def _sweep_leases(self, work: SweepPass) -> None:
         now = utcnow()
         for lease in self.ledger.leases():
             if lease.expires_at <= now:
@@ -262,7 +235,7 @@ class Sweeper:
         return True
 
     def _close_cancelled_thread(
-        self, lease: LeaseRecord, run: RunRecord, freed: SweepAction, work: _Pass
+        self, lease: LeaseRecord, run: RunRecord, freed: SweepAction, work: SweepPass
     ) -> None:
         """A dead or expired holder's thread whose run it had cancelled: close the thread.
 
@@ -285,7 +258,7 @@ class Sweeper:
         else:
             if not work.claim(thread_id):
                 return
-            with self._holding(thread_id, work) as held:
+            with self.leases.holding(thread_id, work) as held:
                 if not held:
                     return
                 work.actions.append(freed)
@@ -318,7 +291,7 @@ class Sweeper:
                 )
             )
 
-    def _keep_for_later(self, thread_id: str, run: RunRecord, work: _Pass) -> bool:
+    def _keep_for_later(self, thread_id: str, run: RunRecord, work: SweepPass) -> bool:
         """After a close of a stopped thread that failed: whether the thread is still
         open, its lease then kept for a later pass to close it once expired.
 
@@ -343,7 +316,7 @@ class Sweeper:
             return f"no worker finished it within {self.cancel_grace:g}s of the request"
         return None
 
-    def _finish_stops(self, work: _Pass) -> None:
+    def _finish_stops(self, work: SweepPass) -> None:
         stopping: dict[str, RunRecord] = {}
         for status in (RunStatus.CANCELLING, RunStatus.CANCEL_REQUESTED):
             for run in self.ledger.runs_by_status(status, limit=self.max_threads * 4):
@@ -356,7 +329,7 @@ class Sweeper:
                 continue
             if not work.claim(run.thread_id):
                 return
-            with self._holding(run.thread_id, work) as held:
+            with self.leases.holding(run.thread_id, work) as held:
                 if not held:
                     continue
                 latest = self.ledger.get_run(run.run_id)
@@ -395,79 +368,7 @@ class Sweeper:
                     )
                 )
 
-    def _reconcilable(self, rec: EffectRecord) -> bool:
-        if rec.status is EffectStatus.DISPATCHED and (rec.owner or "").startswith(
-            OUTBOX_OWNER_PREFIX
-        ):
-            return False  # sent by the outbox, which settles it (or takes it over when stale)
-        if rec.status is not EffectStatus.UNKNOWN:
-            return True  # in flight or half-compensated: settle or record unknown
-        tool = self.settings.tool(rec.tool)
-        return tool is not None and spec_of(tool).reconcile is not None
-
-    def _reconcile_effects(self, work: _Pass) -> None:
-        threads: dict[str, list[EffectRecord]] = {}
-        for status in (EffectStatus.DISPATCHED, EffectStatus.UNKNOWN, EffectStatus.COMPENSATING):
-            for rec in self.ledger.effects_by_status(status):
-                if self._reconcilable(rec):
-                    threads.setdefault(rec.thread_id, []).append(rec)
-        for thread_id in threads:
-            if self._leased(thread_id):
-                continue
-            if not work.claim(thread_id):
-                return
-            for result in reconcile(
-                self.ledger, thread_id, tools=self.settings.all_tools(), owner=self.owner
-            ):
-                if result.busy is not None:
-                    work.actions.append(_busy(thread_id, result.busy))
-                for settled in result.effects:
-                    effect = settled.effect
-                    if settled.changed:
-                        work.actions.append(
-                            SweepAction(
-                                SweepActionKind.RECONCILED,
-                                thread_id,
-                                f"{effect.tool}: {settled.before.value} -> {effect.status.value}",
-                                run_id=effect.run_id,
-                                effect_id=effect.effect_id,
-                                status=effect.status.value,
-                            )
-                        )
-                for left in result.still_unknown:
-                    work.actions.append(_left(left))
-
-    def _retry_compensations(self, work: _Pass) -> None:
-        due = utcnow() - timedelta(seconds=self.compensation_retry_after)
-        for rec in self.ledger.effects_by_status(EffectStatus.COMPENSATION_FAILED):
-            tool = self.settings.tool(rec.tool)
-            spec = None if tool is None else spec_of(tool)
-            if spec is None or spec.compensate is None or rec.updated_at > due:
-                continue
-            if self._leased(rec.thread_id) or not work.claim(rec.thread_id):
-                continue
-            with self._holding(rec.thread_id, work) as held:
-                if not held:
-                    continue
-                current = self.ledger.get_effect(rec.effect_id)
-                if current.status is not EffectStatus.COMPENSATION_FAILED:
-                    continue  # another sweeper retried it first
-                try:
-                    done = compensate_effect(self.ledger, current, spec, actor="sweeper")
-                except IllegalTransitionError:
-                    continue
-                work.actions.append(
-                    SweepAction(
-                        SweepActionKind.COMPENSATED,
-                        rec.thread_id,
-                        f"{rec.tool}: compensation tried again -> {done.status.value}",
-                        run_id=rec.run_id,
-                        effect_id=rec.effect_id,
-                        status=done.status.value,
-                    )
-                )
-
-    def _leave_running(self, work: _Pass) -> None:
+    def _leave_running(self, work: SweepPass) -> None:
         for run in self.ledger.runs_by_status(RunStatus.RUNNING, limit=self.max_threads * 4):
             if run.owner is None or not holder_is_gone(run.owner):
                 continue
@@ -485,33 +386,6 @@ class Sweeper:
                 )
             )
 
-    # ------------------------------------------------------------------ leases
-    def _leased(self, thread_id: str) -> bool:
-        """Whether a lease is on the thread, live or expired: the steps that take a
-        thread's lease and give it back when done leave such a thread alone.
-
-        A live lease's worker is awaiting the thread's calls. An expired one is the
-        lease step's (``_sweep_leases``, first in the next pass), which closes a
-        cancelled run's open thread before letting the lease go: taken over and
-        released here, with the thread still open, nothing would bring it back.
-        """
-        return self.ledger.lease(thread_id) is not None
-
-    @contextlib.contextmanager
-    def _holding(self, thread_id: str, work: _Pass) -> Iterator[bool]:
-        """Hold the thread's lease for the block (yields False, recorded busy, if taken)."""
-        try:
-            self.ledger.acquire_lease(thread_id, self.owner, ttl=self.lease_ttl)
-        except ThreadBusyError as exc:
-            work.actions.append(_busy(thread_id, exc.owner))
-            yield False
-            return
-        try:
-            yield True
-        finally:
-            if thread_id not in work.kept:
-                self.ledger.release_lease(thread_id, self.owner)
-
 
 def _close_on_expiry(thread_id: str, ttl: float) -> str:
     return (
@@ -524,27 +398,6 @@ def _close_later(thread_id: str) -> str:
     return (
         f"langgraph-cancel resume {thread_id}, or new input on the thread: either answers "
         "the calls its worker left"
-    )
-
-
-def _busy(thread_id: str, holder: str) -> SweepAction:
-    return SweepAction(
-        SweepActionKind.BUSY,
-        thread_id,
-        f"held by {holder}",
-        next_action=f"{holder} is working on it; its lease says when it expires",
-    )
-
-
-def _left(rec: EffectRecord) -> SweepAction:
-    return SweepAction(
-        SweepActionKind.LEFT_TO_OWNER,
-        rec.thread_id,
-        f"{rec.tool}: {rec.status.value}, owned by {rec.owner or 'nobody named'}",
-        run_id=rec.run_id,
-        effect_id=rec.effect_id,
-        status=rec.status.value,
-        next_action=rec.next_action,
     )
 
 

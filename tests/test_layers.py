@@ -64,6 +64,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "agents",
             "recovery",
             "sweeper",
+            "sweep_effects",
+            "sweep_pass",
             "sweep_summary",
             "sweep_threads",
             "outbox",
