@@ -56,17 +56,22 @@ class EffectSweep:
                     effect = settled.effect
                     if settled.changed:
                         work.actions.append(
-                            SweepAction(
+                            SweepAction.of_effect(
                                 SweepActionKind.RECONCILED,
-                                thread_id,
+                                effect,
                                 f"{effect.tool}: {settled.before.value} -> {effect.status.value}",
-                                run_id=effect.run_id,
-                                effect_id=effect.effect_id,
-                                status=effect.status.value,
                             )
                         )
                 for left in result.still_unknown:
-                    work.actions.append(_left(left))
+                    work.actions.append(
+                        SweepAction.of_effect(
+                            SweepActionKind.LEFT_TO_OWNER,
+                            left,
+                            f"{left.tool}: {left.status.value}, owned by "
+                            f"{left.owner or 'nobody named'}",
+                            next_action=left.next_action,
+                        )
+                    )
 
     def retry_compensations(self, work: SweepPass) -> None:
         """Compensate again the failed compensations that are due and have a hook."""
@@ -90,13 +95,10 @@ class EffectSweep:
                 except IllegalTransitionError:
                     continue
                 work.actions.append(
-                    SweepAction(
+                    SweepAction.of_effect(
                         SweepActionKind.COMPENSATED,
-                        rec.thread_id,
+                        done,
                         f"{rec.tool}: compensation tried again -> {done.status.value}",
-                        run_id=rec.run_id,
-                        effect_id=rec.effect_id,
-                        status=done.status.value,
                     )
                 )
 
@@ -109,18 +111,6 @@ class EffectSweep:
             return True  # in flight or half-compensated: settle or record unknown
         tool = self.settings.tool(rec.tool)
         return tool is not None and spec_of(tool).reconcile is not None
-
-
-def _left(rec: EffectRecord) -> SweepAction:
-    return SweepAction(
-        SweepActionKind.LEFT_TO_OWNER,
-        rec.thread_id,
-        f"{rec.tool}: {rec.status.value}, owned by {rec.owner or 'nobody named'}",
-        run_id=rec.run_id,
-        effect_id=rec.effect_id,
-        status=rec.status.value,
-        next_action=rec.next_action,
-    )
 
 
 __all__ = ["EffectSweep"]

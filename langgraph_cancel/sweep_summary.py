@@ -8,6 +8,8 @@ from datetime import datetime
 from enum import Enum
 from typing import Any, Literal
 
+from langgraph_cancel.types import EffectRecord
+
 
 class SweepActionKind(str, Enum):
     """What a sweeper did (or declined to do) for one thread or effect."""
@@ -65,6 +67,25 @@ class SweepAction:
     effect_id: str | None = None
     status: str | None = None
     next_action: str | None = None
+
+    @classmethod
+    def of_effect(
+        cls,
+        kind: SweepActionKind,
+        effect: EffectRecord,
+        detail: str,
+        next_action: str | None = None,
+    ) -> SweepAction:
+        """An action on one effect, with the effect's status as it now stands."""
+        return cls(
+            kind,
+            effect.thread_id,
+            detail,
+            run_id=effect.run_id,
+            effect_id=effect.effect_id,
+            status=effect.status.value,
+            next_action=next_action,
+        )
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict."""
