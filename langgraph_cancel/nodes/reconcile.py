@@ -226,9 +226,9 @@ class ThreadReconciliation:
         busy: The worker holding a live lease, when the thread was skipped.
         busy_until: When that lease expires.
         reaped: The owner of the expired lease released first, if any.
-        kept_lease: Whether the lease taken over stays on the thread: its run is
-            ``cancelled`` and its worker had kept the lease for the thread's close,
-            which a sweeper given the graph, ``resume`` or new input does.
+        kept_lease: Whether the lease found on the thread stays there, expired: its
+            run is ``cancelled`` and its worker had kept the lease for the thread's
+            close, which a sweeper given the graph, ``resume`` or new input does.
     """
 
     thread_id: str
@@ -337,7 +337,11 @@ async def _reconcile_leased_thread(
         for effect_id, status in before.items():
             out.effects.append(SettledEffect(ledger.get_effect(effect_id), status))
     finally:
-        if not out.kept_lease:
+        if out.kept_lease:
+            # Expired now rather than released: the lease stays on the thread for the
+            # sweeper's lease step, and any worker may take it over at once.
+            ledger.heartbeat(thread_id, owner, ttl=0.0)
+        else:
             ledger.release_lease(thread_id, owner)
     return out
 

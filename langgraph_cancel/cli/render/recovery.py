@@ -30,9 +30,9 @@ def render_reconciled(
         if kept and result.kept_lease:
             line(
                 out,
-                f"Kept that lease: thread {result.thread_id}'s run is cancelled and its "
-                f"worker left the thread open; a sweeper given the agent closes it once "
-                f"the lease expires, or `{PROG} resume {result.thread_id}` now.",
+                f"Left the lease on thread {result.thread_id}, expired: its run is "
+                f"cancelled and its worker left the thread open; a sweeper given the "
+                f"agent closes it, or `{PROG} resume {result.thread_id}` now.",
             )
         if result.busy:
             busy = True
