@@ -4,12 +4,15 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from langgraph_cancel.errors import ThreadBusyError
 from langgraph_cancel.ledger import Ledger
 from langgraph_cancel.sweep_summary import SweepAction, SweepActionKind
+
+logger = logging.getLogger("langgraph_cancel.sweeper")
 
 
 @dataclass
@@ -24,9 +27,9 @@ class SweepPass:
     threads: set[str] = field(default_factory=set)
     #: Whether a thread was left for the next pass because the budget was spent.
     truncated: bool = False
-    #: Threads whose lease the pass keeps rather than releases: their close failed, or
-    #: the pass failed between a stop's finish and the thread's close. A later pass
-    #: closes them once the lease has expired; released, no pass would find them.
+    #: Threads whose lease the pass keeps (expired) rather than releases: their close
+    #: failed, or the pass failed between a stop's finish and the thread's close. A
+    #: later pass's lease step closes them; released, no pass would find them.
     kept: set[str] = field(default_factory=set)
 
     def claim(self, thread_id: str) -> bool:
@@ -67,8 +70,13 @@ class SweepLeases:
 
     @contextlib.contextmanager
     def holding(self, thread_id: str, work: SweepPass) -> Iterator[bool]:
-        """Hold the thread's lease for the block (yields False, recorded busy, if taken);
-        released after it unless the pass keeps it (``SweepPass.kept``)."""
+        """Hold the thread's lease for the block (yields False, recorded busy, if taken).
+
+        Released after it; a lease the pass keeps (``SweepPass.kept``) stays on the
+        thread instead, expired at once: the lease step of the next pass comes back to
+        the thread, and a worker given the thread meanwhile takes it over rather than
+        waiting for a sweeper whose close failed.
+        """
         try:
             self.ledger.acquire_lease(thread_id, self.owner, ttl=self.ttl)
         except ThreadBusyError as exc:
@@ -78,8 +86,18 @@ class SweepLeases:
         try:
             yield True
         finally:
-            if thread_id not in work.kept:
+            if thread_id in work.kept:
+                self._expire(thread_id)
+            else:
                 self.ledger.release_lease(thread_id, self.owner)
+
+    def _expire(self, thread_id: str) -> None:
+        try:
+            self.ledger.heartbeat(thread_id, self.owner, ttl=0.0)
+        except Exception:
+            # The database is gone, as it often is when a lease is kept: the lease
+            # expires after its TTL all the same.
+            logger.warning("could not expire the kept lease on thread %s", thread_id)
 
 
 def busy(thread_id: str, holder: str) -> SweepAction:

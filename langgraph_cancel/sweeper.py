@@ -11,9 +11,10 @@ again. ``Sweeper.sweep_once()`` (and ``langgraph-cancel sweep``, once or
    this host that no longer run. A lease left on a thread whose run is already
    ``cancelled`` is a worker that died after finishing its stop but before its
    cancel node's checkpoint: given the graph, the thread is closed as in 2,
-   and the lease goes only then. A pass that fails between a stop's finish and
-   its thread's close keeps its own lease on the thread for the same reason: a
-   later pass finds the thread when the lease expires.
+   and the lease goes only then. A pass whose close failed, or that failed between
+   a stop's finish and its thread's close, leaves its own lease on the thread for
+   the same reason, expired at once: the next pass finds the thread, and a worker
+   given it meanwhile is not held up.
 2. **Stops whose worker died**: a run asked to stop (``cancel_requested`` or
    ``cancelling``) that no live worker holds, whose worker is gone or whose
    request is older than ``cancel_grace``, is finished with the graph's own
@@ -188,11 +189,18 @@ class Sweeper:
     ) -> Iterator[SweepSummary]:
         """Sweep every ``interval`` seconds, yielding each pass's summary, until ``stop``.
 
-        A pass that hit its budget (``truncated``) is followed by the next at once.
+        A pass that hit its budget (``truncated``) is followed by the next at once. A
+        pass that failed (the database gone, say) is logged and followed by the next
+        one ``interval`` seconds later: what it left undone is found again then.
         """
         stopping = stop or threading.Event()
         while not stopping.is_set():
-            summary = self.sweep_once()
+            try:
+                summary = self.sweep_once()
+            except Exception:
+                logger.warning("sweep pass failed; the next one runs as planned", exc_info=True)
+                stopping.wait(interval)
+                continue
             yield summary
             if not summary.truncated:
                 stopping.wait(interval)
@@ -293,7 +301,7 @@ class Sweeper:
 
     def _keep_for_later(self, thread_id: str, run: RunRecord, work: SweepPass) -> bool:
         """After a close of a stopped thread that failed: whether the thread is still
-        open, its lease then kept for a later pass to close it once expired.
+        open, its lease then kept (expired) for a later pass to close it.
 
         A close fails when the database goes away meanwhile; the thread's run is over,
         so no worker comes back for it, and without the lease no pass would either.
@@ -353,7 +361,7 @@ class Sweeper:
                 )
                 next_action = None
                 if later:
-                    next_action = _close_on_expiry(run.thread_id, self.lease_ttl)
+                    next_action = _close_on_next_pass(run.thread_id)
                 elif not closed and dangling:
                     next_action = _close_later(run.thread_id)
                 work.actions.append(
@@ -387,10 +395,10 @@ class Sweeper:
             )
 
 
-def _close_on_expiry(thread_id: str, ttl: float) -> str:
+def _close_on_next_pass(thread_id: str) -> str:
     return (
-        f"a sweeper closes thread {thread_id} once this one's lease on it expires (in "
-        f"{ttl:g}s); or langgraph-cancel resume {thread_id}"
+        f"a sweeper closes thread {thread_id} on its next pass (this one's lease on it "
+        f"is left expired); or langgraph-cancel resume {thread_id}"
     )
 
 

@@ -14,8 +14,9 @@ Each process is forked from a fork server (``tests/test_fleet.py``) with this mo
   connections.
 - ``reviewer``: answers each pending approval (``Command(resume=...)``).
 - ``stopper``: asks some threads' runs to stop (``request_cancel``), each once.
-- ``sweeper``: ``Sweeper.run`` passes, given the agent (it closes the threads of
-  the stops it finishes).
+- ``sweeper``: ``Sweeper`` passes, given the agent (it closes the threads of
+  the stops it finishes), on the saver ``langgraph-cancel sweep`` opens (a pool that
+  checks its connections, so that it outlives the server's restart).
 
 Every thread refunds its own order (``o-fleet-N``, seeded by the test); a refund
 over 100 needs a reviewer's approval. A process that loses its database (its
@@ -34,6 +35,7 @@ import sys
 import time
 import traceback
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -44,10 +46,13 @@ from langgraph.types import Command
 
 from langgraph_cancel import ApprovalGate, EffectToolNode, Ledger, add_cancellation
 from langgraph_cancel.checkpointers.postgres import AsyncPostgresCancelSaver
+from langgraph_cancel.cli.config import resolve_database
+from langgraph_cancel.cli.database import open_saver as cli_open_saver
 from langgraph_cancel.demo import tools as refund_tools
 from langgraph_cancel.errors import ThreadBusyError
 from langgraph_cancel.sweeper import Sweeper
 from langgraph_cancel.testing.fake_model import ScriptedChatModel, tool_call
+from langgraph_cancel.urls import parse_database_url
 from recovery_worker import FINAL_ANSWER, open_saver
 
 #: Consecutive failed steps after which a process exits to be started again.
@@ -289,6 +294,11 @@ def run_stopper(proc: Process, ledger: Ledger) -> None:
     proc.loop(step, 0.3)
 
 
+def sweeper_saver(db_url: str) -> AbstractContextManager[Any]:
+    """The saver ``langgraph-cancel sweep --db DB_URL`` opens."""
+    return cli_open_saver(resolve_database(parse_database_url(db_url)))
+
+
 def run_sweeper(proc: Process, saver: Any) -> None:
     sweeper = Sweeper(
         saver, graph=build_builder(), tools=refund_tools.TOOLS, cancel_grace=3.0, max_threads=50
@@ -318,9 +328,12 @@ def main(spec: dict[str, Any]) -> None:
             asyncio.run(arun_worker(proc))
             proc.say("stopped")
             return
-        with open_saver(spec["db_url"]) as saver:
+        role = spec["role"]
+        # The sweeper opens its saver as ``langgraph-cancel sweep`` does; the others as
+        # a worker that its supervisor starts again when its connection is gone.
+        opened = sweeper_saver(spec["db_url"]) if role == "sweeper" else open_saver(spec["db_url"])
+        with opened as saver:
             graph = build_builder().compile(checkpointer=saver)
-            role = spec["role"]
             if role == "worker":
                 run_worker(proc, graph, saver.ledger)
             elif role == "reviewer":

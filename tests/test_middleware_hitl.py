@@ -6,6 +6,7 @@ A real ``create_agent`` agent on a real saver, driven as a user drives it.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -29,11 +30,17 @@ from langgraph_cancel.testing import ScriptedChatModel, tool_call
 REFUND = tool_call("issue_refund", {"order_id": "o-88", "amount": 60.0}, id="c-refund")
 
 
-def _refund_tool(applied: list[tuple[str, float, str]], delay: float = 0.0) -> BaseTool:
+def _refund_tool(
+    applied: list[tuple[str, float, str]],
+    delay: float = 0.0,
+    started: threading.Event | None = None,
+) -> BaseTool:
     @effect(EffectKind.IRREVERSIBLE, idempotency_key=lambda a: f"refund:{a['order_id']}")
     @tool
     def issue_refund(order_id: str, amount: float) -> str:
         """Refund an order."""
+        if started is not None:
+            started.set()
         time.sleep(delay)
         applied.append((order_id, amount, idempotency_key()))
         return f"refunded {amount} on {order_id}"
@@ -171,6 +178,7 @@ async def test_a_task_cancel_mid_call_leaves_a_valid_history_and_a_report() -> N
     # What a LangGraph server's stop does: the run's task is cancelled while a call is in
     # flight. The call is waited for and recorded; the next turn closes the stopped run
     # (cancelled, once, with its report) and answers its calls before the new input.
+    started = threading.Event()
     applied: list[tuple[str, float, str]] = []
     saver = MemoryCancelSaver()
     model = ScriptedChatModel(
@@ -188,15 +196,17 @@ async def test_a_task_cancel_mid_call_leaves_a_valid_history_and_a_report() -> N
     )
     agent = create_agent(
         model,
-        [_refund_tool(applied, delay=0.6)],
+        [_refund_tool(applied, delay=0.6, started=started)],
         middleware=[EffectMiddleware(approval=False)],
         checkpointer=saver,
     )
     cfg: RunnableConfig = {"configurable": {"thread_id": "stopped"}}
     task = asyncio.ensure_future(agent.ainvoke({"messages": [HumanMessage("refund")]}, cfg))
-    for _ in range(200):
-        if any(e.status is EffectStatus.DISPATCHED for e in saver.ledger.effects("stopped")):
-            break
+    # The stop comes while the first call is in the tool (for 0.6 s), however slow the
+    # machine is.
+    deadline = time.monotonic() + 30
+    while not started.is_set():
+        assert time.monotonic() < deadline and not task.done(), "no call was sent"
         await asyncio.sleep(0.01)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -224,7 +234,6 @@ def test_a_stop_ends_the_agent_beside_an_after_model_hook() -> None:
     # HumanInTheLoopMiddleware's after_model hook sits between the model and the route
     # after it, so the stop's jump to the end does not reach that route: the agent comes
     # back to the model once, and a closing reply ends it. The model is not called again.
-    import threading
 
     applied: list[tuple[str, float, str]] = []
     saver = MemoryCancelSaver()

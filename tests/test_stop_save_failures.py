@@ -238,9 +238,9 @@ def test_a_sweeper_whose_close_failed_keeps_the_lease_and_closes_the_thread_late
     sqlite_url: str, log: ExecutionLog, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The sweeper finishes the stop, and its close of the thread fails (the database
-    # went away): nobody would come back for the thread, so the sweeper keeps its
-    # lease, and a pass after the lease has expired closes the thread. (The close's
-    # own invocation keeps it too, for its TTL.)
+    # went away): nobody would come back for the thread, so the sweeper leaves its
+    # lease on it, expired at once (a worker given the thread is not held up), and the
+    # next pass closes the thread.
     monkeypatch.setattr(lgc_lifecycle, "LEASE_TTL", 0.5)
     gone = threading.Event()
     with (
@@ -265,6 +265,7 @@ def test_a_sweeper_whose_close_failed_keeps_the_lease_and_closes_the_thread_late
         assert finished[0].next_action.startswith(f"a sweeper closes thread {thread}")
         lease = losing.ledger.lease(thread)
         assert lease is not None and lease.owner == "sweeper", lease
+        assert lease.expires_at <= utcnow(), lease
 
         gone.clear()
         _closed_once_expired(sweeper, stopped.graph, losing, thread)

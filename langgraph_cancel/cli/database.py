@@ -21,6 +21,12 @@ if TYPE_CHECKING:
 
 #: Seconds to wait for a PostgreSQL server before saying it cannot be reached.
 CONNECT_TIMEOUT = 5
+#: Connections of a command's PostgreSQL saver, shared with its ledger.
+SAVER_POOL_SIZE = 4
+#: Seconds a command waits for one of them (after a server restart, the pool
+#: reconnects with a growing backoff): then its step fails, and ``sweep --watch``
+#: tries again at its next pass.
+SAVER_POOL_TIMEOUT = 10.0
 
 
 def check_reachable(url: DatabaseURL, *, create: bool = False) -> None:
@@ -91,11 +97,25 @@ def open_saver(db: Database, *, create: bool = False) -> Iterator[Any]:
             saver.setup()
             yield saver
         return
+    from psycopg.rows import dict_row
+    from psycopg_pool import ConnectionPool
+
     from langgraph_cancel.checkpointers.postgres import PostgresCancelSaver
 
-    with PostgresCancelSaver.from_conn_string(db.url.url) as saver:
-        saver.setup()
-        yield saver
+    # A pool that checks each connection it hands out, rather than the one connection
+    # of ``from_conn_string``: ``sweep --watch`` runs for as long as the workers do, and
+    # must outlive a restart of the server, or connections it terminates, as they do.
+    with ConnectionPool(
+        db.url.url,
+        min_size=1,
+        max_size=SAVER_POOL_SIZE,
+        check=ConnectionPool.check_connection,
+        timeout=SAVER_POOL_TIMEOUT,
+        kwargs={"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row},
+    ) as pool:
+        pg_saver = PostgresCancelSaver(pool)
+        pg_saver.setup()
+        yield pg_saver
 
 
 __all__ = ["CONNECT_TIMEOUT", "check_reachable", "open_ledger", "open_saver"]
