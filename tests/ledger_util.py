@@ -206,3 +206,15 @@ def open_fresh_sqlite_file(path: str, gate: str, results: Any) -> None:
         results.put("ok")
     except Exception as exc:  # reported to the parent, which fails the test with it
         results.put(repr(exc))
+
+
+def terminate_other_connections(url: str) -> int:
+    """``pg_terminate_backend`` every other session on the database of ``url``; how many."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as admin:
+        rows = admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        ).fetchall()
+    return len(rows)

@@ -42,7 +42,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 from langchain_core.messages import BaseMessage, ToolMessage
 
@@ -59,6 +58,7 @@ from langgraph_cancel.types import (
     utcnow,
 )
 from langgraph_cancel.workers import lease_is_live
+from ledger_util import terminate_other_connections
 from recovery_worker import open_saver
 
 CTX = multiprocessing.get_context("forkserver")
@@ -173,16 +173,6 @@ def seed_orders(providers: Path, threads: list[str]) -> None:
         )
 
 
-def terminate_connections(db_url: str) -> int:
-    """``pg_terminate_backend`` every other connection to the fleet's database."""
-    with psycopg.connect(db_url, autocommit=True) as conn:
-        rows = conn.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
-        ).fetchall()
-    return len(rows)
-
-
 def thread_done(graph: Any, ledger: Ledger, thread_id: str) -> bool:
     run = ledger.latest_run(thread_id)
     if run is None or not run.terminal:
@@ -293,7 +283,7 @@ def test_a_fleet_survives_kills_terminated_connections_and_a_restart(
             elif roll < 0.6:
                 fleet.kill_a_worker(rng)
             else:
-                terminated += terminate_connections(pg_url)
+                terminated += terminate_other_connections(pg_url)
             fleet.supervise()
 
         with open_saver(pg_url) as saver:

@@ -17,7 +17,6 @@ import logging
 from collections.abc import Iterator
 from typing import Any, cast
 
-import psycopg
 import pytest
 
 import test_ledger
@@ -27,7 +26,7 @@ from langgraph_cancel.ledger import Ledger
 from langgraph_cancel.ledger.aio import AsyncLedger
 from langgraph_cancel.ledger.aio_backends import AsyncMemoryBackend, AsyncSqliteBackend
 from langgraph_cancel.ledger.aio_postgres import AsyncPostgresBackend
-from ledger_util import BlockingAsyncLedger
+from ledger_util import BlockingAsyncLedger, terminate_other_connections
 
 SYNC_TESTS: dict[str, Any] = {
     name: test
@@ -114,7 +113,7 @@ async def test_killed_connections_are_retried_on_new_ones(
 ) -> None:
     async with await AsyncLedger.from_url(pg_url) as ledger:
         run = await ledger.astart_run("t-killed")
-        killed = await asyncio.to_thread(_terminate_other_connections, pg_url)
+        killed = await asyncio.to_thread(terminate_other_connections, pg_url)
         assert killed >= 1
         with caplog.at_level(logging.WARNING, logger="langgraph_cancel.ledger"):
             assert await ledger.aget_run(run.run_id) == run
@@ -125,12 +124,3 @@ async def test_killed_connections_are_retried_on_new_ones(
         assert created
         assert any("Retrying" in r.getMessage() for r in caplog.records)
         assert [h.to_status.value for h in await ledger.ahistory(record.effect_id)] == ["planned"]
-
-
-def _terminate_other_connections(url: str) -> int:
-    with psycopg.connect(url, autocommit=True) as admin:
-        rows = admin.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
-        ).fetchall()
-    return len(rows)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import psycopg
 import pytest
 
 from graphs import new_thread
@@ -18,16 +17,7 @@ from langgraph_cancel.cli.config import resolve_database
 from langgraph_cancel.cli.database import open_saver
 from langgraph_cancel.sweeper import Sweeper, SweepSummary, watch
 from langgraph_cancel.urls import parse_database_url
-
-
-def _terminate_others(url: str) -> int:
-    """``pg_terminate_backend`` every other session on the database; how many."""
-    with psycopg.connect(url, autocommit=True) as admin:
-        rows = admin.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
-        ).fetchall()
-    return len(rows)
+from ledger_util import terminate_other_connections
 
 
 def test_the_commands_postgres_saver_outlives_its_connections_terminated(pg_url: str) -> None:
@@ -36,7 +26,7 @@ def test_the_commands_postgres_saver_outlives_its_connections_terminated(pg_url:
         config: Any = {"configurable": {"thread_id": thread}}
         assert saver.get_tuple(config) is None
         saver.ledger.start_run(thread, owner="worker")
-        assert _terminate_others(pg_url) >= 1
+        assert terminate_other_connections(pg_url) >= 1
         # One connection, as ``from_conn_string`` gives, would be closed for good here.
         assert saver.get_tuple(config) is None
         assert list(saver.list(config)) == []
