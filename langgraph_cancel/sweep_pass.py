@@ -93,7 +93,7 @@ class SweepLeases:
 
     def _expire(self, thread_id: str) -> None:
         try:
-            self.ledger.heartbeat(thread_id, self.owner, ttl=0.0)
+            self.ledger.expire_lease(thread_id, self.owner)
         except Exception:
             # The database is gone, as it often is when a lease is kept: the lease
             # expires after its TTL all the same.

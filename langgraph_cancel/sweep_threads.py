@@ -124,12 +124,10 @@ class SweptThreads:
         self, config: Any, values: Mapping[str, Any], report: Mapping[str, Any] | None
     ) -> CloseOutcome:
         """Write ``report`` into an ended graph's state that lacks it, as the cancel node."""
-        stored = values.get(self.settings.report_key)
-        reported = stored.get("run_id") if isinstance(stored, Mapping) else None
         if (
             report is None
             or CANCEL_NODE not in self.graph.nodes
-            or reported == report.get("run_id")
+            or self._reported_run(values) == report.get("run_id")
             or dangling_tool_calls(values.get(self.settings.messages_key) or [])
         ):
             return CloseOutcome.NOT_CLOSED
@@ -170,10 +168,13 @@ class SweptThreads:
         values = self.last_values(thread_id)
         if values is None:
             return False
-        report = values.get(self.settings.report_key)
-        reported = report.get("run_id") if isinstance(report, Mapping) else None
         unanswered = dangling_tool_calls(values.get(self.settings.messages_key) or [])
-        return bool(unanswered) or reported != run.run_id
+        return bool(unanswered) or self._reported_run(values) != run.run_id
+
+    def _reported_run(self, values: Mapping[str, Any]) -> Any:
+        """The run whose report the state holds, if any."""
+        report = values.get(self.settings.report_key)
+        return report.get("run_id") if isinstance(report, Mapping) else None
 
 
 __all__ = ["CloseOutcome", "CloseOutcomeLiteral", "SweptThreads", "compile_on"]

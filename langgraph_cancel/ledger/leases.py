@@ -53,6 +53,12 @@ class LeaseLedger(LedgerStore):
         """Extend ``owner``'s lease; False if it no longer holds it."""
         return drive(self.backend, ops.heartbeat(self.backend, thread_id, owner, ttl))
 
+    def expire_lease(self, thread_id: str, owner: str) -> bool:
+        """Leave ``owner``'s lease on the thread, expired now: any worker may take it
+        over at once, and a sweeper's lease step still finds the thread. False if
+        ``owner`` no longer holds it."""
+        return self.heartbeat(thread_id, owner, ttl=0.0)
+
     @transient_retry()
     def release_lease(self, thread_id: str, owner: str) -> None:
         """Give the thread back (no-op if ``owner`` does not hold it)."""

@@ -338,9 +338,7 @@ async def _reconcile_leased_thread(
             out.effects.append(SettledEffect(ledger.get_effect(effect_id), status))
     finally:
         if out.kept_lease:
-            # Expired now rather than released: the lease stays on the thread for the
-            # sweeper's lease step, and any worker may take it over at once.
-            ledger.heartbeat(thread_id, owner, ttl=0.0)
+            ledger.expire_lease(thread_id, owner)
         else:
             ledger.release_lease(thread_id, owner)
     return out
