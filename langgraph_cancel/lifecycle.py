@@ -51,13 +51,12 @@ from langgraph_cancel.runtime import (
     scope_for,
     worker_id,
 )
+from langgraph_cancel.runtime.config import CONFIG_KEY_WORKER
 from langgraph_cancel.thread_state import ThreadState
 from langgraph_cancel.types import RunStatus
 
 logger = logging.getLogger("langgraph_cancel.graph")
 
-#: The configurable key naming the worker an invocation acts as (its lease owner).
-CONFIG_KEY_WORKER = "langgraph_cancel_worker"
 #: Seconds of an invocation's lease on its thread (renewed by its heartbeat).
 LEASE_TTL = 30.0
 

@@ -18,6 +18,8 @@ from langgraph_cancel.urls import DEFAULT_DB_URL
 
 #: Where LangGraph puts a run's durability in a node's config.
 CONFIG_KEY_DURABILITY = "__pregel_durability"
+#: The configurable key naming the worker an invocation acts as (its lease owner).
+CONFIG_KEY_WORKER = "langgraph_cancel_worker"
 
 
 def default_db_url() -> str:
@@ -60,4 +62,10 @@ def check_durability(config: RunnableConfig | None, durability: str | None = Non
         )
 
 
-__all__ = ["CONFIG_KEY_DURABILITY", "check_durability", "default_db_url", "thread_id_of"]
+__all__ = [
+    "CONFIG_KEY_DURABILITY",
+    "CONFIG_KEY_WORKER",
+    "check_durability",
+    "default_db_url",
+    "thread_id_of",
+]
