@@ -46,6 +46,7 @@ from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.prebuilt import tools_condition
 from langgraph.types import Command
 
+import langgraph_cancel.execution.call_lease as call_lease
 import langgraph_cancel.lifecycle as lgc_lifecycle
 from kill_points import Points, install_points, say
 from langgraph_cancel import (
@@ -471,6 +472,7 @@ def run_job(spec: dict[str, Any]) -> dict[str, Any]:
     """
     refund_tools.set_providers_path(spec["providers"])
     lgc_lifecycle.LEASE_TTL = float(spec.get("lease_ttl", lgc_lifecycle.LEASE_TTL))
+    call_lease.CALL_LEASE_TTL = float(spec.get("lease_ttl", call_lease.CALL_LEASE_TTL))
     points = Points(spec)
     install_points(points)
     from langgraph_cancel import runtime

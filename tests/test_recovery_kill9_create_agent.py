@@ -77,8 +77,9 @@ def test_a_killed_create_agent_worker_is_resumed_at_once_and_refunds_once(
     world: World, via: str
 ) -> None:
     """Started again right after ``kill -9``, the worker runs the agent on to its end
-    at once (a ``create_agent`` run holds no lease to wait out): the refund in flight
-    is settled as the provider has it, never sent again."""
+    at once (the lease the agent held over its calls is taken over: its holder, a
+    process of this host, is gone): the refund in flight is settled as the provider
+    has it, never sent again."""
     kill_a_worker_after_the_refund(world)
     second = world.start("second", "recover", wait_lease=0, worker_id=None, resume_via=via, **AGENT)
     result = second.ok()
@@ -165,8 +166,9 @@ def test_a_create_agent_stop_whose_worker_died_before_its_checkpoint_is_closed_b
 ) -> None:
     """The agent's worker, asked to stop once the refund was sent, killed right after
     its model step made the run's ``cancelled`` transition and before that step's
-    checkpoint: the stop is whole in the ledger (a ``create_agent`` run holds no lease,
-    so none is left behind and the sweeper has nothing to settle), and ``resume``
+    checkpoint: the stop is whole in the ledger (a ``create_agent`` run holds no lease
+    between its calls, so none is left behind and the sweeper has nothing to settle),
+    and ``resume``
     closes the thread without running anything again."""
     from langgraph_cancel.demo import tools as refund_tools
     from langgraph_cancel.sweeper import Sweeper

@@ -24,13 +24,16 @@ from langgraph.errors import GraphBubbleUp, is_invalid_resume
 from langgraph.prebuilt.tool_node import ToolCallRequest
 
 from langgraph_cancel.checkpointers.durable import PLAN_SAVE_TIMEOUT
+from langgraph_cancel.effects import spec_of
 from langgraph_cancel.errors import LedgerError
 from langgraph_cancel.execution.batch import Batch
+from langgraph_cancel.execution.call_lease import CALL_LEASES, call_lease_owner
 from langgraph_cancel.execution.context import CallContext, ReviewMode
 from langgraph_cancel.execution.drivers import AsyncDriver, SyncDriver
 from langgraph_cancel.execution.protocol import intercept
 from langgraph_cancel.ledger import Ledger
 from langgraph_cancel.runtime import RunScope, check_durability, invocation_scope, scope_for
+from langgraph_cancel.types import EffectKind
 
 DEFAULT_CANCEL_TIMEOUT = 30.0
 
@@ -107,12 +110,17 @@ class EffectInterceptor:
     def wrap(self, request: ToolCallRequest, handler: Handler) -> Any:
         """Ledger-guarded execution of one call (a sync graph)."""
         config = _config_of(request)
-        batch = Batch.attached(config)
-        scope = batch.scope if batch is not None else self.scope(config)
-        batch = batch if batch is not None else Batch(scope)
+        attached = Batch.attached(config)
+        scope = attached.scope if attached is not None else self.scope(config)
+        batch = attached if attached is not None else Batch(scope)
         driver = SyncDriver(scope, batch, handler, watch=not batch.node_watches)
+        owner = _call_lease_owner(request, attached, scope, config)
         try:
-            return driver.run(intercept(request, self._context(scope, batch, request, config)))
+            protocol = intercept(request, self._context(scope, batch, request, config))
+            if owner is None:
+                return driver.run(protocol)
+            with CALL_LEASES.holding(scope, owner):
+                return driver.run(protocol)
         except Exception as exc:
             carried = self._carried(exc)
             if carried is exc:
@@ -122,14 +130,17 @@ class EffectInterceptor:
     async def awrap(self, request: ToolCallRequest, handler: AsyncHandler) -> Any:
         """Ledger-guarded execution of one call (an async graph)."""
         config = _config_of(request)
-        batch = Batch.attached(config)
-        scope = batch.scope if batch is not None else await self.ascope(config)
-        batch = batch if batch is not None else Batch(scope)
+        attached = Batch.attached(config)
+        scope = attached.scope if attached is not None else await self.ascope(config)
+        batch = attached if attached is not None else Batch(scope)
         driver = AsyncDriver(scope, batch, handler, cancel_timeout=self.cancel_timeout)
+        owner = _call_lease_owner(request, attached, scope, config)
         try:
-            return await driver.run(
-                intercept(request, self._context(scope, batch, request, config))
-            )
+            protocol = intercept(request, self._context(scope, batch, request, config))
+            if owner is None:
+                return await driver.run(protocol)
+            async with CALL_LEASES.aholding(scope, owner):
+                return await driver.run(protocol)
         except Exception as exc:
             carried = self._carried(exc)
             if carried is exc:
@@ -178,6 +189,20 @@ class EffectInterceptor:
         if found is not None and not found.run.terminal:
             return found
         return await asyncio.to_thread(scope_for, config, ledger=self.ledger, new_run=False)
+
+
+def _call_lease_owner(
+    request: ToolCallRequest, attached: Batch | None, scope: RunScope, config: RunnableConfig
+) -> str | None:
+    """Who holds the thread's lease over this call (``call_lease``); None when no lease
+    is wanted: a node's batch holds it itself (``EffectToolNode``), and a read that
+    needs no approval writes no intent a sweeper could take for a dead worker's."""
+    if attached is not None:
+        return None
+    spec = None if request.tool is None else spec_of(request.tool)
+    if spec is not None and spec.kind is EffectKind.READ_ONLY and not spec.requires_approval:
+        return None
+    return call_lease_owner(scope, config)
 
 
 def _config_of(request: ToolCallRequest) -> RunnableConfig:

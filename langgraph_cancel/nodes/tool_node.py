@@ -21,6 +21,7 @@ import concurrent.futures
 import inspect
 import logging
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import nullcontext
 from typing import Any, Literal
 
 from langchain_core.messages import AnyMessage, ToolCall, ToolMessage
@@ -36,6 +37,7 @@ from langgraph_cancel.checkpointers.durable import PLAN_SAVE_TIMEOUT
 from langgraph_cancel.effects import EffectSpec, spec_of
 from langgraph_cancel.execution.answers import ABANDONED_READ
 from langgraph_cancel.execution.batch import Batch
+from langgraph_cancel.execution.call_lease import CALL_LEASES, call_lease_owner
 from langgraph_cancel.execution.drive import adrive_ledger, despite_cancel, drive_ledger
 from langgraph_cancel.execution.group import AsyncGroupCommit, ThreadGroupCommit
 from langgraph_cancel.execution.identity import as_tool_call, history_of
@@ -217,16 +219,18 @@ class EffectToolNode(ToolNode):
         config = batch.attach(config)
         runtimes = self._runtimes(input, config, runtime, calls)
         phases = self._sort(calls, scope, history_of(input, self.history_key))
-        if not self.wrapped:
-            self._prepare(batch, phases, config)
-        outputs: list[Any] = [None] * len(calls)
-        try:
-            if phases.reads:
-                self._reads(phases, calls, runtimes, input_type, outputs, batch)
-            if phases.effects:
-                self._effects(phases, calls, runtimes, input_type, outputs, batch, config)
-        except Carried as failure:
-            raise failure.error from failure.error.__cause__
+        owner = call_lease_owner(scope, config) if phases.effects else None
+        with nullcontext() if owner is None else CALL_LEASES.holding(scope, owner):
+            if not self.wrapped:
+                self._prepare(batch, phases, config)
+            outputs: list[Any] = [None] * len(calls)
+            try:
+                if phases.reads:
+                    self._reads(phases, calls, runtimes, input_type, outputs, batch)
+                if phases.effects:
+                    self._effects(phases, calls, runtimes, input_type, outputs, batch, config)
+            except Carried as failure:
+                raise failure.error from failure.error.__cause__
         return self._combine_tool_outputs(outputs, input_type)
 
     async def _afunc(
@@ -242,6 +246,21 @@ class EffectToolNode(ToolNode):
         config = batch.attach(config)
         runtimes = self._runtimes(input, config, runtime, calls)
         phases = self._sort(calls, scope, history_of(input, self.history_key))
+        owner = call_lease_owner(scope, config) if phases.effects else None
+        async with nullcontext() if owner is None else CALL_LEASES.aholding(scope, owner):
+            return await self._arun_batch(batch, phases, calls, runtimes, input_type, config)
+
+    async def _arun_batch(
+        self,
+        batch: Batch,
+        phases: Phases,
+        calls: list[ToolCall],
+        runtimes: list[ToolRuntime[Any, Any]],
+        input_type: Literal["list", "dict", "tool_calls"],
+        config: RunnableConfig,
+    ) -> Any:
+        """``_afunc``'s batch, planned, run and answered."""
+        scope = batch.scope
         outputs: list[Any] = [None] * len(calls)
         try:
             if not self.wrapped:
