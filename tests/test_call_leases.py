@@ -337,3 +337,40 @@ def test_a_create_agent_worker_killed_mid_call_leaves_the_call_to_the_sweeper(
         assert SweepActionKind.RECONCILED in kinds, summary.actions
         assert _statuses(saver, "killed") == {"c-o-9": "not_applied"}
         assert saver.ledger.lease("killed") is None
+
+
+FORKED = """
+import os, sys
+from langgraph_cancel.execution.call_lease import CALL_LEASES
+from langgraph_cancel.ledger import Ledger
+from langgraph_cancel.runtime.scope import RunScope
+from langgraph_cancel.runtime.signal import CancelSignal
+
+ledger = Ledger.from_url(sys.argv[1])
+run = ledger.start_run("forked", owner="parent")
+scope = RunScope(ledger=ledger, thread_id="forked", run=run, owner="parent",
+                 signal=CancelSignal(ledger, run.run_id, poll_interval=1.0))
+with CALL_LEASES.holding(scope, "parent"):
+    assert CALL_LEASES.held() == 1
+    child = os.fork()
+    if child == 0:
+        os._exit(0 if CALL_LEASES.held() == 0 else 3)
+    _, status = os.waitpid(child, 0)
+print("child", os.waitstatus_to_exitcode(status), "parent after", CALL_LEASES.held())
+"""
+
+
+def test_a_forked_child_holds_none_of_its_parents_call_leases(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    # Celery prefork and gunicorn --preload fork workers from a parent that may be in
+    # the middle of a call: the child is another worker, with nothing to let go.
+    proc = subprocess.run(
+        [sys.executable, "-W", "ignore::DeprecationWarning", "-c", FORKED, sqlite_url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["child", "0", "parent", "after", "0"], proc.stdout

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -34,6 +35,7 @@ from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_e
 from langgraph_cancel.errors import ThreadBusyError
 from langgraph_cancel.execution.drive import despite_cancel, see_through
 from langgraph_cancel.ledger import Ledger
+from langgraph_cancel.ledger.flush import commit_before_flush
 from langgraph_cancel.offloop import off_the_loop
 from langgraph_cancel.runtime import RunScope, invocation_scope
 from langgraph_cancel.runtime.config import CONFIG_KEY_WORKER
@@ -73,6 +75,9 @@ class CallLeases:
     """The leases this process holds for runs without an invocation lease."""
 
     def __init__(self) -> None:
+        self._reset()
+
+    def _reset(self) -> None:
         self._lock = threading.Lock()
         # Per (ledger, thread, owner).
         self._leases: dict[_Key, _Lease] = {}
@@ -153,7 +158,10 @@ class CallLeases:
                     return
                 _, thread_id, owner = key
                 try:
-                    ledger.release_lease(thread_id, owner)
+                    # Its commit need not wait for the disk: a release lost in a crash
+                    # of the server leaves a lease nobody renews, which expires.
+                    with commit_before_flush():
+                        ledger.release_lease(thread_id, owner)
                 except Exception:
                     # Not renewed any more, it lapses within its TTL.
                     logger.warning(
@@ -194,6 +202,8 @@ def call_lease_owner(scope: RunScope, config: RunnableConfig | None) -> str | No
 
 #: The process's call leases.
 CALL_LEASES = CallLeases()
+# A forked child holds none of its parent's leases (and has a new identity).
+os.register_at_fork(after_in_child=CALL_LEASES._reset)
 
 
 __all__ = ["CALL_LEASES", "CALL_LEASE_TTL", "CALL_LEASE_WAIT", "CallLeases", "call_lease_owner"]
