@@ -99,14 +99,17 @@ class SweptThreads:
         Returns:
             ``CLOSED``; ``NOT_CLOSED`` when there was nothing to close (no graph
             given, the graph had ended with its report, or without one and no cancel
-            node to write it as) or the nodes it has pending are not the given
-            graph's (a thread of another agent on the same database); ``FAILED`` when
-            closing failed (logged).
+            node to write it as) or the thread is another agent's on the same
+            database (its checkpoint holds channels the given graph has not, or the
+            nodes it has pending are not the given graph's); ``FAILED`` when closing
+            failed (logged).
         """
         if self.graph is None:
             return CloseOutcome.NOT_CLOSED
         config: Any = {"configurable": {"thread_id": thread_id, CONFIG_KEY_WORKER: self.owner}}
         try:
+            if self._foreign(config):
+                return CloseOutcome.NOT_CLOSED
             snapshot = self.graph.get_state(config)
             pending = {task.name for task in snapshot.tasks}
             if not pending:
@@ -119,6 +122,16 @@ class SweptThreads:
             logger.warning("could not close thread %s after its stop", thread_id, exc_info=True)
             return CloseOutcome.FAILED
         return CloseOutcome.CLOSED
+
+    def _foreign(self, config: Any) -> bool:
+        """Whether the thread's last checkpoint is another agent's on the same database:
+        it holds channels the graph has not (each node's ``branch:to:`` channel among
+        them). Node names alone may be shared (``tools``, say); run on such a thread,
+        the graph would write its own channels into the other agent's checkpoint."""
+        saved = self.saver.get_tuple(config)
+        if saved is None:
+            return False
+        return not set(saved.checkpoint.get("channel_versions", {})) <= set(self.graph.channels)
 
     def _report_ended(
         self, config: Any, values: Mapping[str, Any], report: Mapping[str, Any] | None

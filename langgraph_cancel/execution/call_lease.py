@@ -47,8 +47,10 @@ logger = logging.getLogger("langgraph_cancel")
 #: Seconds of a call lease (renewed by the lease keeper while calls are in flight).
 CALL_LEASE_TTL = 30.0
 #: Seconds a call waits for a lease another owner holds (a sweeper settling the
-#: thread, another worker's calls) before it is refused with ``ThreadBusyError``.
-CALL_LEASE_WAIT = 30.0
+#: thread, another worker's calls) before it is refused with ``ThreadBusyError``:
+#: longer than a lease's TTL, so that a dead worker's lease on another host lapses
+#: within the wait.
+CALL_LEASE_WAIT = 35.0
 
 
 _Key = tuple[int, str, str]
