@@ -114,6 +114,8 @@ class CallLeases:
         entered, cancelled = await see_through(
             asyncio.to_thread(self._enter, ledger, scope.thread_id, owner, wait)
         )
+        if cancelled and entered.exception() is not None:
+            raise asyncio.CancelledError from entered.exception()
         key, lease = entered.result()
         try:
             if cancelled:
