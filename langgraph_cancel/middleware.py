@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Awaitable, Callable, Mapping
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Annotated, Any, NotRequired
 
@@ -53,6 +54,7 @@ from langgraph.types import Command
 
 from langgraph_cancel.checkpointers.durable import PLAN_SAVE_TIMEOUT
 from langgraph_cancel.execution.answers import placed_answers, with_answers
+from langgraph_cancel.execution.call_lease import CALL_LEASES, call_lease_owner
 from langgraph_cancel.execution.context import ReviewMode
 from langgraph_cancel.execution.identity import dangling_tool_calls
 from langgraph_cancel.execution.interceptor import DEFAULT_CANCEL_TIMEOUT, EffectInterceptor
@@ -177,15 +179,19 @@ class EffectMiddleware(AgentMiddleware[CancelAgentState, Any, Any]):
         New input starts the thread's run (closing first an earlier one that was cut
         short, its unanswered calls answered where they stand); a model call after
         the run was asked to stop finishes the cancel instead and ends the agent; a
-        response that ends the turn completes the run.
+        response that ends the turn completes the run. The thread's lease is held
+        while the model is called (``langgraph_cancel.execution.call_lease``), so that
+        a sweeper leaves a stop asked for meanwhile to this worker.
         """
         if not self._has_thread():
             return handler(request)
         turn = off_the_loop(self._open_turn, request)
         if turn.stop is not None:
             return turn.stop
-        response = handler(turn.request)
-        return off_the_loop(self._close_step, turn, response)
+        owner = call_lease_owner(turn.scope, get_config())
+        with nullcontext() if owner is None else CALL_LEASES.holding(turn.scope, owner):
+            response = handler(turn.request)
+            return off_the_loop(self._close_step, turn, response)
 
     async def awrap_model_call(
         self, request: ModelRequest[Any], handler: Callable[..., Awaitable[Any]]
@@ -196,13 +202,16 @@ class EffectMiddleware(AgentMiddleware[CancelAgentState, Any, Any]):
         turn = await asyncio.to_thread(self._open_turn, request)
         if turn.stop is not None:
             return turn.stop
-        try:
-            response = await handler(turn.request)
-        except asyncio.CancelledError:
-            # What a server's stop does mid-model-call: the next turn finishes the cancel.
-            await turn.scope.atask_cancelled()
-            raise
-        return await asyncio.to_thread(self._close_step, turn, response)
+        owner = call_lease_owner(turn.scope, get_config())
+        async with nullcontext() if owner is None else CALL_LEASES.aholding(turn.scope, owner):
+            try:
+                response = await handler(turn.request)
+            except asyncio.CancelledError:
+                # What a server's stop does mid-model-call: the next turn finishes the
+                # cancel.
+                await turn.scope.atask_cancelled()
+                raise
+            return await asyncio.to_thread(self._close_step, turn, response)
 
     def _open_turn(self, request: ModelRequest[Any]) -> _Turn:
         """Before a model call: the run it belongs to, or the stop it must make."""

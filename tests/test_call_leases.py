@@ -27,14 +27,14 @@ from typing import Any
 
 import pytest
 from langchain.agents import create_agent
-from langchain_core.messages import AIMessage, HumanMessage
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import BaseTool, tool
 from langgraph.graph import END, START, MessagesState, StateGraph
 
 import langgraph_cancel.execution.call_lease as call_lease
 from cli_util import run_cli
-from langgraph_cancel import EffectKind, Outcome, effect, sweep
+from langgraph_cancel import EffectKind, Outcome, effect, get_report, request_cancel, sweep
 from langgraph_cancel.checkpointers.postgres import PostgresCancelSaver
 from langgraph_cancel.checkpointers.sqlite import SqliteCancelSaver
 from langgraph_cancel.errors import ThreadBusyError
@@ -44,6 +44,7 @@ from langgraph_cancel.nodes.tool_node import EffectToolNode
 from langgraph_cancel.runtime import worker_id
 from langgraph_cancel.sweep_summary import SweepActionKind
 from langgraph_cancel.testing import ScriptedChatModel, tool_call
+from langgraph_cancel.types import RunStatus
 
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 
@@ -282,12 +283,13 @@ def test_a_call_waits_for_a_lease_another_owner_holds_then_is_refused(
 WORKER = """
 import sys, sqlite3
 from langchain.agents import create_agent
-from langchain_core.messages import AIMessage, HumanMessage
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 from langchain_core.tools import tool
 from langgraph_cancel import EffectKind, effect
 from langgraph_cancel.checkpointers.sqlite import SqliteCancelSaver
 from langgraph_cancel.middleware import EffectMiddleware
 from langgraph_cancel.testing import ScriptedChatModel, tool_call
+from langgraph_cancel.types import RunStatus
 
 path, started = sys.argv[1], sys.argv[2]
 
@@ -374,3 +376,56 @@ def test_a_forked_child_holds_none_of_its_parents_call_leases(
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["child", "0", "parent", "after", "0"], proc.stdout
+
+
+def test_a_stop_asked_for_during_a_model_call_is_left_to_the_live_worker(
+    sqlite_url: str,
+) -> None:
+    # A model that thinks longer than the sweeper's grace: the stop is the worker's to
+    # finish at its next step, with every call the model then asked for in its report.
+    provider = Provider()
+    provider.release.set()
+    thinking, answer = threading.Event(), threading.Event()
+    follow_up = tool_call("issue_refund", {"order_id": "o-6", "amount": 5.0}, id="c-o-6")
+
+    def slow_turn(messages: list[BaseMessage]) -> AIMessage:
+        thinking.set()
+        assert answer.wait(60), "the test never let the model answer"
+        return AIMessage("", tool_calls=[follow_up])
+
+    first = tool_call("issue_refund", {"order_id": "o-5", "amount": 5.0}, id="c-o-5")
+    model = ScriptedChatModel(
+        [AIMessage("", tool_calls=[first]), slow_turn, "done"], on_exhausted="repeat_last"
+    )
+    thread_id = "thinking"
+    cfg: RunnableConfig = {"configurable": {"thread_id": thread_id}}
+    with _saver("sqlite", sqlite_url) as saver:
+        agent = create_agent(
+            model,
+            [provider.tool()],
+            middleware=[EffectMiddleware(approval=False)],
+            checkpointer=saver,
+        )
+        out: dict[str, Any] = {}
+        worker = threading.Thread(
+            target=lambda: out.update(
+                state=agent.invoke({"messages": [HumanMessage("refund o-5")]}, cfg)
+            )
+        )
+        worker.start()
+        try:
+            assert thinking.wait(30), "the model was never asked again"
+            assert request_cancel(saver, thread_id, reason="user", requested_by="test").accepted
+            swept = sweep(saver, tools=[provider.tool()], cancel_grace=0)
+            assert swept.actions == (), swept.actions
+            assert saver.ledger.require_latest_run(thread_id).status is not RunStatus.CANCELLED
+        finally:
+            answer.set()
+            worker.join(60)
+        report = get_report(saver, thread_id)
+        assert report.status == "cancelled"
+        assert [e.tool_call_id for e in report.permanent] == ["c-o-5"]
+        assert [e.tool_call_id for e in report.not_run] == ["c-o-6"]
+        assert out["state"]["cancellation_report"] == report.model_dump(mode="json")
+        assert provider.applied == ["refund:o-5"]
+        assert saver.ledger.lease(thread_id) is None

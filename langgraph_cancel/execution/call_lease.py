@@ -11,12 +11,14 @@ next, was refused as moved by another writer.
 
 So such a run takes the thread's lease before its calls write their intents and lets
 it go once their outcomes are recorded, renewed meanwhile by the process's lease
-keeper. A sweeper leaves a leased thread alone; a worker that dies mid-call leaves
-the lease to be taken over at once on its own host (its holder is gone) or once it
-expires elsewhere, and the sweeper then settles the call. The calls of one thread in
-one process share one lease (the first takes it, the last lets it go); a lease the
-owner already held (a ``resume`` or a sweeper running the agent as that owner) is
-renewed while the calls run and left to its holder.
+keeper; ``EffectMiddleware`` holds it over each model call too (a stop asked for
+while the model thinks is then the live worker's to finish, not a sweeper's). A
+sweeper leaves a leased thread alone; a worker that dies mid-call leaves the lease to
+be taken over at once on its own host (its holder is gone) or once it expires
+elsewhere, and the sweeper then settles the call. The calls of one thread in one
+process share one lease (the first takes it, the last lets it go); a lease the owner
+already held (a ``resume`` or a sweeper running the agent as that owner) is renewed
+while the calls run and left to its holder.
 """
 
 from __future__ import annotations
