@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Awaitable, Callable, Mapping
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Annotated, Any, NotRequired
 
@@ -189,7 +188,7 @@ class EffectMiddleware(AgentMiddleware[CancelAgentState, Any, Any]):
         if turn.stop is not None:
             return turn.stop
         owner = call_lease_owner(turn.scope, get_config())
-        with nullcontext() if owner is None else CALL_LEASES.holding(turn.scope, owner):
+        with CALL_LEASES.holding(turn.scope, owner):
             response = handler(turn.request)
             return off_the_loop(self._close_step, turn, response)
 
@@ -203,7 +202,7 @@ class EffectMiddleware(AgentMiddleware[CancelAgentState, Any, Any]):
         if turn.stop is not None:
             return turn.stop
         owner = call_lease_owner(turn.scope, get_config())
-        async with nullcontext() if owner is None else CALL_LEASES.aholding(turn.scope, owner):
+        async with CALL_LEASES.aholding(turn.scope, owner):
             try:
                 response = await handler(turn.request)
             except asyncio.CancelledError:

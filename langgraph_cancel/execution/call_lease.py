@@ -87,18 +87,24 @@ class CallLeases:
         self._leases: dict[_Key, _Lease] = {}
 
     @contextmanager
-    def holding(self, scope: RunScope, owner: str, *, wait: float | None = None) -> Iterator[None]:
+    def holding(
+        self, scope: RunScope, owner: str | None, *, wait: float | None = None
+    ) -> Iterator[None]:
         """Hold ``owner``'s lease on the scope's thread for the block.
 
         Args:
             scope: The run whose thread to lease.
-            owner: The lease's owner.
+            owner: The lease's owner (``call_lease_owner``); None: the run needs no
+                call lease, and the block runs holding nothing.
             wait: Seconds to wait for another owner's live lease (default
                 ``CALL_LEASE_WAIT``).
 
         Raises:
             ThreadBusyError: Another owner held a live lease for ``wait`` seconds.
         """
+        if owner is None:
+            yield
+            return
         # Sync code may run on an event loop's thread: the I/O goes off it.
         key, lease = off_the_loop(self._enter, scope.ledger, scope.thread_id, owner, wait)
         try:
@@ -108,10 +114,13 @@ class CallLeases:
 
     @asynccontextmanager
     async def aholding(
-        self, scope: RunScope, owner: str, *, wait: float | None = None
+        self, scope: RunScope, owner: str | None, *, wait: float | None = None
     ) -> AsyncIterator[None]:
         """``holding`` on an event loop: the lease's I/O off the loop, run to its end
         even when the task is cancelled meanwhile (a lease taken is always let go)."""
+        if owner is None:
+            yield
+            return
         ledger = scope.ledger
         entered, cancelled = await see_through(
             asyncio.to_thread(self._enter, ledger, scope.thread_id, owner, wait)

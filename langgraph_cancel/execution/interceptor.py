@@ -117,8 +117,6 @@ class EffectInterceptor:
         owner = _call_lease_owner(request, attached, scope, config)
         try:
             protocol = intercept(request, self._context(scope, batch, request, config))
-            if owner is None:
-                return driver.run(protocol)
             with CALL_LEASES.holding(scope, owner):
                 return driver.run(protocol)
         except Exception as exc:
@@ -137,8 +135,6 @@ class EffectInterceptor:
         owner = _call_lease_owner(request, attached, scope, config)
         try:
             protocol = intercept(request, self._context(scope, batch, request, config))
-            if owner is None:
-                return await driver.run(protocol)
             async with CALL_LEASES.aholding(scope, owner):
                 return await driver.run(protocol)
         except Exception as exc:

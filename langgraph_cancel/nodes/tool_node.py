@@ -21,7 +21,6 @@ import concurrent.futures
 import inspect
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import nullcontext
 from typing import Any, Literal
 
 from langchain_core.messages import AnyMessage, ToolCall, ToolMessage
@@ -220,7 +219,7 @@ class EffectToolNode(ToolNode):
         runtimes = self._runtimes(input, config, runtime, calls)
         phases = self._sort(calls, scope, history_of(input, self.history_key))
         owner = call_lease_owner(scope, config) if phases.effects else None
-        with nullcontext() if owner is None else CALL_LEASES.holding(scope, owner):
+        with CALL_LEASES.holding(scope, owner):
             if not self.wrapped:
                 self._prepare(batch, phases, config)
             outputs: list[Any] = [None] * len(calls)
@@ -247,7 +246,7 @@ class EffectToolNode(ToolNode):
         runtimes = self._runtimes(input, config, runtime, calls)
         phases = self._sort(calls, scope, history_of(input, self.history_key))
         owner = call_lease_owner(scope, config) if phases.effects else None
-        async with nullcontext() if owner is None else CALL_LEASES.aholding(scope, owner):
+        async with CALL_LEASES.aholding(scope, owner):
             return await self._arun_batch(batch, phases, calls, runtimes, input_type, config)
 
     async def _arun_batch(
