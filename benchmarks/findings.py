@@ -50,17 +50,6 @@ def findings(res: dict[str, Any]) -> list[str]:
                 f"tenth of record_many) {prim.get('read_only_call_batched_us')} us; get_run "
                 f"(cancel poll) {prim.get('get_run (cancel poll)')} us."
             )
-    ab = res.get("profile", {}).get("tool_path_ab") or {}
-    if "handover_us_per_call" in ab:
-        notes.append(
-            f"Diagnostic A/B on memory, {ab['n_calls']} side-effecting 0 ms calls: EffectToolNode "
-            f"{ab['as_is_ms']} ms as is (the batch in one supervised worker thread, each call "
-            f"inline) vs {ab['handover_per_call_ms']} ms when each call is handed to a thread "
-            f"pool and back (ToolNode: {ab['base_ms']} ms): the hand-over costs "
-            f"{ab['handover_us_per_call']} us wall / {ab['handover_cpu_us_per_call']} us CPU "
-            "per call; for the remainder see the per-backend breakdowns (ledger writes, "
-            "per-run work)."
-        )
     if micro:
         notes.append(
             f"Python-level costs on this box: asyncio.run() of an empty coroutine "

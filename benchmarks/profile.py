@@ -111,13 +111,44 @@ def _wrap_cm(fn: Any, label: str, rec: Recorder) -> Any:
     return wrapper
 
 
-@contextlib.contextmanager
-def instrument(rec: Recorder) -> Iterator[None]:
-    """Wrap the library's interesting functions with timers; undo on exit."""
+#: The ledger operations a run's path takes, timed each under ``ledger.<name>``.
+LEDGER_OPERATIONS = (
+    "start_run_and_unsettled",
+    "start_run",
+    "get_run",
+    "latest_run",
+    "acquire_lease",
+    "release_lease",
+    "heartbeat",
+    "plan",
+    "plan_many",
+    "plan_many_and_begin",
+    "record_many",
+    "transition",
+    "transition_many",
+    "find_effect",
+    "find_effects",
+    "get_effect",
+    "unsettled",
+    "finish_run",
+    "mark_observed",
+    "run_effects",
+    "request_cancel",
+    "effects",
+)
+
+
+def targets() -> list[Patch]:
+    """What ``instrument`` times: (owner, attribute, label), each defined on its owner.
+
+    Raises:
+        LookupError: A target is gone (the library changed shape): the breakdown would
+            silently lose it, so the benchmark stops instead.
+    """
+    import langgraph_cancel.execution.drivers as drivers
     import langgraph_cancel.lifecycle as lifecycle
     import langgraph_cancel.nodes.entry as entry
     import langgraph_cancel.nodes.tool_node as tn
-    from langgraph_cancel.ledger import backends, postgres
     from langgraph_cancel.ledger.core import Ledger
 
     patches: list[Patch] = [
@@ -125,39 +156,32 @@ def instrument(rec: Recorder) -> Iterator[None]:
         (lifecycle.Invocation, "end", "invocation end (close run, get_state, release lease)"),
         (entry, "reconcile_thread", "reconcile node: reconcile_thread"),
         (tn.EffectToolNode, "_func", "EffectToolNode (whole node, sync entry)"),
-        (tn.EffectToolNode, "_invoke", "tool execution (tool.invoke in a worker thread)"),
-        (tn.EffectToolNode, "_classify", "call classification/validation"),
+        (tn.EffectToolNode, "_sort", "EffectToolNode: classify and order the calls"),
+        (tn.EffectToolNode, "_prepare", "EffectToolNode: plan the batch, first intents"),
+        (tn.EffectToolNode, "_effects", "EffectToolNode: side effects (supervised worker)"),
+        (drivers, "_call", "tool execution (the handler, in the worker thread)"),
     ]
-    for name in (
-        "start_run",
-        "get_run",
-        "latest_run",
-        "acquire_lease",
-        "release_lease",
-        "heartbeat",
-        "plan",
-        "plan_many",
-        "record_many",
-        "transition",
-        "transition_many",
-        "find_effect",
-        "find_effects",
-        "get_effect",
-        "unsettled",
-        "finish_run",
-        "mark_observed",
-        "run_effects",
-        "request_cancel",
-        "effects",
-    ):
+    for name in LEDGER_OPERATIONS:
         # The class among the ledger's aggregates that defines the method.
-        defining = next((cls for cls in Ledger.__mro__ if name in cls.__dict__), Ledger)
+        defining = next((cls for cls in Ledger.__mro__ if name in cls.__dict__), None)
+        if defining is None:
+            raise LookupError(f"the ledger has no operation {name!r} to time")
         patches.append((defining, name, f"ledger.{name}"))
+    for owner, attr, _label in patches:
+        if attr not in getattr(owner, "__dict__", {}):
+            where = getattr(owner, "__name__", owner)
+            raise LookupError(f"{where}.{attr} is gone: nothing to time")
+    return patches
+
+
+@contextlib.contextmanager
+def instrument(rec: Recorder) -> Iterator[None]:
+    """Wrap the library's interesting functions with timers; undo on exit."""
+    from langgraph_cancel.ledger import backends, postgres
+
     saved: list[tuple[Any, str, Any]] = []
-    for owner, attr, label in patches:
-        original = owner.__dict__[attr] if attr in getattr(owner, "__dict__", {}) else None
-        if original is None:
-            continue
+    for owner, attr, label in targets():
+        original = owner.__dict__[attr]
         saved.append((owner, attr, original))
         setattr(owner, attr, _wrap(original, label, rec))
     units = {
@@ -351,51 +375,6 @@ def _batched_primitives(ledger: Any, reps: int, times: dict[str, list[float]]) -
         times["record_many (10 read outcomes), per row"].append((time.perf_counter() - t2) / 10)
 
 
-def _tool_path_ab(saver: Any, base_saver: Any, calls: int, reps: int) -> dict[str, Any]:
-    """Diagnostic A/B, not a result: EffectToolNode as is (a sync graph's batch runs in one
-    supervised worker thread, each side effect inline there) vs the same node handing each
-    call to a thread pool and back (what it did before: so that a cancelled run can stop
-    waiting, without a supervisor). Measures what the hand-over per call costs."""
-    import langgraph_cancel.nodes.tool_node as tn
-
-    original = tn.EffectToolNode.__dict__.get("_batch_in_worker")
-    if original is None:
-        return {"skipped": "EffectToolNode._batch_in_worker not found"}
-
-    def never(self: Any, input: Any, *, async_graph: bool) -> bool:
-        return False
-
-    tools = [make_tool(SIDE_EFFECT, 0)]
-    g_base = build_graph(tools, scripted_model(calls), base_saver, effectful=False)
-    g_eff = build_graph(tools, scripted_model(calls), saver, effectful=True)
-    walls: dict[str, list[float]] = {"base": [], "as_is": [], "handover_per_call": []}
-    cpus: dict[str, list[float]] = {k: [] for k in walls}
-    try:
-        run_once(g_eff, calls + 3)
-        for _ in range(reps):
-            for mode in walls:
-                patched = never if mode == "handover_per_call" else original
-                setattr(tn.EffectToolNode, "_batch_in_worker", patched)  # noqa: B010
-                wall, cpu = run_once(g_base if mode == "base" else g_eff, calls + 3)
-                walls[mode].append(wall)
-                cpus[mode].append(cpu)
-    except Exception as exc:  # the library changed shape: report, do not fail the run
-        return {"skipped": f"{type(exc).__name__}: {exc}"}
-    finally:
-        setattr(tn.EffectToolNode, "_batch_in_worker", original)  # noqa: B010
-    out: dict[str, Any] = {"n_calls": calls, "reps": reps}
-    for mode in walls:
-        out[f"{mode}_ms"] = rnd((median(walls[mode]) or 0) * 1e3)
-        out[f"{mode}_cpu_ms"] = rnd((median(cpus[mode]) or 0) * 1e3)
-    out["handover_us_per_call"] = rnd(
-        ((median(walls["handover_per_call"]) or 0) - (median(walls["as_is"]) or 0)) / calls * 1e6, 1
-    )
-    out["handover_cpu_us_per_call"] = rnd(
-        ((median(cpus["handover_per_call"]) or 0) - (median(cpus["as_is"]) or 0)) / calls * 1e6, 1
-    )
-    return out
-
-
 def _top_cprofile(graph: Any, calls: int, expect: int, runs: int) -> list[dict[str, Any]]:
     prof = cProfile.Profile()
     prof.enable()
@@ -455,10 +434,14 @@ def run(settings: Settings, backends_: list[str]) -> dict[str, Any]:
                         walls[name].append(run_once(graph, expect)[0])
                 rec = Recorder()
                 with instrument(rec):
-                    run_once(g_eff, expect)
+                    # Built under the timers: a node binds its methods as it is made.
+                    g_timed = build_graph(
+                        tools, scripted_model(calls), cancel_saver, effectful=True
+                    )
+                    run_once(g_timed, expect)
                     rec.clear()
                     for _ in range(reps):
-                        run_once(g_eff, expect)
+                        run_once(g_timed, expect)
                 breakdown = sorted(
                     (
                         {
@@ -505,11 +488,6 @@ def run(settings: Settings, backends_: list[str]) -> dict[str, Any]:
                     f"  {backend:8s} {kind:14s} base={base_ms:7.2f}ms effect={eff_ms:7.2f}ms "
                     f"node-only={node_ms:7.2f}ms txn/call="
                     f"{entry[kind]['db_transactions_per_call']}"
-                )
-            if backend == "memory":
-                log("  memory: tool-path A/B (diagnostic)")
-                out["tool_path_ab"] = _tool_path_ab(
-                    cancel_saver, base_saver, 100 if not settings.quick else 10, max(3, reps)
                 )
         out["backends"][backend] = entry
     return out

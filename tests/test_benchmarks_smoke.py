@@ -276,3 +276,32 @@ def test_the_bound_variants_statements_count_as_the_ledgers() -> None:
 
     for statement in (bound.INSERT_INTENT, bound.RECORD_OUTCOME):
         assert statement_family(statement) == "ledger"
+
+
+def test_the_profiles_timers_reach_every_phase_of_a_side_effecting_run() -> None:
+    from benchmarks.agent import SIDE_EFFECT, build_graph, make_tool, run_once, scripted_model
+    from benchmarks.profile import Recorder, instrument, targets
+    from langgraph_cancel.checkpointers.memory import MemoryCancelSaver
+
+    originals = {(owner, attr): owner.__dict__[attr] for owner, attr, _label in targets()}
+    saver = MemoryCancelSaver()
+    saver.setup()
+    rec = Recorder()
+    with instrument(rec):
+        graph = build_graph([make_tool(SIDE_EFFECT, 0)], scripted_model(3), saver, effectful=True)
+        run_once(graph, 3 + 3)
+    assert {
+        "invocation start (run row, lease, heartbeat thread)",
+        "invocation end (close run, get_state, release lease)",
+        "EffectToolNode (whole node, sync entry)",
+        "EffectToolNode: plan the batch, first intents",
+        "EffectToolNode: side effects (supervised worker)",
+        "tool execution (the handler, in the worker thread)",
+        "ledger.start_run_and_unsettled",
+        "ledger.plan_many_and_begin",
+        "ledger.transition_many",
+        "ledger.finish_run",
+    } <= set(rec.calls)
+    assert rec.calls["tool execution (the handler, in the worker thread)"] == 3
+    # The timers are gone again.
+    assert all(owner.__dict__[attr] is fn for (owner, attr), fn in originals.items())
