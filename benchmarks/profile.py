@@ -158,6 +158,7 @@ def targets() -> list[Patch]:
         (tn.EffectToolNode, "_func", "EffectToolNode (whole node, sync entry)"),
         (tn.EffectToolNode, "_sort", "EffectToolNode: classify and order the calls"),
         (tn.EffectToolNode, "_prepare", "EffectToolNode: plan the batch, first intents"),
+        (tn.EffectToolNode, "_reads", "EffectToolNode: reads (a thread pool, as ToolNode's)"),
         (tn.EffectToolNode, "_effects", "EffectToolNode: side effects (supervised worker)"),
         (drivers, "_call", "tool execution (the handler, in the worker thread)"),
     ]
