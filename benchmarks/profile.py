@@ -164,9 +164,7 @@ def targets() -> list[Patch]:
     ]
     for name in LEDGER_OPERATIONS:
         # The class among the ledger's aggregates that defines the method.
-        defining = next((cls for cls in Ledger.__mro__ if name in cls.__dict__), None)
-        if defining is None:
-            raise LookupError(f"the ledger has no operation {name!r} to time")
+        defining = next((cls for cls in Ledger.__mro__ if name in cls.__dict__), Ledger)
         patches.append((defining, name, f"ledger.{name}"))
     for owner, attr, _label in patches:
         if attr not in getattr(owner, "__dict__", {}):

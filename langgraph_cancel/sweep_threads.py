@@ -100,9 +100,8 @@ class SweptThreads:
             ``CLOSED``; ``NOT_CLOSED`` when there was nothing to close (no graph
             given, the graph had ended with its report, or without one and no cancel
             node to write it as) or the thread is another agent's on the same
-            database (its checkpoint holds channels the given graph has not, or the
-            nodes it has pending are not the given graph's); ``FAILED`` when closing
-            failed (logged).
+            database (its checkpoint holds channels the given graph has not);
+            ``FAILED`` when closing failed (logged).
         """
         if self.graph is None:
             return CloseOutcome.NOT_CLOSED
@@ -111,11 +110,8 @@ class SweptThreads:
             if self._foreign(config):
                 return CloseOutcome.NOT_CLOSED
             snapshot = self.graph.get_state(config)
-            pending = {task.name for task in snapshot.tasks}
-            if not pending:
+            if not snapshot.tasks:
                 return self._report_ended(config, snapshot.values, report)
-            if not pending <= set(self.graph.nodes):
-                return CloseOutcome.NOT_CLOSED
             self.graph.invoke(None, config)
         except Exception:
             # The stop itself is finished; the caller keeps the thread for a later pass.
