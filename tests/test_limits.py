@@ -446,13 +446,15 @@ def test_middleware_token_budget_and_deadline(db_url: str, use_async: bool) -> N
         assert out["cancellation_report"]["limit"] == "tokens"
         assert run.tokens_used > 60
         assert len(sent) < 5
-        # Deadline: every note takes 1 s; the stop comes inside the first one.
+        # Deadline: every note takes 2 s; the stop comes inside the first one. The first
+        # note must leave before the deadline: a second leaves room for the run's start
+        # on a loaded machine.
         sent = []
         thread = f"mw-deadline-{uuid.uuid4().hex[:8]}"
         agent = create_agent(
             looping_model(),
-            _agent_tools(sent, delay=1.0),
-            middleware=[EffectMiddleware(approval=False, limits=Limits(deadline=0.3))],
+            _agent_tools(sent, delay=2.0),
+            middleware=[EffectMiddleware(approval=False, limits=Limits(deadline=1.0))],
             checkpointer=saver,
         )
         out = _run_agent(agent, thread, use_async=use_async)
