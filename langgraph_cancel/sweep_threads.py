@@ -13,7 +13,9 @@ from langgraph.graph.message import add_messages
 from langgraph_cancel.agents import guarded_agent
 from langgraph_cancel.errors import ConfigurationError
 from langgraph_cancel.execution.identity import dangling_tool_calls
+from langgraph_cancel.ledger import Ledger
 from langgraph_cancel.lifecycle import CONFIG_KEY_WORKER
+from langgraph_cancel.nodes.cancel import answers_from_ledger
 from langgraph_cancel.nodes.names import CANCEL_NODE
 from langgraph_cancel.nodes.settings import CancellationSettings
 from langgraph_cancel.types import RunRecord
@@ -64,13 +66,23 @@ class SweptThreads:
         graph: The agent compiled on ``saver`` (``compile_on``), if given.
         owner: The worker identity the sweeper acts as.
         settings: The graph's cancellation settings (its messages and report keys).
+        ledger: The ledger the threads' effects are recorded in (the answers to calls
+            left unanswered are read from it).
     """
 
-    def __init__(self, saver: Any, graph: Any, owner: str, settings: CancellationSettings) -> None:
+    def __init__(
+        self,
+        saver: Any,
+        graph: Any,
+        owner: str,
+        settings: CancellationSettings,
+        ledger: Ledger,
+    ) -> None:
         self.saver = saver
         self.graph = graph
         self.owner = owner
         self.settings = settings
+        self.ledger = ledger
 
     def close(self, thread_id: str, report: Mapping[str, Any] | None = None) -> CloseOutcome:
         """Run a finished stop's thread on to its end, as ``resume`` would.
@@ -90,7 +102,10 @@ class SweptThreads:
         finished (the stop arrived after the graph's last check), and whose state the
         run's end could not then write, lacks only the run's report: given
         ``report``, it is written into the state as the cancel node leaves it, as the
-        run's end would have.
+        run's end would have. So is a graph whose run's end wrote half of that: it
+        cleared the paused step's tasks, and its write of the answers and the report
+        was lost; each call left unanswered is answered from the ledger, as the
+        cancel node answers it.
 
         Args:
             thread_id: The thread.
@@ -111,7 +126,7 @@ class SweptThreads:
                 return CloseOutcome.NOT_CLOSED
             snapshot = self.graph.get_state(config)
             if not snapshot.tasks:
-                return self._report_ended(config, snapshot.values, report)
+                return self._settle_ended(thread_id, config, snapshot.values, report)
             self.graph.invoke(None, config)
         except Exception:
             # The stop itself is finished; the caller keeps the thread for a later pass.
@@ -129,20 +144,27 @@ class SweptThreads:
             return False
         return not set(saved.checkpoint.get("channel_versions", {})) <= set(self.graph.channels)
 
-    def _report_ended(
-        self, config: Any, values: Mapping[str, Any], report: Mapping[str, Any] | None
+    def _settle_ended(
+        self,
+        thread_id: str,
+        config: Any,
+        values: Mapping[str, Any],
+        report: Mapping[str, Any] | None,
     ) -> CloseOutcome:
-        """Write ``report`` into an ended graph's state that lacks it, as the cancel node."""
-        if (
-            report is None
-            or CANCEL_NODE not in self.graph.nodes
-            or self._reported_run(values) == report.get("run_id")
-            or dangling_tool_calls(values.get(self.settings.messages_key) or [])
-        ):
+        """Write what the cancel node leaves into an ended graph's state that lacks it:
+        ``report``, and an answer to each call left unanswered."""
+        if report is None or CANCEL_NODE not in self.graph.nodes:
             return CloseOutcome.NOT_CLOSED
-        self.graph.update_state(
-            config, {self.settings.report_key: dict(report)}, as_node=CANCEL_NODE
-        )
+        messages_key, report_key = self.settings.messages_key, self.settings.report_key
+        update: dict[str, Any] = {}
+        dangling = dangling_tool_calls(values.get(messages_key) or [])
+        if dangling:
+            update[messages_key] = answers_from_ledger(self.ledger, thread_id, dangling)
+        if dangling or self._reported_run(values) != report.get("run_id"):
+            update[report_key] = dict(report)
+        if not update:
+            return CloseOutcome.NOT_CLOSED
+        self.graph.update_state(config, update, as_node=CANCEL_NODE)
         return CloseOutcome.CLOSED
 
     def last_values(self, thread_id: str) -> Mapping[str, Any] | None:
@@ -155,9 +177,15 @@ class SweptThreads:
         saved = self.saver.get_tuple({"configurable": {"thread_id": thread_id}})
         if saved is None:
             return None
-        values: dict[str, Any] = dict(saved.checkpoint.get("channel_values") or {})
+        own: Mapping[str, Any] = saved.checkpoint.get("channel_values") or {}
+        return self._with_pending_writes(own, saved.pending_writes)
+
+    def _with_pending_writes(self, own: Mapping[str, Any], pending: Any) -> dict[str, Any]:
+        """A checkpoint's values with the messages and the report its pending writes
+        carry."""
+        values: dict[str, Any] = dict(own)
         messages_key, report_key = self.settings.messages_key, self.settings.report_key
-        for _task_id, channel, value in saved.pending_writes or []:
+        for _task_id, channel, value in pending or []:
             if channel == messages_key:
                 values[messages_key] = add_messages(values.get(messages_key) or [], value)
             elif channel == report_key:
@@ -173,10 +201,25 @@ class SweptThreads:
 
     def left_open(self, thread_id: str, run: RunRecord) -> bool:
         """Whether the thread's last checkpoint lacks what the cancel node of ``run``
-        leaves in it: every call answered and the run's report (needs a saver)."""
-        values = self.last_values(thread_id)
-        if values is None:
+        leaves in it: every call answered and the run's report (needs a saver).
+
+        Open when the checkpoint's own values lack it, even if the writes saved beside
+        it supply it: LangGraph applies only the writes of the tasks it prepares from
+        the checkpoint, and an update of the state whose checkpoint was not saved
+        (the run's end writing the answers, say) leaves writes it never applies.
+        """
+        if self.saver is None:
             return False
+        saved = self.saver.get_tuple({"configurable": {"thread_id": thread_id}})
+        if saved is None:
+            return False
+        own: Mapping[str, Any] = saved.checkpoint.get("channel_values") or {}
+        return any(
+            self._lacks_close(values, run)
+            for values in (own, self._with_pending_writes(own, saved.pending_writes))
+        )
+
+    def _lacks_close(self, values: Mapping[str, Any], run: RunRecord) -> bool:
         unanswered = dangling_tool_calls(values.get(self.settings.messages_key) or [])
         return bool(unanswered) or self._reported_run(values) != run.run_id
 

@@ -149,7 +149,7 @@ class Sweeper:
         settings.cancel_timeout = 0.0
         self.settings = settings
         self.owner = owner or worker_id()
-        self.threads = SweptThreads(saver, compiled, self.owner, settings)
+        self.threads = SweptThreads(saver, compiled, self.owner, settings, self.ledger)
         self.max_threads = max_threads
         self.cancel_grace = cancel_grace
         self.compensation_retry_after = compensation_retry_after

@@ -10,7 +10,9 @@ not write the answers and the report) keeps the thread's lease, so that the swee
 once it expires, closes the thread as after a worker that died there. So does an
 invocation that cannot read its run back, and a sweeper pass that fails between a
 stop's finish and the thread's close; and a sweeper lets the lease of a cancelled
-thread go only once it has closed the thread.
+thread go only once it has closed the thread. A close the run's end wrote only half
+of (the paused step's tasks cleared, the answers and the report lost) is finished by
+the sweeper, or by ``resume``, from the ledger.
 """
 
 from __future__ import annotations
@@ -579,3 +581,98 @@ def test_an_operators_reconcile_leaves_the_lease_kept_on_a_stopped_thread(
         sweeper = Sweeper(saver, graph=graph, tools=tools, owner="sweeper")
         _closed_once_expired(sweeper, graph, saver, stopped)
     assert log.applied("w1") == 1
+
+
+@dataclass(frozen=True, slots=True)
+class HalfWritten:
+    """A stop whose run's end wrote half of the thread's close: the paused step's tasks
+    cleared, the answers and the report lost with the database."""
+
+    thread: str
+    tools: list[Any]
+    url: str
+
+    def builder(self) -> Any:
+        def stop_then_call(_messages: list[BaseMessage]) -> AIMessage:
+            request_cancel(self.url, self.thread, reason="stop", requested_by="t")
+            return calls(("w1", "a", "k1"))
+
+        model = ScriptedChatModel([stop_then_call], on_exhausted="repeat_last")
+        return add_cancellation(agent_builder(model, EffectToolNode(self.tools)))
+
+
+def half_written_stop(url: str, log: ExecutionLog) -> HalfWritten:
+    """Run the agent to its model's calls, paused before its tools; the stop arrives
+    with the calls, so the run's end finishes it and writes the thread's close: its
+    first save (the paused step's tasks cleared) lands, the next ones are lost."""
+    tools = [counting_tool(log, "w1", EffectKind.IRREVERSIBLE)]
+    stopped = HalfWritten(new_thread(), tools, url)
+    saves_once_cancelled: list[str] = []
+
+    def lost(saver: Any) -> bool:
+        run = saver.ledger.latest_run(stopped.thread)
+        if run is None or run.status is not RunStatus.CANCELLED:
+            return False
+        saves_once_cancelled.append(run.run_id)
+        # The clearing write saves its checkpoint; the answers' write saves its
+        # messages and report beside that checkpoint, and then loses its own.
+        return len(saves_once_cancelled) > 2
+
+    with losing_saver(url, lost) as saver:
+        graph = stopped.builder().compile(checkpointer=saver, interrupt_before=["tools"])
+        graph.invoke({"messages": [HumanMessage("go")]}, config_for(stopped.thread))
+        left = graph.get_state(config_for(stopped.thread))
+        assert not left.next and not left.tasks, left
+        assert dangling_calls(left.values["messages"]) == ["k1"], left
+        run = saver.ledger.require_latest_run(stopped.thread)
+        assert run.status is RunStatus.CANCELLED and run.report is not None, run
+        assert saver.ledger.lease(stopped.thread) is not None  # kept for the sweeper
+    return stopped
+
+
+def test_a_stop_whose_close_was_half_written_is_closed_by_the_sweeper(
+    sqlite_url: str, log: ExecutionLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # LangGraph's state shows nothing next and the call unanswered; the answers' write
+    # left its messages and report beside the checkpoint, which LangGraph never
+    # applies. The sweeper that reaps the kept lease answers the call and writes the
+    # report as the cancel node would, rather than taking those writes for a close.
+    monkeypatch.setattr(lgc_lifecycle, "LEASE_TTL", 0.5)
+    stopped = half_written_stop(sqlite_url, log)
+    with open_saver(sqlite_url) as saver:
+        graph = stopped.builder().compile(checkpointer=saver)
+        sweeper = Sweeper(saver, graph=graph, tools=stopped.tools, owner="sweeper")
+        _closed_once_expired(sweeper, graph, saver, stopped.thread)
+        answer = graph.get_state(config_for(stopped.thread)).values["messages"][-1]
+        assert answer.tool_call_id == "k1" and answer.status == "error", answer
+    assert log.attempts("w1") == 0
+
+
+def test_resume_closes_a_half_written_stop_a_sweeper_without_the_agent_named(
+    sqlite_url: str, log: ExecutionLog, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Without the agent, the sweeper cannot close the thread: it names the step left
+    # instead of letting the thread go as if closed, and the operator's resume closes
+    # it, though the thread has nothing to run on.
+    monkeypatch.setattr(lgc_lifecycle, "LEASE_TTL", 0.5)
+    stopped = half_written_stop(sqlite_url, log)
+    thread = stopped.thread
+    with open_saver(sqlite_url) as saver:
+        wait_until(lambda: _expired(saver, thread), timeout=10, what="the lease to expire")
+        summary = Sweeper(saver, tools=stopped.tools, owner="sweeper").sweep_once()
+        left = [a for a in summary.actions if a.kind is SweepActionKind.LEFT_TO_OWNER]
+        assert [a.thread_id for a in left] == [thread], summary
+        assert left[0].next_action is not None
+        assert left[0].next_action.startswith(f"langgraph-cancel resume {thread}"), left
+
+        monkeypatch.setattr(plan_hold, "RESUMABLE_AGENT", stopped.builder(), raising=False)
+        command = ["resume", thread, "--db", sqlite_url, "--json"]
+        resumed = ok_json(run_main([*command, "--graph", "plan_hold:RESUMABLE_AGENT"], tmp_path))
+        assert resumed["resumed"] is False, resumed
+        assert resumed["message"].startswith(f"closed thread {thread}"), resumed
+        graph = stopped.builder().compile(checkpointer=saver)
+        _assert_closed(graph, saver, thread)
+        assert saver.ledger.lease(thread) is None
+        again = ok_json(run_main([*command, "--graph", "plan_hold:RESUMABLE_AGENT"], tmp_path))
+        assert again["message"].startswith("nothing to resume"), again
+    assert log.attempts("w1") == 0

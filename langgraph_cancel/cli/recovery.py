@@ -263,6 +263,38 @@ def _nothing_to_resume(snapshot: Any, before: RunRecord, thread_id: str) -> str 
     )
 
 
+def _close_stopped(
+    saver: Any, graph: Any, agent: GuardedAgent, run: RunRecord, thread_id: str
+) -> bool:
+    """Close a cancelled run's thread that has nothing to run on but whose state lacks
+    what the cancel node leaves (its worker's last write was lost); True if closed.
+
+    Raises:
+        CommandLineError: Another worker holds the thread, or the close failed.
+    """
+    from langgraph_cancel.errors import ThreadBusyError
+    from langgraph_cancel.nodes.reconcile import RECONCILE_LEASE_TTL as LEASE_TTL
+    from langgraph_cancel.runtime import worker_id
+    from langgraph_cancel.sweep_threads import CloseOutcome, SweptThreads
+    from langgraph_cancel.types import RunStatus
+
+    ledger: Ledger = saver.ledger
+    threads = SweptThreads(saver, graph, worker_id(), agent.settings, ledger)
+    if run.status is not RunStatus.CANCELLED or not threads.left_open(thread_id, run):
+        return False
+    try:
+        ledger.acquire_lease(thread_id, threads.owner, ttl=LEASE_TTL)
+    except ThreadBusyError as exc:
+        raise CommandLineError(f"thread {thread_id!r} is being run by {exc.owner}") from exc
+    try:
+        outcome = threads.close(thread_id, run.report)
+    finally:
+        ledger.release_lease(thread_id, threads.owner)
+    if outcome is CloseOutcome.FAILED:
+        raise CommandLineError(f"could not close thread {thread_id!r} (logged); try again")
+    return outcome is CloseOutcome.CLOSED
+
+
 def _run_on(graph: Any, ledger: Ledger, args: argparse.Namespace, out: Console) -> Resumed:
     """Invoke the graph from its checkpoint (answering the interrupt, if asked to)."""
     from langgraph.types import Command
@@ -306,6 +338,11 @@ def resume(args: argparse.Namespace) -> int:
         snapshot = graph.get_state({"configurable": {"thread_id": args.thread}})
         before = ledger.require_latest_run(args.thread)
         message = _nothing_to_resume(snapshot, before, args.thread)
+        if message is not None and _close_stopped(saver, graph, agent, before, args.thread):
+            message = (
+                f"closed thread {args.thread}: run {before.run_id} is cancelled, and its "
+                "calls are answered and its report written, as the cancel node leaves them"
+            )
         if message is not None:
             if args.json:
                 render.print_json(

@@ -39,6 +39,7 @@ from langgraph_cancel.execution.identity import (
     recorded_call,
 )
 from langgraph_cancel.execution.settlement import apply_outcome, mark_unknown
+from langgraph_cancel.ledger import Ledger
 from langgraph_cancel.nodes.names import CANCEL_NODE
 from langgraph_cancel.nodes.reconcile import reconcile_now, spec_of_unknown
 from langgraph_cancel.nodes.settings import CancellationSettings
@@ -288,10 +289,18 @@ def finalize_cancel(
 
 def answer_dangling(scope: RunScope, dangling: list[ToolCall]) -> list[ToolMessage]:
     """One answer per call nobody answered: its recorded outcome, else "not run"."""
+    return answers_from_ledger(scope.ledger, scope.thread_id, dangling)
+
+
+def answers_from_ledger(
+    ledger: Ledger, thread_id: str, dangling: list[ToolCall]
+) -> list[ToolMessage]:
+    """``answer_dangling`` outside a run: each call's outcome as ``ledger`` recorded it
+    on ``thread_id``, else "not run"."""
     out: list[ToolMessage] = []
     for call in dangling:
         recorded = recorded_call(call)
-        _own_id, rec = find_own_record(scope.ledger, scope.thread_id, recorded)
+        _own_id, rec = find_own_record(ledger, thread_id, recorded)
         if rec is None or not is_same_call(rec, recorded):
             out.append(
                 ToolMessage(
@@ -343,6 +352,7 @@ __all__ = [
     "DRAINABLE",
     "DRAIN_REASON",
     "answer_dangling",
+    "answers_from_ledger",
     "drop_dangling",
     "drop_effect",
     "drop_send_payload",
