@@ -172,25 +172,27 @@ class SweptThreads:
         channel values, with the messages and the report its step's finished tasks
         wrote (saved beside the checkpoint, as LangGraph's state shows them, when the
         step's own checkpoint was not saved)."""
+        saved = self._saved_values(thread_id)
+        return None if saved is None else saved[1]
+
+    def _saved_values(self, thread_id: str) -> tuple[Mapping[str, Any], dict[str, Any]] | None:
+        """The thread's last checkpoint's own channel values, and the same with the
+        messages and the report its pending writes carry (None without a saver or a
+        checkpoint)."""
         if self.saver is None:
             return None
         saved = self.saver.get_tuple({"configurable": {"thread_id": thread_id}})
         if saved is None:
             return None
         own: Mapping[str, Any] = saved.checkpoint.get("channel_values") or {}
-        return self._with_pending_writes(own, saved.pending_writes)
-
-    def _with_pending_writes(self, own: Mapping[str, Any], pending: Any) -> dict[str, Any]:
-        """A checkpoint's values with the messages and the report its pending writes
-        carry."""
         values: dict[str, Any] = dict(own)
         messages_key, report_key = self.settings.messages_key, self.settings.report_key
-        for _task_id, channel, value in pending or []:
+        for _task_id, channel, value in saved.pending_writes or []:
             if channel == messages_key:
                 values[messages_key] = add_messages(values.get(messages_key) or [], value)
             elif channel == report_key:
                 values[report_key] = value
-        return values
+        return own, values
 
     def dangling(self, thread_id: str) -> list[Any]:
         """The tool calls the thread's last checkpoint left unanswered (needs a saver)."""
@@ -208,16 +210,8 @@ class SweptThreads:
         the checkpoint, and an update of the state whose checkpoint was not saved
         (the run's end writing the answers, say) leaves writes it never applies.
         """
-        if self.saver is None:
-            return False
-        saved = self.saver.get_tuple({"configurable": {"thread_id": thread_id}})
-        if saved is None:
-            return False
-        own: Mapping[str, Any] = saved.checkpoint.get("channel_values") or {}
-        return any(
-            self._lacks_close(values, run)
-            for values in (own, self._with_pending_writes(own, saved.pending_writes))
-        )
+        saved = self._saved_values(thread_id)
+        return saved is not None and any(self._lacks_close(values, run) for values in saved)
 
     def _lacks_close(self, values: Mapping[str, Any], run: RunRecord) -> bool:
         unanswered = dangling_tool_calls(values.get(self.settings.messages_key) or [])

@@ -22,8 +22,8 @@ from langgraph_cancel.cli import render
 from langgraph_cancel.cli.config import Database, resolve_database
 from langgraph_cancel.cli.database import open_ledger, open_saver
 from langgraph_cancel.cli.inspection import effect_json, run_json
-from langgraph_cancel.errors import CommandLineError
-from langgraph_cancel.types import RunRecord
+from langgraph_cancel.errors import CommandLineError, ThreadBusyError
+from langgraph_cancel.types import RunRecord, RunStatus
 from langgraph_cancel.workers import lease_is_live
 
 if TYPE_CHECKING:
@@ -272,11 +272,9 @@ def _close_stopped(
     Raises:
         CommandLineError: Another worker holds the thread, or the close failed.
     """
-    from langgraph_cancel.errors import ThreadBusyError
     from langgraph_cancel.nodes.reconcile import RECONCILE_LEASE_TTL as LEASE_TTL
     from langgraph_cancel.runtime import worker_id
     from langgraph_cancel.sweep_threads import CloseOutcome, SweptThreads
-    from langgraph_cancel.types import RunStatus
 
     ledger: Ledger = saver.ledger
     threads = SweptThreads(saver, graph, worker_id(), agent.settings, ledger)
